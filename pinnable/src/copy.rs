@@ -1,0 +1,221 @@
+//! Host copies into pinned memory, spread over a small pool of worker threads.
+//!
+//! One thread copies about 12 GB/s into pinned memory; 16 reach about 47 GB/s. Small batches
+//! stay on the calling thread, where waking workers would cost more than it saves.
+
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::tensor::HostSrc;
+
+/// Below this many bytes in total, copies run on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+/// The smallest piece a copy is cut into for the workers.
+const MIN_PIECE: usize = 256 << 10;
+/// The largest piece: small enough that device copies of finished pieces start early.
+const MAX_PIECE: usize = 2 << 20;
+
+/// One copy of host bytes into (pinned) memory at `dst`.
+pub(crate) struct HostCopy {
+    pub(crate) src: HostSrc,
+    pub(crate) dst: *mut u8,
+}
+
+// SAFETY: the source and destination are kept alive by the caller until `run` returns, and each
+// destination range is written by exactly one piece.
+unsafe impl Send for HostCopy {}
+// SAFETY: as for Send.
+unsafe impl Sync for HostCopy {}
+
+/// A piece of one copy: which copy, the part of its source, and its destination byte range.
+struct Piece {
+    copy: usize,
+    src: HostSrc,
+    dst: Range<usize>,
+}
+
+/// Called after each piece lands, with the copy's index and the destination range written.
+pub(crate) type OnPiece<'a> = &'a (dyn Fn(usize, Range<usize>) -> Result<()> + Sync);
+
+fn pieces(copies: &[HostCopy], total: usize, threads: usize) -> Vec<Piece> {
+    let target = (total / (threads * 4)).clamp(MIN_PIECE, MAX_PIECE);
+    let mut out = Vec::new();
+    for (i, c) in copies.iter().enumerate() {
+        let bytes = c.src.bytes();
+        if bytes == 0 {
+            continue;
+        }
+        let (units, unit_bytes) = c.src.split_unit();
+        let per_piece = (target / unit_bytes.max(1)).max(1);
+        let mut start = 0;
+        while start < units {
+            let end = (start + per_piece).min(units);
+            let (src, at) = c.src.split(start..end);
+            let len = src.bytes();
+            out.push(Piece {
+                copy: i,
+                src,
+                dst: at..at + len,
+            });
+            start = end;
+        }
+    }
+    out
+}
+
+/// Runs every copy, in parallel when they are large enough, calling `on_piece` after each piece.
+///
+/// # Safety
+///
+/// 1. Every source is live and unwritten, and every destination is valid for the source's
+///    byte count and written by nothing else, until this returns.
+pub(crate) unsafe fn run(copies: &[HostCopy], on_piece: Option<OnPiece<'_>>) -> Result<()> {
+    let total: usize = copies.iter().map(|c| c.src.bytes()).sum();
+    let workers = Workers::get();
+    let threads = workers.threads + 1;
+    if total < PARALLEL_MIN_BYTES || threads == 1 {
+        for (i, c) in copies.iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { c.src.gather(c.dst) };
+            if let Some(f) = on_piece {
+                f(i, 0..c.src.bytes())?;
+            }
+        }
+        return Ok(());
+    }
+    let pieces = pieces(copies, total, threads);
+    let job = Arc::new(Job {
+        pieces,
+        // SAFETY: the lifetimes are erased only for the duration of this call: `run` waits until
+        // every piece has finished (`remaining == 0`) before returning, and no worker touches
+        // `copies` or `on_piece` after finishing its last piece.
+        copies: copies as *const [HostCopy],
+        on_piece: on_piece.map(|f| unsafe {
+            std::mem::transmute::<OnPiece<'_>, OnPiece<'static>>(f)
+        }),
+        next: AtomicUsize::new(0),
+        remaining: Mutex::new(0),
+        done: Condvar::new(),
+        error: Mutex::new(None),
+    });
+    *job.remaining.lock().unwrap_or_else(|e| e.into_inner()) = job.pieces.len();
+    let helpers = (job.pieces.len() - 1).min(workers.threads);
+    workers.start(&job, helpers);
+    job.work();
+    let mut remaining = job.remaining.lock().unwrap_or_else(|e| e.into_inner());
+    while *remaining > 0 {
+        remaining = job.done.wait(remaining).unwrap_or_else(|e| e.into_inner());
+    }
+    drop(remaining);
+    match job.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+struct Job {
+    pieces: Vec<Piece>,
+    copies: *const [HostCopy],
+    on_piece: Option<OnPiece<'static>>,
+    next: AtomicUsize,
+    remaining: Mutex<usize>,
+    done: Condvar,
+    error: Mutex<Option<Error>>,
+}
+
+// SAFETY: `copies` points at HostCopy values (Send + Sync) that outlive every use (see `run`).
+unsafe impl Send for Job {}
+// SAFETY: as for Send; shared state is atomics and mutexes.
+unsafe impl Sync for Job {}
+
+impl Job {
+    /// Takes pieces until none are left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(p) = self.pieces.get(i) else { return };
+            // SAFETY: `run` keeps `copies` alive until every piece is done.
+            let copies = unsafe { &*self.copies };
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: `run`'s caller guarantees the source and destination; the piece's
+                // destination range is written by this piece alone.
+                unsafe { p.src.gather(copies[p.copy].dst.add(p.dst.start)) };
+                match self.on_piece {
+                    Some(f) => f(p.copy, p.dst.clone()),
+                    None => Ok(()),
+                }
+            }));
+            let err = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(Error::Field {
+                    path: "staging copy".into(),
+                    message: "a copy worker panicked".into(),
+                }),
+            };
+            if let Some(e) = err {
+                self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+            }
+            let mut remaining = self.remaining.lock().unwrap_or_else(|e| e.into_inner());
+            *remaining -= 1;
+            if *remaining == 0 {
+                self.done.notify_all();
+            }
+        }
+    }
+}
+
+/// The worker threads, started on first use.
+struct Workers {
+    threads: usize,
+    senders: Vec<Mutex<Sender<Arc<Job>>>>,
+}
+
+impl Workers {
+    fn get() -> &'static Workers {
+        static WORKERS: OnceLock<Workers> = OnceLock::new();
+        WORKERS.get_or_init(|| {
+            let threads = std::env::var("PINNABLE_COPY_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+                })
+                .max(1)
+                - 1;
+            let mut senders = Vec::with_capacity(threads);
+            for i in 0..threads {
+                let (tx, rx) = channel::<Arc<Job>>();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("pinnable-copy-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            job.work();
+                        }
+                    });
+                if spawned.is_ok() {
+                    senders.push(Mutex::new(tx));
+                }
+            }
+            Workers {
+                threads: senders.len(),
+                senders,
+            }
+        })
+    }
+
+    fn start(&self, job: &Arc<Job>, helpers: usize) {
+        for s in self.senders.iter().take(helpers) {
+            let _ = s.lock().unwrap_or_else(|e| e.into_inner()).send(job.clone());
+        }
+    }
+}
+
+/// How many threads copies use (the caller included).
+pub fn copy_threads() -> usize {
+    Workers::get().threads + 1
+}

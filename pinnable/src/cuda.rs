@@ -1,0 +1,386 @@
+//! CUDA: whether a driver and a device are there, devices with their copy stream, and events.
+//!
+//! Without a driver library every cudarc call panics, so nothing here calls into cudarc before
+//! [`is_available`]'s probe (cached for the life of the process) has found the library, initialised
+//! it and counted at least one device.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+
+use crate::error::{Error, Result};
+
+/// The outcome of probing the driver: the device count, or why there is no CUDA.
+static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+
+fn probe() -> std::result::Result<usize, String> {
+    if std::env::var_os("PINNABLE_DISABLE_CUDA").is_some_and(|v| !v.is_empty() && v != "0") {
+        return Err("disabled by the PINNABLE_DISABLE_CUDA environment variable".into());
+    }
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library; it calls no driver code.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so) was not found; \
+                    install the NVIDIA driver or run on a machine with a GPU"
+            .into());
+    }
+    result::init().map_err(|e| format!("cuInit failed with {}", result_name(e.0)))?;
+    let count = result::device::get_count()
+        .map_err(|e| format!("cuDeviceGetCount failed with {}", result_name(e.0)))?;
+    if count <= 0 {
+        return Err("the CUDA driver is installed but sees no device".into());
+    }
+    Ok(count as usize)
+}
+
+fn probed() -> Result<usize> {
+    PROBE
+        .get_or_init(probe)
+        .clone()
+        .map_err(|reason| Error::CudaUnavailable { reason })
+}
+
+/// Whether a CUDA driver is installed and sees at least one device. Never panics.
+///
+/// The answer is computed once per process. Setting `PINNABLE_DISABLE_CUDA=1` before the first
+/// call makes it `false`, which forces the page-locked (`mlock`) backend on a GPU machine.
+///
+/// # Examples
+///
+/// ```
+/// if pinnable::cuda::is_available() {
+///     println!("{} CUDA device(s)", pinnable::cuda::device_count());
+/// }
+/// ```
+pub fn is_available() -> bool {
+    probed().is_ok()
+}
+
+/// How many CUDA devices the driver sees; 0 without a driver.
+pub fn device_count() -> usize {
+    probed().unwrap_or(0)
+}
+
+/// Why CUDA is unavailable, or `None` when it is available.
+pub fn unavailable_reason() -> Option<String> {
+    probed().err().map(|e| match e {
+        Error::CudaUnavailable { reason } => reason,
+        other => other.to_string(),
+    })
+}
+
+/// The name of a `CUresult`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`, read without calling the driver.
+pub(crate) fn result_name(code: sys::CUresult) -> String {
+    format!("{code:?}")
+}
+
+/// Where a value lives: host or a device. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    kind: DeviceKind,
+}
+
+#[derive(Clone)]
+enum DeviceKind {
+    Cpu,
+    Cuda(Arc<CudaDevice>),
+}
+
+/// One CUDA device as this crate uses it: its primary context and a dedicated non-blocking
+/// copy stream, shared by every `Device` handle with the same ordinal.
+pub(crate) struct CudaDevice {
+    pub(crate) ordinal: usize,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) copy_stream: Arc<CudaStream>,
+    name: String,
+    total_memory: usize,
+    events: Mutex<Vec<CudaEvent>>,
+}
+
+/// One `CudaDevice` per ordinal for the whole process.
+static DEVICES: Mutex<Vec<Option<Arc<CudaDevice>>>> = Mutex::new(Vec::new());
+
+impl Device {
+    /// The host.
+    pub fn cpu() -> Device {
+        Device {
+            kind: DeviceKind::Cpu,
+        }
+    }
+
+    /// CUDA device `ordinal`, with its copy stream.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CudaUnavailable`] without a driver, without devices, or when `ordinal` is out of
+    /// range; [`Error::Driver`] when the context or stream cannot be created.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        let count = probed()?;
+        if ordinal >= count {
+            return Err(Error::CudaUnavailable {
+                reason: format!("cuda:{ordinal} does not exist; the driver sees {count} device(s)"),
+            });
+        }
+        let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        if devices.len() < count {
+            devices.resize(count, None);
+        }
+        if let Some(dev) = &devices[ordinal] {
+            return Ok(Device {
+                kind: DeviceKind::Cuda(dev.clone()),
+            });
+        }
+        let dev = Arc::new(CudaDevice::open(ordinal)?);
+        devices[ordinal] = Some(dev.clone());
+        Ok(Device {
+            kind: DeviceKind::Cuda(dev),
+        })
+    }
+
+    /// Whether this is the host.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self.kind, DeviceKind::Cpu)
+    }
+
+    /// The CUDA ordinal, or `None` for the host.
+    pub fn ordinal(&self) -> Option<usize> {
+        match &self.kind {
+            DeviceKind::Cpu => None,
+            DeviceKind::Cuda(d) => Some(d.ordinal),
+        }
+    }
+
+    /// The device's name as the driver reports it (`NVIDIA H200`), or `cpu`.
+    pub fn name(&self) -> &str {
+        match &self.kind {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda(d) => &d.name,
+        }
+    }
+
+    /// Total device memory in bytes (0 for the host).
+    pub fn total_memory(&self) -> usize {
+        match &self.kind {
+            DeviceKind::Cpu => 0,
+            DeviceKind::Cuda(d) => d.total_memory,
+        }
+    }
+
+    /// Free device memory in bytes as the driver reports it now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the query fails; [`Error::WrongPlacement`] for the host.
+    pub fn free_memory(&self) -> Result<usize> {
+        let dev = self.cuda_device("free_memory")?;
+        dev.ctx
+            .mem_get_info()
+            .map(|(free, _)| free)
+            .map_err(|e| Error::driver("cuMemGetInfo", e))
+    }
+
+    /// The device's PCI address (`0000:17:00.0`), for reports; `None` for the host.
+    pub fn pcie_bus_id(&self) -> Option<String> {
+        let DeviceKind::Cuda(d) = &self.kind else {
+            return None;
+        };
+        let bus = d.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+        let dev = d.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+        let dom = d.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+        Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.0"))
+    }
+
+    /// The cudarc context this device uses, for interoperating with cudarc kernels.
+    pub fn cuda_context(&self) -> Option<&Arc<CudaContext>> {
+        match &self.kind {
+            DeviceKind::Cpu => None,
+            DeviceKind::Cuda(d) => Some(&d.ctx),
+        }
+    }
+
+    /// The dedicated copy stream that every transfer to or from this device is issued on.
+    pub fn copy_stream(&self) -> Option<&Arc<CudaStream>> {
+        match &self.kind {
+            DeviceKind::Cpu => None,
+            DeviceKind::Cuda(d) => Some(&d.copy_stream),
+        }
+    }
+
+    /// Blocks until every copy issued to this device so far has completed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the stream reports an error.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.kind {
+            DeviceKind::Cpu => Ok(()),
+            DeviceKind::Cuda(d) => d
+                .copy_stream
+                .synchronize()
+                .map_err(|e| Error::driver("cuStreamSynchronize", e)),
+        }
+    }
+
+    pub(crate) fn cuda_device(&self, op: &'static str) -> Result<&Arc<CudaDevice>> {
+        match &self.kind {
+            DeviceKind::Cuda(d) => Ok(d),
+            DeviceKind::Cpu => Err(Error::WrongPlacement {
+                op,
+                needs: "a CUDA device",
+                placement: "cpu".into(),
+            }),
+        }
+    }
+
+    pub(crate) fn from_cuda(dev: Arc<CudaDevice>) -> Device {
+        Device {
+            kind: DeviceKind::Cuda(dev),
+        }
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.ordinal() == other.ordinal()
+    }
+}
+
+impl Eq for Device {}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            DeviceKind::Cpu => f.write_str("cpu"),
+            DeviceKind::Cuda(d) => write!(f, "cuda:{}", d.ordinal),
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            DeviceKind::Cpu => f.write_str("Device(cpu)"),
+            DeviceKind::Cuda(d) => write!(f, "Device(cuda:{}, {:?})", d.ordinal, d.name),
+        }
+    }
+}
+
+impl CudaDevice {
+    fn open(ordinal: usize) -> Result<CudaDevice> {
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: this crate orders every use of its device buffers itself: copies record a
+        // ready event that consumers wait on, and a buffer is freed on the copy stream only
+        // after that stream has waited on every recorded reader (see `tensor::DeviceBuffer`).
+        unsafe { ctx.disable_event_tracking() };
+        let copy_stream = ctx
+            .new_stream()
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
+        let total_memory = ctx.total_mem().unwrap_or(0);
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            copy_stream,
+            name,
+            total_memory,
+            events: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn attribute(&self, attr: sys::CUdevice_attribute) -> Option<i32> {
+        self.ctx.attribute(attr).ok()
+    }
+
+    /// Records the copy stream's current work into a pooled event.
+    pub(crate) fn record(self: &Arc<Self>) -> Result<Event> {
+        let pooled = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let event = match pooled {
+            Some(e) => e,
+            None => self
+                .ctx
+                .new_event(None)
+                .map_err(|e| Error::driver("cuEventCreate", e))?,
+        };
+        event
+            .record(&self.copy_stream)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        Ok(Event {
+            event: Some(event),
+            device: self.clone(),
+        })
+    }
+}
+
+/// A recorded point on a device's stream. Dropping it returns the event to its device's pool.
+pub struct Event {
+    event: Option<CudaEvent>,
+    device: Arc<CudaDevice>,
+}
+
+impl Event {
+    /// Whether the work recorded before this event has finished. Errors read as complete:
+    /// the next synchronising call reports them.
+    pub fn is_complete(&self) -> bool {
+        match &self.event {
+            Some(e) => e.try_is_complete().unwrap_or(true),
+            None => true,
+        }
+    }
+
+    /// Blocks the calling thread until the recorded work has finished.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the work failed.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.event {
+            Some(e) => e
+                .synchronize()
+                .map_err(|e| Error::driver("cuEventSynchronize", e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes `stream` wait for the recorded work before it runs anything enqueued after this call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the driver refuses.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        match &self.event {
+            Some(e) => stream
+                .wait(e)
+                .map_err(|e| Error::driver("cuStreamWaitEvent", e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            let mut pool = self.device.events.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < 1024 {
+                pool.push(e);
+            }
+        }
+    }
+}
+
+impl crate::alloc::Fence for Event {
+    fn is_complete(&self) -> bool {
+        Event::is_complete(self)
+    }
+
+    fn wait(&self) {
+        // A failed copy is reported by the call that issued it or by the next synchronisation;
+        // here only the ordering matters.
+        let _ = self.synchronize();
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Event(cuda:{}, complete: {})", self.device.ordinal, self.is_complete())
+    }
+}

@@ -1,0 +1,165 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// A specialized `Result` whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while pinning or moving a batch.
+///
+/// Each variant carries the facts a caller needs to act on it: the field path
+/// inside the batch, the bytes involved, the budget, the driver's result code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor that is not dense CPU data was asked to be pinned.
+    #[error(
+        "cannot pin `{path}` ({dtype} tensor on {placement}): only dense CPU tensors can be pinned"
+    )]
+    NotDenseCpu {
+        /// Where the tensor sits in the batch, e.g. `batch.extra["mask"]`.
+        path: String,
+        /// The tensor's element type, e.g. `i64`.
+        dtype: String,
+        /// Where the tensor lives, e.g. `cuda:0`, or its layout when that is the problem.
+        placement: String,
+    },
+
+    /// No CUDA driver, no device, or the device ordinal does not exist.
+    #[error("CUDA is unavailable: {reason}")]
+    CudaUnavailable {
+        /// Why, in words: the driver library was not found, no device is visible, ...
+        reason: String,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed with {name} ({code}){}", at(path))]
+    Driver {
+        /// The driver function, e.g. `cuMemcpyHtoDAsync`.
+        call: &'static str,
+        /// The `CUresult` name, e.g. `CUDA_ERROR_ILLEGAL_ADDRESS`.
+        name: String,
+        /// The numeric `CUresult`.
+        code: u32,
+        /// The field being worked on, when there was one.
+        path: Option<String>,
+    },
+
+    /// The device has too little free memory for the whole batch; nothing was copied.
+    #[error(
+        "out of memory on {device} while reserving `{path}`: the batch needs {requested} bytes \
+         and {free} are free; nothing was copied and the source is intact"
+    )]
+    DeviceOutOfMemory {
+        /// The device, e.g. `cuda:0`.
+        device: String,
+        /// The field whose allocation failed.
+        path: String,
+        /// Bytes the whole batch needs on the device.
+        requested: usize,
+        /// Bytes the driver reported free when the allocation failed.
+        free: usize,
+    },
+
+    /// Page-locking host memory failed because of the `RLIMIT_MEMLOCK` limit.
+    #[error(
+        "cannot page-lock {requested} bytes: the locked-memory limit (`ulimit -l`) is {limit}; \
+         raise it (e.g. `ulimit -l unlimited`, or `memlock` in /etc/security/limits.conf) \
+         or pin less at once"
+    )]
+    MemlockLimit {
+        /// Bytes that were to be locked.
+        requested: usize,
+        /// The soft limit in force, in words (`65536 bytes`, `unlimited`).
+        limit: String,
+    },
+
+    /// The operating system refused host memory.
+    #[error("cannot allocate {requested} bytes of host memory: {source}")]
+    HostAlloc {
+        /// Bytes asked for.
+        requested: usize,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A pinned pool's byte budget would be exceeded, even after waiting.
+    #[error(
+        "pinned memory budget exceeded: {requested} bytes requested, {in_use} in use, \
+         budget {budget} bytes (waited {waited:?}); drop pinned tensors sooner, raise \
+         `PoolConfig::max_bytes`, or lengthen `PoolConfig::wait`"
+    )]
+    BudgetExceeded {
+        /// Bytes asked for (after size-class rounding).
+        requested: usize,
+        /// Bytes handed out and not yet returned.
+        in_use: usize,
+        /// The pool's `max_bytes`.
+        budget: usize,
+        /// How long the request waited for memory to be returned.
+        waited: Duration,
+    },
+
+    /// A shape, a length or a view does not fit the data.
+    #[error("invalid shape: {0}")]
+    Shape(String),
+
+    /// A tensor was read as an element type it does not hold.
+    #[error("dtype mismatch: the tensor holds {actual}, not {requested}")]
+    DTypeMismatch {
+        /// The tensor's element type.
+        actual: crate::DType,
+        /// The element type asked for.
+        requested: crate::DType,
+    },
+
+    /// The operation needs the tensor somewhere else (e.g. host data read from a device tensor).
+    #[error("`{op}` needs {needs}, but the tensor is on {placement}")]
+    WrongPlacement {
+        /// The operation, e.g. `to_vec`.
+        op: &'static str,
+        /// What it needs, e.g. `a host tensor`.
+        needs: &'static str,
+        /// Where the tensor is.
+        placement: String,
+    },
+
+    /// An error raised by a user's or a library author's own impl, with the field path.
+    #[error("`{path}`: {message}")]
+    Field {
+        /// Where in the batch.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+fn at(path: &Option<String>) -> String {
+    match path {
+        Some(p) => format!(" while copying `{p}`"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// Builds a [`Error::Driver`] from a cudarc driver error without touching its `Debug`
+    /// (which itself calls into the driver).
+    pub(crate) fn driver(call: &'static str, err: cudarc::driver::DriverError) -> Self {
+        let code = err.0 as u32;
+        Error::Driver {
+            call,
+            name: crate::cuda::result_name(err.0),
+            code,
+            path: None,
+        }
+    }
+
+    /// Attaches a field path to errors that do not carry one yet.
+    pub(crate) fn at_path(mut self, path: &str) -> Self {
+        if let Error::Driver { path: p @ None, .. } = &mut self {
+            *p = Some(path.to_owned());
+        }
+        self
+    }
+}

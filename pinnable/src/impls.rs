@@ -1,0 +1,176 @@
+//! `Pinnable` and `ToDevice` for tensors, std containers and plain data.
+//!
+//! Both traits walk values the same way, so one macro writes each impl for both: containers
+//! recurse with a path segment per element, plain data is cloned.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Debug;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::path::Walk;
+use crate::pin::{PinContext, Pinnable};
+use crate::tensor::Tensor;
+use crate::transfer::{MoveContext, ToDevice};
+
+/// Writes `impl Trait for Type` for both traits from one body that uses `$cx` and `$recurse`.
+/// The type parameters listed in `each[...]` are bounded by the trait being implemented.
+macro_rules! both {
+    (
+        impl[$($gen:tt)*] for $ty:ty where [$($bound:tt)*] each [$($p:ident),*];
+        |$this:ident, $cx:ident, $recurse:ident| $body:block
+    ) => {
+        impl<$($gen)*> Pinnable for $ty where $($bound)* $($p: Pinnable,)* {
+            fn pin_with(&self, $cx: &mut PinContext<'_>) -> Result<Self> {
+                #[allow(unused_macros)]
+                macro_rules! $recurse {
+                    ($v:expr) => { Pinnable::pin_with($v, $cx) };
+                    ($v:expr, $c:expr) => { Pinnable::pin_with($v, $c) };
+                }
+                let $this = self;
+                $body
+            }
+        }
+        impl<$($gen)*> ToDevice for $ty where $($bound)* $($p: ToDevice,)* {
+            fn to_device_with(&self, $cx: &mut MoveContext<'_>) -> Result<Self> {
+                #[allow(unused_macros)]
+                macro_rules! $recurse {
+                    ($v:expr) => { ToDevice::to_device_with($v, $cx) };
+                    ($v:expr, $c:expr) => { ToDevice::to_device_with($v, $c) };
+                }
+                let $this = self;
+                $body
+            }
+        }
+    };
+}
+
+impl Pinnable for Tensor {
+    fn pin_with(&self, cx: &mut PinContext<'_>) -> Result<Self> {
+        cx.pin_tensor(self)
+    }
+}
+
+impl ToDevice for Tensor {
+    fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self> {
+        cx.move_tensor(self)
+    }
+}
+
+/// Plain data: carried over unchanged.
+macro_rules! plain {
+    ($($t:ty),* $(,)?) => {$(
+        both! { impl[] for $t where [] each []; |this, _cx, _r| { Ok(this.clone()) } }
+    )*};
+}
+
+plain!(
+    bool, char, String, (), u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32,
+    f64, half::f16, half::bf16, &'static str
+);
+
+both! { impl[T: ?Sized] for PhantomData<T> where [] each []; |_this, _cx, _r| { Ok(PhantomData) } }
+
+both! {
+    impl[T] for Option<T> where [] each [T];
+    |this, cx, recurse| { match this { Some(v) => Ok(Some(recurse!(v)?)), None => Ok(None) } }
+}
+
+both! {
+    impl[T] for Box<T> where [] each [T];
+    |this, cx, recurse| { Ok(Box::new(recurse!(&**this)?)) }
+}
+
+both! {
+    impl[T] for Arc<T> where [] each [T];
+    |this, cx, recurse| { Ok(Arc::new(recurse!(&**this)?)) }
+}
+
+both! {
+    impl[T] for Rc<T> where [] each [T];
+    |this, cx, recurse| { Ok(Rc::new(recurse!(&**this)?)) }
+}
+
+both! {
+    impl[T] for Vec<T> where [] each [T];
+    |this, cx, recurse| {
+        this.iter()
+            .enumerate()
+            .map(|(i, v)| cx.index(i, |cx| recurse!(v, cx)))
+            .collect()
+    }
+}
+
+both! {
+    impl[T] for VecDeque<T> where [] each [T];
+    |this, cx, recurse| {
+        this.iter()
+            .enumerate()
+            .map(|(i, v)| cx.index(i, |cx| recurse!(v, cx)))
+            .collect()
+    }
+}
+
+both! {
+    impl[T, const N: usize] for [T; N] where [] each [T];
+    |this, cx, recurse| {
+        let v: Vec<T> = this
+            .iter()
+            .enumerate()
+            .map(|(i, v)| cx.index(i, |cx| recurse!(v, cx)))
+            .collect::<Result<_>>()?;
+        Ok(v.try_into().unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+}
+
+both! {
+    impl[K, V, S] for HashMap<K, V, S>
+    where [K: Clone + Eq + Hash + Debug, S: BuildHasher + Clone,] each [V];
+    |this, cx, recurse| {
+        let mut out = HashMap::with_capacity_and_hasher(this.len(), this.hasher().clone());
+        for (k, v) in this {
+            out.insert(k.clone(), cx.key(k, |cx| recurse!(v, cx))?);
+        }
+        Ok(out)
+    }
+}
+
+both! {
+    impl[K, V] for BTreeMap<K, V> where [K: Clone + Ord + Debug,] each [V];
+    |this, cx, recurse| {
+        let mut out = BTreeMap::new();
+        for (k, v) in this {
+            out.insert(k.clone(), cx.key(k, |cx| recurse!(v, cx))?);
+        }
+        Ok(out)
+    }
+}
+
+macro_rules! tuples {
+    ($( ( $($name:ident $idx:tt),+ ) )*) => {$(
+        both! {
+            impl[$($name),+] for ($($name,)+) where [] each [$($name),+];
+            |this, cx, recurse| {
+                Ok(($( cx.field(stringify!($idx), |cx| recurse!(&this.$idx, cx))?, )+))
+            }
+        }
+    )*};
+}
+
+tuples! {
+    (A 0)
+    (A 0, B 1)
+    (A 0, B 1, C 2)
+    (A 0, B 1, C 2, D 3)
+    (A 0, B 1, C 2, D 3, E 4)
+    (A 0, B 1, C 2, D 3, E 4, F 5)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10)
+    (A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11)
+}

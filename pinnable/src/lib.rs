@@ -1,0 +1,79 @@
+//! Pin custom training batches in page-locked host memory and move them to CUDA devices with
+//! stream-ordered copies.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use pinnable::{Pinnable, Tensor, ToDevice};
+//!
+//! #[derive(Pinnable, ToDevice)]
+//! struct Batch {
+//!     images: Tensor,
+//!     labels: Tensor,
+//!     masks: Option<Vec<Tensor>>,
+//!     extra: HashMap<String, Tensor>,
+//!     ids: Vec<String>,
+//! }
+//!
+//! let batch = Batch {
+//!     images: Tensor::from_vec(vec![0.25f32; 2 * 3 * 4 * 4], &[2, 3, 4, 4])?,
+//!     labels: Tensor::from_vec(vec![3i64, 7], &[2])?,
+//!     masks: Some(vec![Tensor::from_vec(vec![true; 16], &[4, 4])?]),
+//!     extra: HashMap::new(),
+//!     ids: vec!["a".into(), "b".into()],
+//! };
+//! let pinned = batch.pin_memory()?;
+//! assert!(pinned.images.is_pinned() && pinned.labels.is_pinned());
+//! if let Ok(device) = pinnable::Device::cuda(0) {
+//!     let on_gpu = pinned.to_device(&device, true)?;
+//!     assert_eq!(on_gpu.labels.placement(), pinnable::Placement::Cuda(0));
+//! }
+//! # Ok::<(), pinnable::Error>(())
+//! ```
+//!
+//! The modules, in the order a batch meets them:
+//! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
+//! - [`check`]: the dense-CPU check every pinned tensor passes;
+//! - [`pin`] and [`transfer`]: the [`Pinnable`] and [`ToDevice`] traits and their contexts;
+//! - [`path`]: field paths that errors name (`batch.masks[2]`);
+//! - [`alloc`]: the caching pinned host allocator;
+//! - [`copy`]: multi-threaded host copies into pinned memory;
+//! - [`cuda`]: driver availability, devices, copy streams and events;
+//! - [`error`]: the one [`Error`] type.
+
+#![warn(missing_docs)]
+
+pub mod alloc;
+pub mod check;
+pub mod copy;
+pub mod cuda;
+pub mod dtype;
+pub mod error;
+mod impls;
+pub mod path;
+pub mod pin;
+pub mod tensor;
+pub mod transfer;
+
+pub use alloc::{BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats};
+pub use cuda::{Device, Event};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use path::{FieldPath, Segment, Walk};
+pub use pin::{PinContext, Pinnable};
+pub use tensor::{DeviceView, Placement, Tensor};
+pub use transfer::{MoveContext, ToDevice};
+
+/// `#[derive(Pinnable)]`: see the `pinnable-derive` crate.
+#[cfg(feature = "derive")]
+pub use pinnable_derive::{Pinnable, ToDevice};
+
+/// What the derive's generated code names. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::error::Result;
+    pub use crate::path::Walk;
+    pub use crate::pin::{PinContext, Pinnable};
+    pub use crate::transfer::{MoveContext, ToDevice};
+    pub use core::clone::Clone;
+    pub use core::result::Result::{Err, Ok};
+}

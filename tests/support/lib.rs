@@ -1,0 +1,100 @@
+//! Shared helpers for pinnable's tests, examples and benches: fresh random data and the
+//! GPU-or-skip gate. Not published.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pinnable::{DType, Device, Tensor};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// A fast RNG seeded from the clock (or `PINNABLE_SEED`), printing the seed so a failure can be
+/// replayed.
+pub fn rng(test: &str) -> SmallRng {
+    let seed = std::env::var("PINNABLE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+    println!("{test}: PINNABLE_SEED={seed}");
+    SmallRng::seed_from_u64(seed)
+}
+
+/// Whether `PINNABLE_REQUIRE_GPU=1` asks for skips to fail.
+pub fn gpu_required() -> bool {
+    std::env::var("PINNABLE_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// CUDA device 0, or `None` after printing `skipped: <test>: <reason>` on its own line.
+///
+/// # Panics
+///
+/// When there is no device and `PINNABLE_REQUIRE_GPU=1`: on a GPU machine a skip is a failure.
+pub fn cuda_or_skip(test: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
+            println!("skipped: {test}: {e}");
+            None
+        }
+    }
+}
+
+/// A tensor of `dtype` and `shape` filled with random values.
+pub fn random_tensor(rng: &mut impl Rng, dtype: DType, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    macro_rules! fill {
+        ($t:ty, $gen:expr) => {
+            Tensor::from_vec((0..n).map(|_| $gen).collect::<Vec<$t>>(), shape)
+        };
+    }
+    let r = rng;
+    match dtype {
+        DType::Bool => fill!(bool, r.random::<bool>()),
+        DType::U8 => fill!(u8, r.random()),
+        DType::U16 => fill!(u16, r.random()),
+        DType::U32 => fill!(u32, r.random()),
+        DType::U64 => fill!(u64, r.random()),
+        DType::I8 => fill!(i8, r.random()),
+        DType::I16 => fill!(i16, r.random()),
+        DType::I32 => fill!(i32, r.random()),
+        DType::I64 => fill!(i64, r.random()),
+        DType::F16 => fill!(half::f16, half::f16::from_f32(r.random::<f32>())),
+        DType::BF16 => fill!(half::bf16, half::bf16::from_f32(r.random::<f32>())),
+        DType::F32 => fill!(f32, r.random::<f32>() * 2.0 - 1.0),
+        DType::F64 => fill!(f64, r.random::<f64>() * 2.0 - 1.0),
+        other => panic!("random_tensor: no generator for {other}"),
+    }
+    .expect("shape matches the element count")
+}
+
+/// The raw bytes of a tensor's elements in row-major order, for bit-exact comparison of any dtype.
+pub fn bytes_of(t: &Tensor) -> Vec<u8> {
+    macro_rules! as_bytes {
+        ($t:ty) => {{
+            let v = t.to_vec::<$t>().expect("host tensor of this dtype");
+            // SAFETY: every element type here is plain data with no padding.
+            unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..])) }
+                .to_vec()
+        }};
+    }
+    match t.dtype() {
+        DType::Bool => as_bytes!(bool),
+        DType::U8 => as_bytes!(u8),
+        DType::U16 => as_bytes!(u16),
+        DType::U32 => as_bytes!(u32),
+        DType::U64 => as_bytes!(u64),
+        DType::I8 => as_bytes!(i8),
+        DType::I16 => as_bytes!(i16),
+        DType::I32 => as_bytes!(i32),
+        DType::I64 => as_bytes!(i64),
+        DType::F16 => as_bytes!(half::f16),
+        DType::BF16 => as_bytes!(half::bf16),
+        DType::F32 => as_bytes!(f32),
+        DType::F64 => as_bytes!(f64),
+        other => panic!("bytes_of: no reader for {other}"),
+    }
+}
