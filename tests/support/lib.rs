@@ -37,7 +37,10 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
         Ok(d) => Some(d),
         Err(e) => {
             assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
-            println!("skipped: {test}: {e}");
+            // Written to the stream directly, not through `println!`, so the test harness's
+            // output capture cannot hide the skip.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: {test}: {e}");
             None
         }
     }
@@ -97,4 +100,57 @@ pub fn bytes_of(t: &Tensor) -> Vec<u8> {
         DType::F64 => as_bytes!(f64),
         other => panic!("bytes_of: no reader for {other}"),
     }
+}
+
+unsafe extern "C" fn sleep_ms(arg: *mut std::ffi::c_void) {
+    std::thread::sleep(std::time::Duration::from_millis(arg as u64));
+}
+
+/// Holds `stream` for `ms` milliseconds: work enqueued after this call starts only then. Used
+/// to keep a copy in flight long enough to race it.
+///
+/// # Panics
+///
+/// If the driver refuses the host function (a test failure, not a library path).
+pub fn hold_stream(stream: &cudarc::driver::CudaStream, ms: u64) {
+    stream.context().bind_to_thread().expect("bind context");
+    // SAFETY: the host function only sleeps (it calls no CUDA API), and its argument is a number
+    // smuggled in the pointer, not dereferenced.
+    unsafe {
+        cudarc::driver::result::stream::launch_host_function(
+            stream.cu_stream(),
+            sleep_ms,
+            ms as usize as *mut std::ffi::c_void,
+        )
+    }
+    .expect("cuLaunchHostFunc");
+}
+
+/// A random batch for round trips: random dtypes and shapes, some zero-size, some strided
+/// views, some pinned beforehand.
+pub fn random_batch(rng: &mut impl Rng, max_tensors: usize) -> Vec<Tensor> {
+    use rand::seq::IndexedRandom;
+    (0..rng.random_range(1..=max_tensors))
+        .map(|_| {
+            let dtype = *DType::ALL.choose(rng).expect("dtypes");
+            let rank = rng.random_range(0..4);
+            let shape: Vec<usize> = (0..rank)
+                .map(|_| if rng.random_ratio(1, 12) { 0 } else { rng.random_range(1..40) })
+                .collect();
+            let mut t = random_tensor(rng, dtype, &shape);
+            if rank >= 2 && rng.random_bool(0.3) {
+                t = t.transpose(0, rank - 1).expect("in range");
+            }
+            if rank >= 1 && shape[0] > 1 && rng.random_bool(0.3) {
+                let dim = 0;
+                let size = t.shape()[dim];
+                let start = rng.random_range(0..size);
+                t = t.narrow(dim, start, size - start).expect("in range");
+            }
+            if rng.random_bool(0.4) {
+                t = pinnable::Pinnable::pin_memory(&t).expect("pin");
+            }
+            t
+        })
+        .collect()
 }

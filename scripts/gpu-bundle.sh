@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Builds the tests, benches and examples as release binaries into one folder with a run.sh, so
+# they can be copied to a CUDA machine and run there without a Rust toolchain. The CUDA driver
+# library is loaded at run time, so nothing here needs CUDA installed.
+#
+#   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle
+#   DIR/run.sh [tests|examples|benches|all] (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-bundle}
+rm -rf "$out"
+mkdir -p "$out/tests" "$out/benches" "$out/examples"
+
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+cargo test --workspace --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
+cargo bench --workspace --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
+cargo build --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
+
+python3 - "$json" "$out" <<'PY'
+import json, shutil, sys, os
+src, out = sys.argv[1], sys.argv[2]
+seen = set()
+for line in open(src):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    t = m["target"]
+    kind = t["kind"][0]
+    name = t["name"]
+    if name == "compiletest":  # trybuild needs cargo: stays on the build machine
+        continue
+    if m["profile"]["test"] and kind == "lib":
+        dest, name = "tests", name + "-lib"
+    elif kind == "test":
+        dest = "tests"
+    elif kind == "bench":
+        dest = "benches"
+    elif kind == "example":
+        dest = "examples"
+    else:
+        continue
+    if (dest, name) in seen:
+        continue
+    seen.add((dest, name))
+    shutil.copy2(m["executable"], os.path.join(out, dest, name))
+PY
+cp bench/torch_baseline.py "$out/" 2>/dev/null || true
+
+cat >"$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the bundled binaries on a CUDA machine. A GPU test that cannot find a device fails here.
+# Bench outputs go to $PINNABLE_BENCH_OUT (default: ./bench-out).
+set -u
+cd "$(dirname "$0")"
+export PINNABLE_REQUIRE_GPU=1
+export PINNABLE_BENCH_OUT=${PINNABLE_BENCH_OUT:-$PWD/bench-out}
+mkdir -p "$PINNABLE_BENCH_OUT"
+what=${1:-all}
+fail=0
+run() { echo "=== $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  for t in tests/*; do run "$t" --test-threads=1; done
+fi
+if [ "$what" = all ] || [ "$what" = examples ]; then
+  for e in examples/*; do run "$e"; done
+fi
+if [ "$what" = all ] || [ "$what" = benches ]; then
+  if [ -f torch_baseline.py ] && command -v python3 >/dev/null; then
+    run python3 torch_baseline.py --out "$PINNABLE_BENCH_OUT/torch.txt"
+  fi
+  for b in benches/*; do run "$b"; done
+fi
+echo "=== run.sh: $([ $fail = 0 ] && echo 'all passed' || echo 'FAILURES above')"
+exit $fail
+RUN
+chmod +x "$out/run.sh"
+du -sh "$out"
+ls -l "$out"/*/

@@ -1,0 +1,205 @@
+//! Moving batches to a CUDA device and back: bit-exact round trips and the hazards of
+//! asynchronous copies. Every test skips (printing `skipped: …`) without a GPU, and fails
+//! instead under `PINNABLE_REQUIRE_GPU=1`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pinnable::{DType, Device, Error, Pinnable, Placement, Tensor, ToDevice};
+use pinnable_harness::{bytes_of, cuda_or_skip, hold_stream, random_batch, random_tensor, rng};
+use rand::Rng;
+
+fn copy_stream(d: &Device) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+    d.copy_stream().expect("a CUDA device has a copy stream")
+}
+
+#[test]
+fn every_dtype_round_trips_bit_exactly() {
+    let Some(dev) = cuda_or_skip("every_dtype_round_trips_bit_exactly") else { return };
+    let mut r = rng("every_dtype_round_trips_bit_exactly");
+    for dtype in DType::ALL {
+        for non_blocking in [false, true] {
+            let shape = [r.random_range(1..64), r.random_range(1..64)];
+            let t = random_tensor(&mut r, dtype, &shape);
+            let on = t.to_device(&dev, non_blocking).unwrap();
+            assert_eq!(on.placement(), Placement::Cuda(0));
+            let back = on.to_cpu(non_blocking).unwrap();
+            assert!(back.is_pinned());
+            assert_eq!(bytes_of(&back), bytes_of(&t), "{dtype} non_blocking={non_blocking}");
+        }
+    }
+}
+
+#[test]
+fn random_nested_batches_round_trip_bit_exactly() {
+    let Some(dev) = cuda_or_skip("random_nested_batches_round_trip_bit_exactly") else { return };
+    let mut r = rng("random_nested_batches_round_trip_bit_exactly");
+    for i in 0..200 {
+        let batch = (
+            random_batch(&mut r, 6),
+            HashMap::from([(format!("k{i}"), random_batch(&mut r, 3))]),
+            Some(random_batch(&mut r, 2)),
+            i,
+        );
+        let there = batch.to_device(&dev, r.random_bool(0.5)).unwrap();
+        let back = there.to_cpu(r.random_bool(0.5)).unwrap();
+        let flat = |b: &(Vec<Tensor>, HashMap<String, Vec<Tensor>>, Option<Vec<Tensor>>, i32)| {
+            let mut v: Vec<Tensor> = b.0.clone();
+            v.extend(b.1.values().flatten().cloned());
+            v.extend(b.2.iter().flatten().cloned());
+            v
+        };
+        for (src, got) in flat(&batch).iter().zip(flat(&back)) {
+            assert_eq!(got.shape(), src.shape());
+            assert_eq!(bytes_of(&got), bytes_of(src), "batch {i}");
+        }
+        assert_eq!(back.3, i);
+    }
+}
+
+#[test]
+fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
+    let Some(dev) = cuda_or_skip("dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight")
+    else {
+        return;
+    };
+    let mut r = rng("dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight");
+    let src = random_tensor(&mut r, DType::F32, &[1 << 20]).pin_memory().unwrap();
+    let expected = bytes_of(&src);
+    hold_stream(copy_stream(&dev), 300);
+    let on = src.to_device(&dev, true).unwrap();
+    drop(src);
+    // If the block went back to the pool now, these would take it and overwrite it.
+    let scribbles: Vec<Tensor> = (0..4)
+        .map(|_| Tensor::from_vec(vec![-1.0f32; 1 << 20], &[1 << 20]).unwrap().pin_memory().unwrap())
+        .collect();
+    assert!(!on.is_ready(), "the copy should still be held back");
+    let back = on.to_cpu(false).unwrap();
+    assert_eq!(bytes_of(&back), expected);
+    drop(scribbles);
+}
+
+#[test]
+fn writing_a_pinned_source_waits_for_the_copy_reading_it() {
+    let Some(dev) = cuda_or_skip("writing_a_pinned_source_waits_for_the_copy_reading_it") else {
+        return;
+    };
+    let mut r = rng("writing_a_pinned_source_waits_for_the_copy_reading_it");
+    let mut src = random_tensor(&mut r, DType::I64, &[1 << 18]).pin_memory().unwrap();
+    let old = bytes_of(&src);
+    hold_stream(copy_stream(&dev), 300);
+    let on = src.to_device(&dev, true).unwrap();
+    let started = Instant::now();
+    src.as_mut_slice::<i64>().unwrap().fill(7);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(150), "the write did not wait ({waited:?})");
+    assert_eq!(bytes_of(&on.to_cpu(false).unwrap()), old, "the device got a mix");
+    assert!(src.to_vec::<i64>().unwrap().iter().all(|&v| v == 7));
+}
+
+#[test]
+fn host_reads_after_non_blocking_to_cpu_see_the_whole_copy() {
+    let Some(dev) = cuda_or_skip("host_reads_after_non_blocking_to_cpu_see_the_whole_copy") else {
+        return;
+    };
+    let mut r = rng("host_reads_after_non_blocking_to_cpu_see_the_whole_copy");
+    for _ in 0..5 {
+        let t = random_tensor(&mut r, DType::BF16, &[512, 1024]);
+        let on = t.to_device(&dev, false).unwrap();
+        hold_stream(copy_stream(&dev), 100);
+        let back = on.to_cpu(true).unwrap();
+        assert_eq!(bytes_of(&back), bytes_of(&t));
+    }
+}
+
+#[test]
+fn consumer_on_another_stream_waits_for_the_ready_event() {
+    let Some(dev) = cuda_or_skip("consumer_on_another_stream_waits_for_the_ready_event") else {
+        return;
+    };
+    let mut r = rng("consumer_on_another_stream_waits_for_the_ready_event");
+    let ctx = dev.cuda_context().unwrap().clone();
+    let user = ctx.new_stream().unwrap();
+    for _ in 0..3 {
+        let t = random_tensor(&mut r, DType::F32, &[1 << 20]).pin_memory().unwrap();
+        hold_stream(copy_stream(&dev), 200);
+        let on = t.to_device(&dev, true).unwrap();
+        let mut host = vec![0f32; 1 << 20];
+        {
+            let view = on.cuda_view::<f32>(&user).unwrap();
+            user.memcpy_dtoh(&*view, &mut host).unwrap();
+        }
+        user.synchronize().unwrap();
+        assert_eq!(host, t.to_vec::<f32>().unwrap());
+    }
+}
+
+#[test]
+fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
+    let Some(dev) = cuda_or_skip("out_of_memory_fails_cleanly_and_the_next_batch_works") else {
+        return;
+    };
+    let mut r = rng("out_of_memory_fails_cleanly_and_the_next_batch_works");
+    let free = dev.free_memory().unwrap();
+    // One pinned 2 GiB tensor shared many times: little host memory, more device memory than free.
+    let chunk = 2usize << 30;
+    let piece = Tensor::from_vec(vec![3u8; chunk], &[chunk]).unwrap().pin_memory().unwrap();
+    let batch: Vec<Tensor> = vec![piece.clone(); free / chunk + 2];
+    let err = batch.to_device(&dev, true).unwrap_err();
+    match &err {
+        Error::DeviceOutOfMemory { path, requested, .. } => {
+            assert!(path.starts_with("value[") || path.starts_with('['), "{path}");
+            assert!(*requested > free - chunk);
+        }
+        other => panic!("expected DeviceOutOfMemory, got {other}"),
+    }
+    println!("{err}");
+    dev.synchronize().unwrap();
+    drop(batch);
+    let small = random_tensor(&mut r, DType::F16, &[1000, 33]);
+    let back = small.to_device(&dev, true).unwrap().to_cpu(false).unwrap();
+    assert_eq!(bytes_of(&back), bytes_of(&small));
+}
+
+#[test]
+fn eight_threads_move_batches_to_one_device() {
+    let Some(dev) = cuda_or_skip("eight_threads_move_batches_to_one_device") else { return };
+    let seed: u64 = rng("eight_threads_move_batches_to_one_device").random();
+    std::thread::scope(|s| {
+        for k in 0..8u64 {
+            let dev = dev.clone();
+            s.spawn(move || {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::SmallRng::seed_from_u64(seed ^ k);
+                for _ in 0..25 {
+                    let batch = random_batch(&mut r, 8);
+                    let back = batch.to_device(&dev, true).unwrap().to_cpu(true).unwrap();
+                    for (a, b) in batch.iter().zip(&back) {
+                        assert_eq!(bytes_of(b), bytes_of(a));
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn same_device_shares_and_host_to_host_shares() {
+    let Some(dev) = cuda_or_skip("same_device_shares_and_host_to_host_shares") else { return };
+    let mut r = rng("same_device_shares_and_host_to_host_shares");
+    let t = random_tensor(&mut r, DType::U32, &[100]);
+    let on = t.to_device(&dev, false).unwrap();
+    assert!(on.to_device(&dev, true).unwrap().shares_storage_with(&on));
+    assert!(t.to_cpu(true).unwrap().shares_storage_with(&t));
+}
+
+#[test]
+fn pageable_and_pinned_batches_report_their_pinning_backend() {
+    let Some(_dev) = cuda_or_skip("pageable_and_pinned_batches_report_their_pinning_backend") else {
+        return;
+    };
+    let t = Tensor::from_vec(vec![1.0f64; 4096], &[4096]).unwrap().pin_memory().unwrap();
+    let backend = t.pinned_block().unwrap().backend();
+    println!("pinned through {backend}");
+    assert_ne!(backend, pinnable::BackendKind::Mlock, "CUDA present: pinning must register with it");
+}
