@@ -64,16 +64,26 @@ fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
         return;
     };
     let mut r = rng("dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight");
-    let src = random_tensor(&mut r, DType::F32, &[1 << 20]).pin_memory().unwrap();
+    let n = 1 << 20;
+    // Warm the pool's cache with blocks of this size, so that the scribbles below are cache
+    // hits (a driver allocation would wait for the held stream and hide the race).
+    let warm: Vec<Tensor> = (0..4)
+        .map(|_| Tensor::from_vec(vec![0f32; n], &[n]).unwrap().pin_memory().unwrap())
+        .collect();
+    drop(warm);
+    let src = random_tensor(&mut r, DType::F32, &[n]).pin_memory().unwrap();
     let expected = bytes_of(&src);
     hold_stream(copy_stream(&dev), 300);
     let on = src.to_device(&dev, true).unwrap();
     drop(src);
-    // If the block went back to the pool now, these would take it and overwrite it.
-    let scribbles: Vec<Tensor> = (0..4)
-        .map(|_| Tensor::from_vec(vec![-1.0f32; 1 << 20], &[1 << 20]).unwrap().pin_memory().unwrap())
-        .collect();
     assert!(!on.is_ready(), "the copy should still be held back");
+    // If the block went back to the pool now, these would take it and overwrite it.
+    let mut scribbles = Vec::new();
+    for _ in 0..5 {
+        let mut t = Tensor::from_vec(vec![0f32; n], &[n]).unwrap().pin_memory().unwrap();
+        t.as_mut_slice::<f32>().unwrap().fill(-1.0);
+        scribbles.push(t);
+    }
     let back = on.to_cpu(false).unwrap();
     assert_eq!(bytes_of(&back), expected);
     drop(scribbles);

@@ -141,11 +141,10 @@ pub fn random_batch(rng: &mut impl Rng, max_tensors: usize) -> Vec<Tensor> {
             if rank >= 2 && rng.random_bool(0.3) {
                 t = t.transpose(0, rank - 1).expect("in range");
             }
-            if rank >= 1 && shape[0] > 1 && rng.random_bool(0.3) {
-                let dim = 0;
-                let size = t.shape()[dim];
+            if rank >= 1 && t.shape()[0] > 1 && rng.random_bool(0.3) {
+                let size = t.shape()[0];
                 let start = rng.random_range(0..size);
-                t = t.narrow(dim, start, size - start).expect("in range");
+                t = t.narrow(0, start, size - start).expect("in range");
             }
             if rng.random_bool(0.4) {
                 t = pinnable::Pinnable::pin_memory(&t).expect("pin");
