@@ -21,6 +21,10 @@ pub enum BackendKind {
     CudaHostAlloc,
     /// `mmap`, pre-faulted, then `cuMemHostRegister` with `CU_MEMHOSTREGISTER_PORTABLE`.
     CudaHostRegister,
+    /// Ordinary heap memory, *not* page-locked: the test double the pool's own tests (and Miri)
+    /// run on. Never chosen by a [`BackendChoice`].
+    #[doc(hidden)]
+    Heap,
 }
 
 impl std::fmt::Display for BackendKind {
@@ -29,6 +33,7 @@ impl std::fmt::Display for BackendKind {
             BackendKind::Mlock => "mlock",
             BackendKind::CudaHostAlloc => "cuMemHostAlloc",
             BackendKind::CudaHostRegister => "cuMemHostRegister",
+            BackendKind::Heap => "heap (test double)",
         })
     }
 }
@@ -43,52 +48,80 @@ pub(crate) fn page_size() -> usize {
     })
 }
 
-/// `bytes` rounded up to whole pages.
-pub(crate) fn page_round(bytes: usize) -> usize {
-    let p = page_size();
-    bytes.div_ceil(p) * p
-}
-
 /// The backends a pool uses, resolved from its [`BackendChoice`].
 pub(crate) struct Backends {
-    choice: BackendChoice,
+    choice: Source,
+    /// Blocks at least this large use `cuMemHostRegister` under [`BackendChoice::Auto`].
+    register_threshold: usize,
+}
+
+#[derive(Clone, Copy)]
+enum Source {
+    Choice(BackendChoice),
+    /// The heap test double (unit tests, Miri).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Heap,
 }
 
 impl Backends {
-    pub(crate) fn new(choice: BackendChoice) -> Self {
-        Backends { choice }
+    pub(crate) fn new(choice: BackendChoice, register_threshold: usize) -> Self {
+        Backends {
+            choice: Source::Choice(choice),
+            register_threshold,
+        }
     }
 
-    fn resolve(&self) -> Result<BackendKind> {
-        Ok(match self.choice {
-            BackendChoice::Mlock => BackendKind::Mlock,
-            BackendChoice::CudaHostAlloc => BackendKind::CudaHostAlloc,
-            BackendChoice::CudaHostRegister => BackendKind::CudaHostRegister,
-            BackendChoice::Auto if crate::cuda::is_available() => BackendKind::CudaHostAlloc,
-            BackendChoice::Auto => BackendKind::Mlock,
-        })
+    /// Backends that hand out ordinary heap memory: the pool's logic without any OS or driver
+    /// call, so it runs under Miri.
+    #[cfg(test)]
+    pub(crate) fn heap() -> Self {
+        Backends {
+            choice: Source::Heap,
+            register_threshold: usize::MAX,
+        }
     }
 
-    /// A fresh page-locked region of `capacity` bytes (a multiple of the page size).
-    pub(crate) fn alloc(&self, capacity: usize) -> Result<(NonNull<u8>, BackendKind)> {
-        let kind = self.resolve()?;
-        let ptr = match kind {
-            BackendKind::Mlock => mlock_alloc(capacity)?,
-            BackendKind::CudaHostAlloc => cuda_host_alloc(capacity)?,
-            BackendKind::CudaHostRegister => cuda_host_register(capacity)?,
-        };
-        Ok((ptr, kind))
+    /// Which backend a block of `capacity` bytes comes from. Never panics without a driver:
+    /// `Auto` probes for CUDA (cached) before any driver call.
+    pub(crate) fn kind_for(&self, capacity: usize) -> BackendKind {
+        match self.choice {
+            Source::Heap => BackendKind::Heap,
+            Source::Choice(BackendChoice::Mlock) => BackendKind::Mlock,
+            Source::Choice(BackendChoice::CudaHostAlloc) => BackendKind::CudaHostAlloc,
+            Source::Choice(BackendChoice::CudaHostRegister) => BackendKind::CudaHostRegister,
+            Source::Choice(BackendChoice::Auto) => {
+                if !crate::cuda::is_available() {
+                    BackendKind::Mlock
+                } else if capacity >= self.register_threshold {
+                    BackendKind::CudaHostRegister
+                } else {
+                    BackendKind::CudaHostAlloc
+                }
+            }
+        }
     }
 
-    /// Frees a region.
+    /// A fresh page-locked region of `capacity` bytes (a multiple of the page size) from the
+    /// backend of kind `kind`. Makes OS and driver calls: never call it while holding a lock.
+    pub(crate) fn alloc(&self, kind: BackendKind, capacity: usize) -> Result<NonNull<u8>> {
+        match kind {
+            BackendKind::Mlock => mlock_alloc(capacity),
+            BackendKind::CudaHostAlloc => cuda_host_alloc(capacity),
+            BackendKind::CudaHostRegister => cuda_host_register(capacity),
+            BackendKind::Heap => heap_alloc(capacity),
+        }
+    }
+
+    /// Frees a region. Makes OS and driver calls: never call it while holding a lock.
     ///
     /// # Safety
     ///
-    /// 1. `ptr` came from `alloc` on a backend of kind `kind` with this `capacity`.
+    /// 1. `ptr` came from `alloc` with this `kind` and `capacity`.
     /// 2. It is freed once, and nothing uses it afterwards.
     pub(crate) unsafe fn free(&self, kind: BackendKind, ptr: NonNull<u8>, capacity: usize) {
         match kind {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: forwarded from the caller (mlock blocks are whole mappings; munmap
+            // unlocks them).
             BackendKind::Mlock => unsafe { munmap(ptr, capacity) },
             BackendKind::CudaHostAlloc => {
                 if let Ok(ctx) = context() {
@@ -103,11 +136,39 @@ impl Backends {
                     // SAFETY: `ptr` was registered by `cuda_host_register` and is unregistered once.
                     let _ = unsafe { sys::cuMemHostUnregister(ptr.as_ptr().cast()) };
                 }
-                // SAFETY: the mapping came from `mmap_populated` with this capacity.
+                // SAFETY: the mapping came from `mmap_anonymous` with this capacity.
                 unsafe { munmap(ptr, capacity) };
             }
+            // SAFETY: forwarded from the caller: `heap_alloc` made it with this capacity.
+            BackendKind::Heap => unsafe { heap_free(ptr, capacity) },
         }
     }
+}
+
+fn heap_layout(capacity: usize) -> Result<std::alloc::Layout> {
+    std::alloc::Layout::from_size_align(capacity.max(1), page_size()).map_err(|_| Error::HostAlloc {
+        requested: capacity,
+        source: std::io::Error::other("size overflows a heap layout"),
+    })
+}
+
+fn heap_alloc(capacity: usize) -> Result<NonNull<u8>> {
+    let layout = heap_layout(capacity)?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    NonNull::new(p).ok_or_else(|| Error::HostAlloc {
+        requested: capacity,
+        source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+    })
+}
+
+/// # Safety
+///
+/// 1. `ptr` came from `heap_alloc(capacity)` and is freed once.
+unsafe fn heap_free(ptr: NonNull<u8>, capacity: usize) {
+    let layout = heap_layout(capacity).expect("the layout was valid when allocated");
+    // SAFETY: forwarded from the caller; same layout as the allocation.
+    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
 }
 
 /// The context CUDA host allocations are made in (device 0's primary context; the memory is
@@ -120,14 +181,16 @@ fn context() -> Result<Arc<CudaContext>> {
         .clone())
 }
 
-fn mmap_populated(capacity: usize) -> Result<NonNull<u8>> {
+/// An anonymous private read-write mapping; `MAP_POPULATE` faults every page in now.
+fn mmap_anonymous(capacity: usize, populate: bool) -> Result<NonNull<u8>> {
+    let populate = if populate { libc::MAP_POPULATE } else { 0 };
     // SAFETY: an anonymous private mapping with no address hint has no preconditions.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             capacity,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate,
             -1,
             0,
         )
@@ -146,30 +209,63 @@ fn mmap_populated(capacity: usize) -> Result<NonNull<u8>> {
 
 /// # Safety
 ///
-/// 1. `ptr`/`capacity` is a live mapping from `mmap_populated`, unmapped once.
+/// 1. `ptr`/`capacity` is a live mapping from `mmap_anonymous`, unmapped once.
 unsafe fn munmap(ptr: NonNull<u8>, capacity: usize) {
     // SAFETY: forwarded from the caller.
     unsafe { libc::munmap(ptr.as_ptr().cast(), capacity) };
 }
 
-fn memlock_limit() -> String {
+fn memlock_rlimit() -> Option<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
-        return "unknown".into();
+    (unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0).then_some(lim)
+}
+
+/// The soft locked-memory limit (`ulimit -l`) in bytes, `None` when unlimited or unknown.
+///
+/// The [`Mlock`](BackendKind::Mlock) backend can lock at most this much (unless the process
+/// has `CAP_IPC_LOCK`); CUDA's backends are not bound by it.
+pub fn memlock_limit() -> Option<u64> {
+    memlock_rlimit()
+        .filter(|l| l.rlim_cur != libc::RLIM_INFINITY)
+        .map(|l| l.rlim_cur as u64)
+}
+
+/// Raises the soft locked-memory limit to the hard limit, which any process may do, and
+/// returns the new soft limit (`None` when unlimited).
+///
+/// # Errors
+///
+/// [`Error::HostAlloc`] with the OS error when the limit cannot be read or set.
+pub fn raise_memlock_limit() -> Result<Option<u64>> {
+    let os_err = |source| Error::HostAlloc {
+        requested: 0,
+        source,
+    };
+    let mut lim = memlock_rlimit().ok_or_else(|| os_err(std::io::Error::last_os_error()))?;
+    if lim.rlim_cur != lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid, initialised rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+            return Err(os_err(std::io::Error::last_os_error()));
+        }
     }
-    if lim.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} bytes", lim.rlim_cur)
+    Ok(memlock_limit())
+}
+
+fn memlock_limit_words() -> String {
+    match memlock_rlimit() {
+        None => "unknown".into(),
+        Some(l) if l.rlim_cur == libc::RLIM_INFINITY => "unlimited".into(),
+        Some(l) => format!("{} bytes", l.rlim_cur),
     }
 }
 
 fn mlock_alloc(capacity: usize) -> Result<NonNull<u8>> {
-    let ptr = mmap_populated(capacity)?;
+    let ptr = mmap_anonymous(capacity, true)?;
     // SAFETY: the range is the mapping just made.
     if unsafe { libc::mlock(ptr.as_ptr().cast(), capacity) } != 0 {
         let err = std::io::Error::last_os_error();
@@ -178,7 +274,7 @@ fn mlock_alloc(capacity: usize) -> Result<NonNull<u8>> {
         return Err(match err.raw_os_error() {
             Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EAGAIN) => Error::MemlockLimit {
                 requested: capacity,
-                limit: memlock_limit(),
+                limit: memlock_limit_words(),
             },
             _ => Error::HostAlloc {
                 requested: capacity,
@@ -204,7 +300,9 @@ fn cuda_host_alloc(capacity: usize) -> Result<NonNull<u8>> {
 
 fn cuda_host_register(capacity: usize) -> Result<NonNull<u8>> {
     let ctx = context()?;
-    let ptr = mmap_populated(capacity)?;
+    let ptr = mmap_anonymous(capacity, false)?;
+    // SAFETY: the mapping was just made, is `capacity` bytes and nothing else uses it.
+    unsafe { prefault_parallel(ptr, capacity) };
     ctx.bind_to_thread()
         .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
     // SAFETY: the range is a live, page-aligned mapping of `capacity` bytes.
@@ -221,4 +319,57 @@ fn cuda_host_register(capacity: usize) -> Result<NonNull<u8>> {
         return Err(Error::driver("cuMemHostRegister", cudarc::driver::DriverError(r)));
     }
     Ok(ptr)
+}
+
+/// Below this a mapping is faulted in by one thread.
+const PREFAULT_CHUNK: usize = 4 << 20;
+
+/// Faults every page of a fresh mapping in, with several threads for large mappings (page
+/// faults of one range serialise on little; the kernel zeroes pages in parallel). Registering
+/// faulted memory with the driver is several times cheaper than letting it fault the pages.
+///
+/// # Safety
+///
+/// 1. `ptr`/`capacity` is a live, writable mapping that nothing else reads or writes yet.
+unsafe fn prefault_parallel(ptr: NonNull<u8>, capacity: usize) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16)
+        .min(capacity.div_ceil(PREFAULT_CHUNK))
+        .max(1);
+    let page = page_size();
+    let per = capacity.div_ceil(threads).div_ceil(page) * page;
+    let base = ptr.as_ptr() as usize;
+    let touch = move |start: usize| {
+        if start >= capacity {
+            return;
+        }
+        let end = (start + per).min(capacity);
+        // Ask the kernel to populate the range (Linux 5.14+); touch each page otherwise.
+        // SAFETY: the range lies inside the caller's mapping.
+        let r = unsafe {
+            libc::madvise(
+                (base + start) as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            for off in (start..end).step_by(page) {
+                // SAFETY: inside the caller's writable mapping, which nothing else uses yet;
+                // a volatile write makes sure the page is faulted in.
+                unsafe { std::ptr::write_volatile((base + off) as *mut u8, 0) };
+            }
+        }
+    };
+    if threads == 1 {
+        touch(0);
+        return;
+    }
+    std::thread::scope(|s| {
+        for t in 1..threads {
+            s.spawn(move || touch(t * per));
+        }
+        touch(0);
+    });
 }
