@@ -34,7 +34,9 @@ fn time(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn torch_rows() -> HashMap<String, f64> {
-    let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") else { return HashMap::new() };
+    let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") else {
+        return HashMap::new();
+    };
     let Ok(text) = std::fs::read_to_string(format!("{dir}/torch.txt")) else {
         return HashMap::new();
     };
@@ -56,8 +58,12 @@ fn event_time(stream: &cudarc::driver::CudaStream, iters: usize, copy: impl Fn()
     let ctx = stream.context();
     let mut v = Vec::new();
     for i in 0..iters + 3 {
-        let a = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
-        let b = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+        let a = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
+        let b = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap();
         a.record(stream).unwrap();
         copy();
         b.record(stream).unwrap();
@@ -90,7 +96,9 @@ impl Table {
 }
 
 fn main() {
-    let Some(dev) = cuda_or_skip("bench transfer") else { return };
+    let Some(dev) = cuda_or_skip("bench transfer") else {
+        return;
+    };
     let mut r = rng("bench transfer");
     let torch = torch_rows();
     let stream = dev.copy_stream().unwrap().clone();
@@ -117,9 +125,16 @@ fn main() {
     let raw_dev = unsafe { result::malloc_sync(n) }.unwrap();
     let raw_h2d = event_time(&stream, 20, || {
         // SAFETY: both buffers are n bytes and live.
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(raw_dev, raw_host.cast(), n, stream.cu_stream()) });
+        check(unsafe {
+            sys::cuMemcpyHtoDAsync_v2(raw_dev, raw_host.cast(), n, stream.cu_stream())
+        });
     });
-    t.row("raw cuMemcpyHtoDAsync, 256 MiB pinned (ceiling)", raw_h2d, n, None);
+    t.row(
+        "raw cuMemcpyHtoDAsync, 256 MiB pinned (ceiling)",
+        raw_h2d,
+        n,
+        None,
+    );
 
     let big = random_tensor(&mut r, DType::F32, &[n / 4]);
     let big_pinned = big.pin_memory().unwrap();
@@ -127,9 +142,19 @@ fn main() {
         let on = big_pinned.to_device(&dev, true).unwrap();
         on.ready_event().unwrap().synchronize().unwrap();
     });
-    t.row("ours to_device, 256 MiB pinned (alloc + copy + sync)", ours_h2d, n, Some(("raw ceiling", raw_h2d)));
+    t.row(
+        "ours to_device, 256 MiB pinned (alloc + copy + sync)",
+        ours_h2d,
+        n,
+        Some(("raw ceiling", raw_h2d)),
+    );
     if let Some(&th) = torch.get("torch_h2d_256mib_pinned") {
-        t.row("ours to_device, 256 MiB pinned", ours_h2d, n, Some(("torch copy_ pinned", th)));
+        t.row(
+            "ours to_device, 256 MiB pinned",
+            ours_h2d,
+            n,
+            Some(("torch copy_ pinned", th)),
+        );
     }
 
     let ours_pageable = time(3, 20, || {
@@ -141,15 +166,35 @@ fn main() {
         // SAFETY: the source is n live bytes, the destination n bytes.
         check(unsafe { sys::cuMemcpyHtoD_v2(raw_dev, raw_pageable.cast(), n) });
     });
-    t.row("raw cuMemcpyHtoD, 256 MiB pageable", raw_pageable_t, n, None);
-    t.row("ours to_device, 256 MiB pageable (staged)", ours_pageable, n, Some(("raw pageable", raw_pageable_t)));
+    t.row(
+        "raw cuMemcpyHtoD, 256 MiB pageable",
+        raw_pageable_t,
+        n,
+        None,
+    );
+    t.row(
+        "ours to_device, 256 MiB pageable (staged)",
+        ours_pageable,
+        n,
+        Some(("raw pageable", raw_pageable_t)),
+    );
     if let Some(&th) = torch.get("torch_h2d_256mib_pageable") {
-        t.row("ours to_device, 256 MiB pageable (staged)", ours_pageable, n, Some(("torch copy_ pageable", th)));
+        t.row(
+            "ours to_device, 256 MiB pageable (staged)",
+            ours_pageable,
+            n,
+            Some(("torch copy_ pageable", th)),
+        );
     }
 
     // --- The batch: 64 x 1 MiB f32 + i64 labels.
     let mut batch: HashMap<String, Tensor> = (0..64)
-        .map(|i| (format!("x{i}"), random_tensor(&mut r, DType::F32, &[MIB / 4])))
+        .map(|i| {
+            (
+                format!("x{i}"),
+                random_tensor(&mut r, DType::F32, &[MIB / 4]),
+            )
+        })
         .collect();
     batch.insert("labels".into(), random_tensor(&mut r, DType::I64, &[64]));
     let batch_bytes: usize = batch.values().map(Tensor::nbytes).sum();
@@ -159,25 +204,37 @@ fn main() {
         "ours pin_memory, 64×1 MiB + labels (warm)",
         ours_pin,
         batch_bytes,
-        torch.get("torch_pin_batch").map(|&v| ("torch pin_memory", v)),
+        torch
+            .get("torch_pin_batch")
+            .map(|&v| ("torch pin_memory", v)),
     );
     let pinned = batch.pin_memory().unwrap();
     let sync = |b: &HashMap<String, Tensor>| {
-        b.values().next().unwrap().ready_event().unwrap().synchronize().unwrap()
+        b.values()
+            .next()
+            .unwrap()
+            .ready_event()
+            .unwrap()
+            .synchronize()
+            .unwrap()
     };
     let ours_move = time(5, 30, || sync(&pinned.to_device(&dev, true).unwrap()));
     t.row(
         "ours to_device, pinned batch (+ sync)",
         ours_move,
         batch_bytes,
-        torch.get("torch_to_device_pinned_batch").map(|&v| ("torch .to(cuda, non_blocking)", v)),
+        torch
+            .get("torch_to_device_pinned_batch")
+            .map(|&v| ("torch .to(cuda, non_blocking)", v)),
     );
     let ours_e2e = time(5, 30, || sync(&batch.to_device(&dev, true).unwrap()));
     t.row(
         "ours to_device, pageable batch end to end (staged + copy + sync)",
         ours_e2e,
         batch_bytes,
-        torch.get("torch_end_to_end_batch").map(|&v| ("torch pin_memory + .to + sync", v)),
+        torch
+            .get("torch_end_to_end_batch")
+            .map(|&v| ("torch pin_memory + .to + sync", v)),
     );
     let ours_e2e_pin = time(5, 30, || {
         sync(&batch.pin_memory().unwrap().to_device(&dev, true).unwrap())
@@ -186,23 +243,42 @@ fn main() {
         "ours pin_memory then to_device, pageable batch end to end",
         ours_e2e_pin,
         batch_bytes,
-        torch.get("torch_end_to_end_batch").map(|&v| ("torch pin_memory + .to + sync", v)),
+        torch
+            .get("torch_end_to_end_batch")
+            .map(|&v| ("torch pin_memory + .to + sync", v)),
     );
 
     // --- 256 MiB device to host.
     let on = big_pinned.to_device(&dev, false).unwrap();
     let raw_d2h = event_time(&stream, 20, || {
         // SAFETY: both buffers are n bytes and live.
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(raw_host.cast(), raw_dev, n, stream.cu_stream()) });
+        check(unsafe {
+            sys::cuMemcpyDtoHAsync_v2(raw_host.cast(), raw_dev, n, stream.cu_stream())
+        });
     });
-    t.row("raw cuMemcpyDtoHAsync, 256 MiB into pinned (ceiling)", raw_d2h, n, None);
+    t.row(
+        "raw cuMemcpyDtoHAsync, 256 MiB into pinned (ceiling)",
+        raw_d2h,
+        n,
+        None,
+    );
     let ours_d2h = time(3, 20, || {
         let back = on.to_cpu(true).unwrap();
         back.ready_event().unwrap().synchronize().unwrap();
     });
-    t.row("ours to_cpu, 256 MiB into pinned (+ sync)", ours_d2h, n, Some(("raw ceiling", raw_d2h)));
+    t.row(
+        "ours to_cpu, 256 MiB into pinned (+ sync)",
+        ours_d2h,
+        n,
+        Some(("raw ceiling", raw_d2h)),
+    );
     if let Some(&th) = torch.get("torch_d2h_256mib_pinned") {
-        t.row("ours to_cpu, 256 MiB into pinned", ours_d2h, n, Some(("torch copy_ into pinned", th)));
+        t.row(
+            "ours to_cpu, 256 MiB into pinned",
+            ours_d2h,
+            n,
+            Some(("torch copy_ into pinned", th)),
+        );
     }
 
     let stats = PinnedPool::global().stats();

@@ -9,7 +9,9 @@ use pinnable_harness::{bytes_of, random_tensor, rng};
 use rand::Rng;
 
 fn random_shape(r: &mut impl Rng) -> Vec<usize> {
-    (0..r.random_range(0..4)).map(|_| r.random_range(0..6)).collect()
+    (0..r.random_range(0..4))
+        .map(|_| r.random_range(0..6))
+        .collect()
 }
 
 fn assert_pinned_copy(src: &Tensor, pinned: &Tensor) {
@@ -36,7 +38,11 @@ fn every_dtype_pins_i64_included() {
 fn non_contiguous_views_pin_as_contiguous_copies() {
     let mut r = rng("non_contiguous_views_pin_as_contiguous_copies");
     for _ in 0..30 {
-        let shape = [r.random_range(1..9), r.random_range(1..9), r.random_range(1..9)];
+        let shape = [
+            r.random_range(1..9),
+            r.random_range(1..9),
+            r.random_range(1..9),
+        ];
         let t = random_tensor(&mut r, DType::F32, &shape);
         let start = r.random_range(0..shape[1]);
         let view = t
@@ -164,7 +170,9 @@ fn large_batches_pin_through_parallel_copies() {
     let batch: Vec<Tensor> = (0..24)
         .map(|_| random_tensor(&mut r, DType::F32, &[256, 1024]))
         .collect();
-    let strided = random_tensor(&mut r, DType::I16, &[512, 2048]).transpose(0, 1).unwrap();
+    let strided = random_tensor(&mut r, DType::I16, &[512, 2048])
+        .transpose(0, 1)
+        .unwrap();
     let p = (batch.clone(), strided.clone()).pin_memory().unwrap();
     for (a, b) in batch.iter().zip(&p.0) {
         assert_pinned_copy(a, b);
@@ -185,5 +193,9 @@ fn cuda_is_unavailable_here_without_panicking() {
     assert_eq!(err.to_string(), format!("CUDA is unavailable: {reason}"));
     // Moving host data to the host shares it and needs no driver.
     let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
-    assert!(pinnable::ToDevice::to_cpu(&t, true).unwrap().shares_storage_with(&t));
+    assert!(
+        pinnable::ToDevice::to_cpu(&t, true)
+            .unwrap()
+            .shares_storage_with(&t)
+    );
 }

@@ -22,7 +22,10 @@ fn from_vec_round_trips_every_dtype() {
 fn wrong_shape_is_an_error_not_a_panic() {
     let err = Tensor::from_vec(vec![1.0f32; 5], &[2, 3]).unwrap_err();
     assert!(matches!(err, Error::Shape(_)), "{err}");
-    assert_eq!(err.to_string(), "invalid shape: shape [2, 3] holds 6 elements but 5 were given");
+    assert_eq!(
+        err.to_string(),
+        "invalid shape: shape [2, 3] holds 6 elements but 5 were given"
+    );
     let err = Tensor::from_vec(vec![0u8; 0], &[usize::MAX, 3]).unwrap_err();
     assert!(err.to_string().contains("overflows"), "{err}");
 }
@@ -31,14 +34,21 @@ fn wrong_shape_is_an_error_not_a_panic() {
 fn dtype_mismatch_is_an_error() {
     let t = Tensor::from_vec(vec![1i64, 2], &[2]).unwrap();
     let err = t.to_vec::<f32>().unwrap_err();
-    assert_eq!(err.to_string(), "dtype mismatch: the tensor holds i64, not f32");
+    assert_eq!(
+        err.to_string(),
+        "dtype mismatch: the tensor holds i64, not f32"
+    );
 }
 
 #[test]
 fn transpose_and_narrow_read_the_right_elements() {
     let mut r = rng("transpose_and_narrow_read_the_right_elements");
     for _ in 0..50 {
-        let (a, b, c) = (r.random_range(1..6), r.random_range(1..6), r.random_range(1..6));
+        let (a, b, c) = (
+            r.random_range(1..6),
+            r.random_range(1..6),
+            r.random_range(1..6),
+        );
         let data: Vec<i32> = (0..a * b * c).map(|_| r.random()).collect();
         let t = Tensor::from_vec(data.clone(), &[a, b, c]).unwrap();
         let at = |i: usize, j: usize, k: usize| data[(i * b + j) * c + k];
@@ -90,7 +100,11 @@ fn as_mut_slice_on_shared_storage_copies_first() {
     view.as_mut_slice::<f32>().unwrap()[0] = 42.0;
     assert!(!view.shares_storage_with(&original));
     assert!(view.is_contiguous());
-    assert_eq!(original.to_vec::<f32>().unwrap(), data, "the source never sees the write");
+    assert_eq!(
+        original.to_vec::<f32>().unwrap(),
+        data,
+        "the source never sees the write"
+    );
     let got = view.to_vec::<f32>().unwrap();
     assert_eq!(got[0], 42.0);
     assert_eq!(got[1..], expected_t[1..]);
@@ -108,13 +122,22 @@ fn zero_size_tensors_work() {
     let t = Tensor::from_vec(Vec::<f64>::new(), &[0, 4]).unwrap();
     assert_eq!(t.numel(), 0);
     assert_eq!(t.to_vec::<f64>().unwrap(), Vec::<f64>::new());
-    assert!(t.transpose(0, 1).unwrap().to_vec::<f64>().unwrap().is_empty());
+    assert!(
+        t.transpose(0, 1)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
 fn reshape_needs_contiguous_data() {
     let t = Tensor::from_vec((0..12).collect::<Vec<i64>>(), &[3, 4]).unwrap();
-    assert_eq!(t.reshape(&[4, 3]).unwrap().to_vec::<i64>().unwrap(), (0..12).collect::<Vec<_>>());
+    assert_eq!(
+        t.reshape(&[4, 3]).unwrap().to_vec::<i64>().unwrap(),
+        (0..12).collect::<Vec<_>>()
+    );
     assert!(t.transpose(0, 1).unwrap().reshape(&[12]).is_err());
     assert!(t.reshape(&[5]).is_err());
 }

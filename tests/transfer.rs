@@ -15,7 +15,9 @@ fn copy_stream(d: &Device) -> &std::sync::Arc<cudarc::driver::CudaStream> {
 
 #[test]
 fn every_dtype_round_trips_bit_exactly() {
-    let Some(dev) = cuda_or_skip("every_dtype_round_trips_bit_exactly") else { return };
+    let Some(dev) = cuda_or_skip("every_dtype_round_trips_bit_exactly") else {
+        return;
+    };
     let mut r = rng("every_dtype_round_trips_bit_exactly");
     for dtype in DType::ALL {
         for non_blocking in [false, true] {
@@ -25,14 +27,20 @@ fn every_dtype_round_trips_bit_exactly() {
             assert_eq!(on.placement(), Placement::Cuda(0));
             let back = on.to_cpu(non_blocking).unwrap();
             assert!(back.is_pinned());
-            assert_eq!(bytes_of(&back), bytes_of(&t), "{dtype} non_blocking={non_blocking}");
+            assert_eq!(
+                bytes_of(&back),
+                bytes_of(&t),
+                "{dtype} non_blocking={non_blocking}"
+            );
         }
     }
 }
 
 #[test]
 fn random_nested_batches_round_trip_bit_exactly() {
-    let Some(dev) = cuda_or_skip("random_nested_batches_round_trip_bit_exactly") else { return };
+    let Some(dev) = cuda_or_skip("random_nested_batches_round_trip_bit_exactly") else {
+        return;
+    };
     let mut r = rng("random_nested_batches_round_trip_bit_exactly");
     for i in 0..200 {
         let batch = (
@@ -43,7 +51,12 @@ fn random_nested_batches_round_trip_bit_exactly() {
         );
         let there = batch.to_device(&dev, r.random_bool(0.5)).unwrap();
         let back = there.to_cpu(r.random_bool(0.5)).unwrap();
-        let flat = |b: &(Vec<Tensor>, HashMap<String, Vec<Tensor>>, Option<Vec<Tensor>>, i32)| {
+        let flat = |b: &(
+            Vec<Tensor>,
+            HashMap<String, Vec<Tensor>>,
+            Option<Vec<Tensor>>,
+            i32,
+        )| {
             let mut v: Vec<Tensor> = b.0.clone();
             v.extend(b.1.values().flatten().cloned());
             v.extend(b.2.iter().flatten().cloned());
@@ -68,10 +81,17 @@ fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
     // Warm the pool's cache with blocks of this size, so that the scribbles below are cache
     // hits (a driver allocation would wait for the held stream and hide the race).
     let warm: Vec<Tensor> = (0..4)
-        .map(|_| Tensor::from_vec(vec![0f32; n], &[n]).unwrap().pin_memory().unwrap())
+        .map(|_| {
+            Tensor::from_vec(vec![0f32; n], &[n])
+                .unwrap()
+                .pin_memory()
+                .unwrap()
+        })
         .collect();
     drop(warm);
-    let src = random_tensor(&mut r, DType::F32, &[n]).pin_memory().unwrap();
+    let src = random_tensor(&mut r, DType::F32, &[n])
+        .pin_memory()
+        .unwrap();
     let expected = bytes_of(&src);
     hold_stream(copy_stream(&dev), 300);
     let on = src.to_device(&dev, true).unwrap();
@@ -80,7 +100,10 @@ fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
     // If the block went back to the pool now, these would take it and overwrite it.
     let mut scribbles = Vec::new();
     for _ in 0..5 {
-        let mut t = Tensor::from_vec(vec![0f32; n], &[n]).unwrap().pin_memory().unwrap();
+        let mut t = Tensor::from_vec(vec![0f32; n], &[n])
+            .unwrap()
+            .pin_memory()
+            .unwrap();
         t.as_mut_slice::<f32>().unwrap().fill(-1.0);
         scribbles.push(t);
     }
@@ -95,15 +118,24 @@ fn writing_a_pinned_source_waits_for_the_copy_reading_it() {
         return;
     };
     let mut r = rng("writing_a_pinned_source_waits_for_the_copy_reading_it");
-    let mut src = random_tensor(&mut r, DType::I64, &[1 << 18]).pin_memory().unwrap();
+    let mut src = random_tensor(&mut r, DType::I64, &[1 << 18])
+        .pin_memory()
+        .unwrap();
     let old = bytes_of(&src);
     hold_stream(copy_stream(&dev), 300);
     let on = src.to_device(&dev, true).unwrap();
     let started = Instant::now();
     src.as_mut_slice::<i64>().unwrap().fill(7);
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(150), "the write did not wait ({waited:?})");
-    assert_eq!(bytes_of(&on.to_cpu(false).unwrap()), old, "the device got a mix");
+    assert!(
+        waited >= Duration::from_millis(150),
+        "the write did not wait ({waited:?})"
+    );
+    assert_eq!(
+        bytes_of(&on.to_cpu(false).unwrap()),
+        old,
+        "the device got a mix"
+    );
     assert!(src.to_vec::<i64>().unwrap().iter().all(|&v| v == 7));
 }
 
@@ -131,7 +163,9 @@ fn consumer_on_another_stream_waits_for_the_ready_event() {
     let ctx = dev.cuda_context().unwrap().clone();
     let user = ctx.new_stream().unwrap();
     for _ in 0..3 {
-        let t = random_tensor(&mut r, DType::F32, &[1 << 20]).pin_memory().unwrap();
+        let t = random_tensor(&mut r, DType::F32, &[1 << 20])
+            .pin_memory()
+            .unwrap();
         hold_stream(copy_stream(&dev), 200);
         let on = t.to_device(&dev, true).unwrap();
         let mut host = vec![0f32; 1 << 20];
@@ -153,12 +187,20 @@ fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
     let free = dev.free_memory().unwrap();
     // One pinned 2 GiB tensor shared many times: little host memory, more device memory than free.
     let chunk = 2usize << 30;
-    let piece = Tensor::from_vec(vec![3u8; chunk], &[chunk]).unwrap().pin_memory().unwrap();
+    let piece = Tensor::from_vec(vec![3u8; chunk], &[chunk])
+        .unwrap()
+        .pin_memory()
+        .unwrap();
     let batch: Vec<Tensor> = vec![piece.clone(); free / chunk + 2];
     let err = batch.to_device(&dev, true).unwrap_err();
     match &err {
-        Error::DeviceOutOfMemory { path, requested, .. } => {
-            assert!(path.starts_with("value[") || path.starts_with('['), "{path}");
+        Error::DeviceOutOfMemory {
+            path, requested, ..
+        } => {
+            assert!(
+                path.starts_with("value[") || path.starts_with('['),
+                "{path}"
+            );
             assert!(*requested > free - chunk);
         }
         other => panic!("expected DeviceOutOfMemory, got {other}"),
@@ -173,7 +215,9 @@ fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
 
 #[test]
 fn eight_threads_move_batches_to_one_device() {
-    let Some(dev) = cuda_or_skip("eight_threads_move_batches_to_one_device") else { return };
+    let Some(dev) = cuda_or_skip("eight_threads_move_batches_to_one_device") else {
+        return;
+    };
     let seed: u64 = rng("eight_threads_move_batches_to_one_device").random();
     std::thread::scope(|s| {
         for k in 0..8u64 {
@@ -195,7 +239,9 @@ fn eight_threads_move_batches_to_one_device() {
 
 #[test]
 fn same_device_shares_and_host_to_host_shares() {
-    let Some(dev) = cuda_or_skip("same_device_shares_and_host_to_host_shares") else { return };
+    let Some(dev) = cuda_or_skip("same_device_shares_and_host_to_host_shares") else {
+        return;
+    };
     let mut r = rng("same_device_shares_and_host_to_host_shares");
     let t = random_tensor(&mut r, DType::U32, &[100]);
     let on = t.to_device(&dev, false).unwrap();
@@ -205,11 +251,19 @@ fn same_device_shares_and_host_to_host_shares() {
 
 #[test]
 fn pageable_and_pinned_batches_report_their_pinning_backend() {
-    let Some(_dev) = cuda_or_skip("pageable_and_pinned_batches_report_their_pinning_backend") else {
+    let Some(_dev) = cuda_or_skip("pageable_and_pinned_batches_report_their_pinning_backend")
+    else {
         return;
     };
-    let t = Tensor::from_vec(vec![1.0f64; 4096], &[4096]).unwrap().pin_memory().unwrap();
+    let t = Tensor::from_vec(vec![1.0f64; 4096], &[4096])
+        .unwrap()
+        .pin_memory()
+        .unwrap();
     let backend = t.pinned_block().unwrap().backend();
     println!("pinned through {backend}");
-    assert_ne!(backend, pinnable::BackendKind::Mlock, "CUDA present: pinning must register with it");
+    assert_ne!(
+        backend,
+        pinnable::BackendKind::Mlock,
+        "CUDA present: pinning must register with it"
+    );
 }

@@ -94,9 +94,8 @@ pub(crate) unsafe fn run(copies: &[HostCopy], on_piece: Option<OnPiece<'_>>) -> 
         // every piece has finished (`remaining == 0`) before returning, and no worker touches
         // `copies` or `on_piece` after finishing its last piece.
         copies: copies as *const [HostCopy],
-        on_piece: on_piece.map(|f| unsafe {
-            std::mem::transmute::<OnPiece<'_>, OnPiece<'static>>(f)
-        }),
+        on_piece: on_piece
+            .map(|f| unsafe { std::mem::transmute::<OnPiece<'_>, OnPiece<'static>>(f) }),
         next: AtomicUsize::new(0),
         remaining: Mutex::new(0),
         done: Condvar::new(),
@@ -158,7 +157,10 @@ impl Job {
                 }),
             };
             if let Some(e) = err {
-                self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                self.error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
             }
             let mut remaining = self.remaining.lock().unwrap_or_else(|e| e.into_inner());
             *remaining -= 1;
@@ -183,7 +185,9 @@ impl Workers {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+                    std::thread::available_parallelism()
+                        .map_or(1, |n| n.get())
+                        .min(16)
                 })
                 .max(1)
                 - 1;
@@ -210,7 +214,10 @@ impl Workers {
 
     fn start(&self, job: &Arc<Job>, helpers: usize) {
         for s in self.senders.iter().take(helpers) {
-            let _ = s.lock().unwrap_or_else(|e| e.into_inner()).send(job.clone());
+            let _ = s
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(job.clone());
         }
     }
 }

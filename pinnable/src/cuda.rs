@@ -267,7 +267,8 @@ impl fmt::Debug for Device {
 
 impl CudaDevice {
     fn open(ordinal: usize) -> Result<CudaDevice> {
-        let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: this crate orders every use of its device buffers itself: copies record a
         // ready event that consumers wait on, and a buffer is freed on the copy stream only
         // after that stream has waited on every recorded reader (see `tensor::DeviceBuffer`).
@@ -381,6 +382,11 @@ impl crate::alloc::Fence for Event {
 
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Event(cuda:{}, complete: {})", self.device.ordinal, self.is_complete())
+        write!(
+            f,
+            "Event(cuda:{}, complete: {})",
+            self.device.ordinal,
+            self.is_complete()
+        )
     }
 }

@@ -68,8 +68,27 @@ macro_rules! plain {
 }
 
 plain!(
-    bool, char, String, (), u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32,
-    f64, half::f16, half::bf16, &'static str
+    bool,
+    char,
+    String,
+    (),
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    half::f16,
+    half::bf16,
+    &'static str
 );
 
 both! { impl[T: ?Sized] for PhantomData<T> where [] each []; |_this, _cx, _r| { Ok(PhantomData) } }

@@ -89,7 +89,10 @@ impl<'a> PinContext<'a> {
     /// # Errors
     ///
     /// Whatever `f` returns.
-    pub fn run<T>(pool: &'a PinnedPool, f: impl FnOnce(&mut PinContext<'a>) -> Result<T>) -> Result<T> {
+    pub fn run<T>(
+        pool: &'a PinnedPool,
+        f: impl FnOnce(&mut PinContext<'a>) -> Result<T>,
+    ) -> Result<T> {
         let mut cx = PinContext {
             pool,
             path: FieldPath::new(),

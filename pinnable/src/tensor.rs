@@ -222,9 +222,9 @@ fn contiguous_strides(shape: &[usize]) -> Result<(Vec<usize>, usize)> {
     let mut n: usize = 1;
     for (i, &d) in shape.iter().enumerate().rev() {
         strides[i] = n;
-        n = n
-            .checked_mul(d)
-            .ok_or_else(|| Error::Shape(format!("the element count of shape {shape:?} overflows")))?;
+        n = n.checked_mul(d).ok_or_else(|| {
+            Error::Shape(format!("the element count of shape {shape:?} overflows"))
+        })?;
     }
     Ok((strides, n))
 }
@@ -410,7 +410,10 @@ impl Tensor {
     /// [`Error::Shape`] if `dim` or the range is out of bounds.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
         let size = *self.shape.get(dim).ok_or_else(|| {
-            Error::Shape(format!("dimension {dim} out of range for shape {:?}", self.shape))
+            Error::Shape(format!(
+                "dimension {dim} out of range for shape {:?}",
+                self.shape
+            ))
         })?;
         if start.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::Shape(format!(
@@ -628,7 +631,9 @@ impl Tensor {
         }
         let n = self.numel();
         let elem = self.dtype.size();
-        let bytes = buf.slice().slice(self.byte_offset()..self.byte_offset() + n * elem);
+        let bytes = buf
+            .slice()
+            .slice(self.byte_offset()..self.byte_offset() + n * elem);
         // SAFETY: the byte range holds `n` elements of `T` (dtype checked) written by our copy,
         // and device allocations are aligned far beyond any element's alignment.
         let view = unsafe { bytes.transmute::<T>(n) }.expect("range sized for n elements");
@@ -667,7 +672,11 @@ impl fmt::Debug for Tensor {
             self.dtype,
             self.shape,
             self.placement(),
-            if self.is_contiguous() { "" } else { ", strided" }
+            if self.is_contiguous() {
+                ""
+            } else {
+                ", strided"
+            }
         )
     }
 }

@@ -237,12 +237,14 @@ impl<'a> MoveContext<'a> {
         let buf = self.device_buffer(bytes)?;
         let (dst, _) = buf.slice().device_ptr(&buf.device.copy_stream);
         let direct = t.is_contiguous()
-            && t
-                .pinned_block()
+            && t.pinned_block()
                 .is_some_and(|b| b.backend() != crate::alloc::BackendKind::Mlock);
         if direct {
             self.wait_for(t);
-            let base = t.storage().host_ptr().expect("pinned tensors are on the host");
+            let base = t
+                .storage()
+                .host_ptr()
+                .expect("pinned tensors are on the host");
             self.uploads.push(Upload {
                 // SAFETY: the offset lies within the block.
                 src: unsafe { base.add(t.byte_offset()) },
@@ -314,7 +316,8 @@ impl<'a> MoveContext<'a> {
 
     /// Issues every planned copy, records the ready event and hands it to the results.
     fn issue(self) -> Result<()> {
-        let nothing = self.uploads.is_empty() && self.staged.is_empty() && self.downloads.is_empty();
+        let nothing =
+            self.uploads.is_empty() && self.staged.is_empty() && self.downloads.is_empty();
         if nothing {
             return Ok(());
         }
@@ -335,7 +338,9 @@ impl<'a> MoveContext<'a> {
             // SAFETY: `src` is a live pinned block of at least `bytes` (held in `keep`, then
             // guarded by the ready event recorded below); `dst` is a fresh device allocation of
             // at least `bytes` on this stream.
-            let r = unsafe { sys::cuMemcpyHtoDAsync_v2(u.dst, u.src.cast(), u.bytes, stream.cu_stream()) };
+            let r = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(u.dst, u.src.cast(), u.bytes, stream.cu_stream())
+            };
             check_cu(r, "cuMemcpyHtoDAsync")?;
         }
         if !self.staged.is_empty() {
@@ -365,7 +370,9 @@ impl<'a> MoveContext<'a> {
             // `keep`), and the stream waited for the source to be ready.
             let r = unsafe {
                 match d.dst {
-                    Target::Host(p) => sys::cuMemcpyDtoHAsync_v2(p.cast(), d.src, d.bytes, stream.cu_stream()),
+                    Target::Host(p) => {
+                        sys::cuMemcpyDtoHAsync_v2(p.cast(), d.src, d.bytes, stream.cu_stream())
+                    }
                     Target::Device(p) => sys::cuMemcpyPeerAsync(
                         p,
                         dev.ctx.cu_ctx(),

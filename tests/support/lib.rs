@@ -80,8 +80,10 @@ pub fn bytes_of(t: &Tensor) -> Vec<u8> {
         ($t:ty) => {{
             let v = t.to_vec::<$t>().expect("host tensor of this dtype");
             // SAFETY: every element type here is plain data with no padding.
-            unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..])) }
-                .to_vec()
+            unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
+            }
+            .to_vec()
         }};
     }
     match t.dtype() {
@@ -135,7 +137,13 @@ pub fn random_batch(rng: &mut impl Rng, max_tensors: usize) -> Vec<Tensor> {
             let dtype = *DType::ALL.choose(rng).expect("dtypes");
             let rank = rng.random_range(0..4);
             let shape: Vec<usize> = (0..rank)
-                .map(|_| if rng.random_ratio(1, 12) { 0 } else { rng.random_range(1..40) })
+                .map(|_| {
+                    if rng.random_ratio(1, 12) {
+                        0
+                    } else {
+                        rng.random_range(1..40)
+                    }
+                })
                 .collect();
             let mut t = random_tensor(rng, dtype, &shape);
             if rank >= 2 && rng.random_bool(0.3) {
