@@ -143,15 +143,14 @@ fn set<T>(cx: &Ctxt, slot: &mut Option<T>, key: &Path, value: T) {
 
 fn unknown_key_message(key: &Path, position: Position) -> String {
     let name = quote::quote!(#key).to_string().replace(' ', "");
-    let expected = match position {
-        Position::Container => "on a struct or enum: `bound = \"...\"`, `crate = path`",
-        Position::Field => "on a field: `skip`, `with = path`, `bound = \"...\"`",
+    let accepted = match position {
+        Position::Container => "a struct or enum accepts `bound = \"...\"` and `crate = path`",
+        Position::Field => "a field accepts `skip`, `with = path` and `bound = \"...\"`",
         Position::Variant => {
-            "on a struct or enum: `bound = \"...\"`, `crate = path`; \
-             on a field: `skip`, `with = path`, `bound = \"...\"`"
+            "an enum variant accepts none; put `skip`, `with` or `bound` on its fields"
         }
     };
-    format!("unknown pinnable attribute `{name}`; expected, {expected}")
+    format!("unknown key `{name}` in `#[pinnable(...)]`: {accepted}")
 }
 
 /// Consumes an unknown key's value (`= expr` or `(...)`) so the keys after it are still parsed.
@@ -209,9 +208,7 @@ fn bound_value(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<WherePredicate>> {
         .map_err(|e| {
             syn::Error::new(
                 lit.span(),
-                format!(
-                    "invalid `bound`: {e}; expected where-clause predicates, as in `{EXAMPLE}`"
-                ),
+                format!("invalid `bound` ({e}): write where-clause predicates, as in `{EXAMPLE}`"),
             )
         })?;
     Ok(predicates.into_iter().collect())

@@ -53,12 +53,12 @@ struct ParamFinder<'a> {
 
 impl<'ast> Visit<'ast> for ParamFinder<'_> {
     fn visit_type_path(&mut self, ty: &'ast TypePath) {
-        if ty.qself.is_none() && ty.path.leading_colon.is_none() {
-            if let Some(first) = ty.path.segments.first() {
-                if let Some(i) = self.params.iter().position(|p| *p == first.ident) {
-                    self.used.insert(i);
-                }
-            }
+        if ty.qself.is_none()
+            && ty.path.leading_colon.is_none()
+            && let Some(first) = ty.path.segments.first()
+            && let Some(i) = self.params.iter().position(|p| *p == first.ident)
+        {
+            self.used.insert(i);
         }
         if ty
             .path

@@ -1,0 +1,9 @@
+use pinnable::{Pinnable, Tensor};
+
+#[derive(Pinnable)]
+struct Batch {
+    #[pinnable(skip, with = my_module)]
+    images: Tensor,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use pinnable::{Pinnable, Tensor};
+
+struct Tokenizer;
+
+#[derive(Pinnable)]
+struct Batch {
+    images: Tensor,
+    tokenizer: Tokenizer,
+}
+
+fn main() {}
