@@ -3,7 +3,7 @@
 //! memory or move it to a device, field by field. Use them through `pinnable`, which
 //! re-exports both.
 //!
-//! ```
+//! ```ignore
 //! use std::collections::HashMap;
 //! use pinnable::{Pinnable, Tensor, ToDevice};
 //!
@@ -49,19 +49,20 @@
 //! - `bound = "..."`: where-predicates that replace all inferred ones.
 //! - `crate = path`: where `pinnable` is, when it is re-exported under another name.
 //!
-//! ```
+//! ```ignore
 //! use std::marker::PhantomData;
-//! use pinnable::{PinContext, Pinnable, Result, Tensor};
+//! use pinnable::{Pinnable, Tensor};
 //!
 //! /// A label set from another crate: no `Pinnable` impl of its own.
-//! #[derive(Clone)]
 //! pub struct Labels(pub Tensor);
 //!
 //! mod labels {
-//!     use pinnable::{MoveContext, PinContext, Result, ToDevice, Pinnable};
+//!     use pinnable::{MoveContext, PinContext, Pinnable, Result, ToDevice};
+//!
 //!     pub fn pin_with(l: &super::Labels, cx: &mut PinContext<'_>) -> Result<super::Labels> {
 //!         Ok(super::Labels(l.0.pin_with(cx)?))
 //!     }
+//!
 //!     pub fn to_device_with(l: &super::Labels, cx: &mut MoveContext<'_>) -> Result<super::Labels> {
 //!         Ok(super::Labels(l.0.to_device_with(cx)?))
 //!     }
@@ -77,16 +78,18 @@
 //!     marker: PhantomData<fn() -> T>, // no bound from `PhantomData`
 //! }
 //!
-//! let batch = Batch {
-//!     inputs: vec![Tensor::from_vec1(vec![1.0f32, 2.0])],
-//!     labels: Labels(Tensor::from_vec1(vec![3i64])),
-//!     meta: "run 7",
-//!     marker: PhantomData,
-//! };
-//! let pinned = batch.pin_memory()?;
-//! assert!(pinned.inputs[0].is_pinned() && pinned.labels.0.is_pinned());
-//! assert_eq!(pinned.meta, "run 7");
-//! # Ok::<(), pinnable::Error>(())
+//! fn main() -> pinnable::Result<()> {
+//!     let batch = Batch {
+//!         inputs: vec![Tensor::from_vec1(vec![1.0f32, 2.0])],
+//!         labels: Labels(Tensor::from_vec1(vec![3i64])),
+//!         meta: "run 7",
+//!         marker: PhantomData,
+//!     };
+//!     let pinned = batch.pin_memory()?;
+//!     assert!(pinned.inputs[0].is_pinned() && pinned.labels.0.is_pinned());
+//!     assert_eq!(pinned.meta, "run 7");
+//!     Ok(())
+//! }
 //! ```
 //!
 //! Bounds are inferred only for type parameters that walked fields mention (not `skip`, not
@@ -101,9 +104,12 @@
 //!
 //! # Implementation
 //!
-//! Three steps, one module each: [`ast`] parses the input (with [`attr`]), [`valid`] checks
-//! it, [`expand`] writes the impl (with [`generics`] for bounds); on any error, [`fallback`]
-//! writes the errors and a stub impl. [`ctxt`] collects the errors on the way.
+//! Three steps, one module each: `ast` parses the input (with `attr`), `valid` checks
+//! it, `expand` writes the impl (with `generics` for bounds); on any error, `fallback`
+//! writes the errors and a stub impl. `ctxt` collects the errors on the way.
+//!
+//! The examples above are not doctests, since this crate does not depend on `pinnable`; the
+//! attributes example is built and run as `tests/ui/pass/doc_attributes.rs`.
 
 mod ast;
 mod attr;
