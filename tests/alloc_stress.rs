@@ -27,7 +27,8 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << 14) != 0)
 }
 
-/// Offsets of the canary words: start, end and a few places in between.
+/// Offsets of the canary words: start, end and a few places in between. Byte `i` of a block
+/// holds byte `i % 8` of the tag, so words that overlap in a small block agree.
 fn canary_offsets(len: usize) -> [usize; 5] {
     let last = len.saturating_sub(8);
     [0, last / 4, last / 2, last * 3 / 4, last]
@@ -38,8 +39,9 @@ fn write_canary(b: &PinnedBlock, tag: u64) {
     let bytes = unsafe { b.as_mut_slice() };
     let word = tag.to_le_bytes();
     for off in canary_offsets(bytes.len()) {
-        let n = 8.min(bytes.len() - off);
-        bytes[off..off + n].copy_from_slice(&word[..n]);
+        for i in off..(off + 8).min(bytes.len()) {
+            bytes[i] = word[i % 8];
+        }
     }
 }
 
@@ -48,10 +50,11 @@ fn check_canary(b: &PinnedBlock, tag: u64) {
     let bytes = unsafe { b.as_slice() };
     let word = tag.to_le_bytes();
     for off in canary_offsets(bytes.len()) {
-        let n = 8.min(bytes.len() - off);
+        let end = (off + 8).min(bytes.len());
+        let want: Vec<u8> = (off..end).map(|i| word[i % 8]).collect();
         assert_eq!(
-            bytes[off..off + n],
-            word[..n],
+            bytes[off..end],
+            want[..],
             "canary of thread {} seq {} at {off}/{} overwritten: a block was handed out twice",
             tag >> 40,
             tag & ((1 << 40) - 1),
