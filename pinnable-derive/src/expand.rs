@@ -206,3 +206,17 @@ pub fn root_name(type_name: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::root_name;
+
+    #[test]
+    fn root_name_is_snake_case_and_digits_do_not_start_words() {
+        assert_eq!(root_name("Batch"), "batch");
+        assert_eq!(root_name("TrainBatch"), "train_batch");
+        assert_eq!(root_name("Batch2D"), "batch2d");
+        assert_eq!(root_name("HTTPBatch"), "httpbatch");
+        assert_eq!(root_name("already_snake"), "already_snake");
+    }
+}
