@@ -107,7 +107,13 @@ fn cost_table(out: &mut String) {
             miss(bytes, BackendChoice::Mlock),
         )
         .unwrap();
-        print!("{}", out.lines().last().map(|l| format!("{l}\n")).unwrap_or_default());
+        print!(
+            "{}",
+            out.lines()
+                .last()
+                .map(|l| format!("{l}\n"))
+                .unwrap_or_default()
+        );
     }
     if let Some(reason) = pinnable::cuda::unavailable_reason() {
         writeln!(out, "\nskipped: GPU columns: {reason}").unwrap();
@@ -115,7 +121,11 @@ fn cost_table(out: &mut String) {
     writeln!(
         out,
         "\nCache hit on a pool with the default backend ({}).",
-        if pinnable::cuda::is_available() { "CUDA" } else { "mlock: no CUDA here" }
+        if pinnable::cuda::is_available() {
+            "CUDA"
+        } else {
+            "mlock: no CUDA here"
+        }
     )
     .unwrap();
 }
@@ -151,17 +161,33 @@ fn waste_table(out: &mut String) {
             add(3, rng.random_range(1..=4096usize) * 8);
         }
     }
-    let total = rows.iter().fold((0, 0, 0), |a, r| (a.0 + r.1, a.1 + r.2, a.2 + r.3));
+    let total = rows
+        .iter()
+        .fold((0, 0, 0), |a, r| (a.0 + r.1, a.1 + r.2, a.2 + r.3));
     writeln!(
         out,
         "\n### Reserved / requested bytes over {batches} random batches (B uniform in 1..=256)\n"
     )
     .unwrap();
-    writeln!(out, "| tensors | our size classes | power-of-two rounding |").unwrap();
+    writeln!(
+        out,
+        "| tensors | our size classes | power-of-two rounding |"
+    )
+    .unwrap();
     writeln!(out, "| --- | --- | --- |").unwrap();
     let ratio = |x: u128, req: u128| format!("{:.3}", x as f64 / req as f64);
-    for (name, req, ours, p2) in rows.iter().copied().chain([("all", total.0, total.1, total.2)]) {
-        writeln!(out, "| {name} | {} | {} |", ratio(ours, req), ratio(p2, req)).unwrap();
+    for (name, req, ours, p2) in rows
+        .iter()
+        .copied()
+        .chain([("all", total.0, total.1, total.2)])
+    {
+        writeln!(
+            out,
+            "| {name} | {} | {} |",
+            ratio(ours, req),
+            ratio(p2, req)
+        )
+        .unwrap();
     }
 }
 

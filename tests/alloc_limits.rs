@@ -33,9 +33,15 @@ fn over_budget_waits_for_the_configured_time_then_names_request_use_and_budget()
     };
     assert_eq!(*requested, rounded_size(30 * page));
     assert_eq!((*in_use, *budget), (40 * page, 64 * page));
-    assert!(*waited >= wait && took >= wait, "waited {waited:?}, took {took:?}");
+    assert!(
+        *waited >= wait && took >= wait,
+        "waited {waited:?}, took {took:?}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains(&format!("budget {} bytes", 64 * page)), "{msg}");
+    assert!(
+        msg.contains(&format!("budget {} bytes", 64 * page)),
+        "{msg}"
+    );
     let s = pool.stats();
     assert!(s.reserved_bytes <= 64 * page, "never over-committed\n{s}");
     assert_eq!(s.budget_waits, 1);
@@ -45,7 +51,11 @@ fn over_budget_waits_for_the_configured_time_then_names_request_use_and_budget()
 #[test]
 fn a_free_on_another_thread_unblocks_a_waiting_allocation() {
     let page = rounded_size(1);
-    let pool = mlock_pool(PoolConfig::default().max_bytes(32 * page).wait(Duration::from_secs(30)));
+    let pool = mlock_pool(
+        PoolConfig::default()
+            .max_bytes(32 * page)
+            .wait(Duration::from_secs(30)),
+    );
     let held = pool.alloc(20 * page).unwrap();
     let start = Instant::now();
     let freer = thread::spawn(move || {
@@ -54,10 +64,17 @@ fn a_free_on_another_thread_unblocks_a_waiting_allocation() {
     });
     let b = pool.alloc(20 * page).expect("woken by the free");
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(90) && took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(90) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
     let s = pool.stats();
     assert!(s.reserved_bytes <= 32 * page);
-    assert_eq!((s.hits, s.budget_waits), (1, 1), "the freed block itself was reused\n{s}");
+    assert_eq!(
+        (s.hits, s.budget_waits),
+        (1, 1),
+        "the freed block itself was reused\n{s}"
+    );
     drop(b);
     freer.join().unwrap();
 }
@@ -66,7 +83,11 @@ fn a_free_on_another_thread_unblocks_a_waiting_allocation() {
 fn many_threads_never_over_commit_the_budget() {
     let page = rounded_size(1);
     let budget = 48 * page;
-    let pool = mlock_pool(PoolConfig::default().max_bytes(budget).wait(Duration::from_secs(30)));
+    let pool = mlock_pool(
+        PoolConfig::default()
+            .max_bytes(budget)
+            .wait(Duration::from_secs(30)),
+    );
     let handles: Vec<_> = (0..8)
         .map(|t| {
             let pool = pool.clone();
@@ -86,7 +107,11 @@ fn many_threads_never_over_commit_the_budget() {
     }
     pool.empty_cache();
     let s = pool.stats();
-    assert_eq!((s.reserved_bytes, s.backend_allocs), (0, s.backend_frees), "{s}");
+    assert_eq!(
+        (s.reserved_bytes, s.backend_allocs),
+        (0, s.backend_frees),
+        "{s}"
+    );
 }
 
 // ---- the mlock limit, in a child process with a small RLIMIT_MEMLOCK and no CAP_IPC_LOCK ----
@@ -94,7 +119,10 @@ fn many_threads_never_over_commit_the_budget() {
 const CHILD_ENV: &str = "PINNABLE_TEST_MEMLOCK_CHILD";
 const CHILD_LIMIT: u64 = 1 << 20;
 
-#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod sys {
     //! The two calls the child needs; std links the C library that provides them.
 
@@ -165,7 +193,10 @@ mod sys {
     }
 }
 
-#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 #[test]
 fn mlock_over_the_locked_memory_limit_fails_with_memlock_limit_naming_it() {
     const NAME: &str = "mlock_over_the_locked_memory_limit_fails_with_memlock_limit_naming_it";
@@ -174,8 +205,12 @@ fn mlock_over_the_locked_memory_limit_fails_with_memlock_limit_naming_it() {
         sys::limit_memlock(CHILD_LIMIT);
         sys::drop_cap_ipc_lock();
         let pool = PinnedPool::new(PoolConfig::default().backend(BackendChoice::Mlock));
-        let small = pool.alloc(64 << 10).expect("64 KiB fits under a 1 MiB limit");
-        let err = pool.alloc(4 << 20).expect_err("4 MiB must not fit under a 1 MiB limit");
+        let small = pool
+            .alloc(64 << 10)
+            .expect("64 KiB fits under a 1 MiB limit");
+        let err = pool
+            .alloc(4 << 20)
+            .expect_err("4 MiB must not fit under a 1 MiB limit");
         let msg = err.to_string();
         assert!(
             matches!(&err, Error::MemlockLimit { requested, limit }

@@ -45,13 +45,26 @@ fn reused_large_block_is_never_smaller_than_the_request() {
     let big = pool.alloc(large).expect("a 2 MiB page-locked block");
     let big_ptr = big.as_ptr();
     drop(big);
-    let mut sizes = vec![1, page, large / 2, large - page, large - 1, large, large + 1, 2 * large];
+    let mut sizes = vec![
+        1,
+        page,
+        large / 2,
+        large - page,
+        large - 1,
+        large,
+        large + 1,
+        2 * large,
+    ];
     sizes.extend((0..40).map(|_| rng.random_range(1..=2 * large)));
     for bytes in sizes {
         let b = pool.alloc(bytes).unwrap();
         assert!(b.capacity() >= bytes && b.len() == bytes, "{bytes}: {b:?}");
         if b.as_ptr() == big_ptr {
-            assert_eq!(b.capacity(), rounded_size(large), "the large block served {bytes}");
+            assert_eq!(
+                b.capacity(),
+                rounded_size(large),
+                "the large block served {bytes}"
+            );
         }
         // Every requested byte is writable (a smaller block would fault or corrupt others).
         // SAFETY: the block is ours alone.
@@ -60,5 +73,8 @@ fn reused_large_block_is_never_smaller_than_the_request() {
         assert!(unsafe { b.as_slice() }.iter().all(|&x| x == 0x5A));
     }
     let s = pool.stats();
-    assert!(s.hits >= 1, "the large block was reused for a request of its class\n{s}");
+    assert!(
+        s.hits >= 1,
+        "the large block was reused for a request of its class\n{s}"
+    );
 }

@@ -51,7 +51,10 @@ fn block_freed_during_a_copy_is_reused_only_after_the_fence_completes() {
         reused |= b.as_ptr() == first;
         held.push(b);
     }
-    assert!(reused, "the block returned to the cache once the fence completed");
+    assert!(
+        reused,
+        "the block returned to the cache once the fence completed"
+    );
     let s = pool.stats();
     assert_eq!((s.pending_blocks, s.pending_bytes), (0, 0), "{s}");
 }
@@ -71,13 +74,22 @@ fn gpu_reuse_waits_for_the_copy_in_flight() {
     assert_ne!(block.backend(), pinnable::BackendKind::Mlock);
     let first = block.as_ptr();
     // Several large copies of the block, still running when it is dropped.
-    let copies: Vec<_> = (0..8).map(|_| pinned.to_device(&device, true).unwrap()).collect();
+    let copies: Vec<_> = (0..8)
+        .map(|_| pinned.to_device(&device, true).unwrap())
+        .collect();
     drop(pinned);
     let in_flight = pool.stats().pending_blocks == 1;
     let again = pool.alloc(BYTES).unwrap();
-    println!("copies in flight at drop: {in_flight}; reused: {}", again.as_ptr() == first);
+    println!(
+        "copies in flight at drop: {in_flight}; reused: {}",
+        again.as_ptr() == first
+    );
     if in_flight {
-        assert_ne!(again.as_ptr(), first, "a block read by running copies was handed out");
+        assert_ne!(
+            again.as_ptr(),
+            first,
+            "a block read by running copies was handed out"
+        );
     }
     // Scribble over whatever we got: had it been the block being read, the copies would see it.
     // SAFETY: the block is ours alone.
@@ -92,5 +104,9 @@ fn gpu_reuse_waits_for_the_copy_in_flight() {
     drop(again);
     pool.empty_cache();
     let s = pool.stats();
-    assert_eq!((s.reserved_bytes, s.backend_allocs), (0, s.backend_frees), "{s}");
+    assert_eq!(
+        (s.reserved_bytes, s.backend_allocs),
+        (0, s.backend_frees),
+        "{s}"
+    );
 }

@@ -144,11 +144,21 @@ fn sixteen_threads_allocate_write_verify_free_without_leaks() {
         budget_retries.load(Ordering::Relaxed)
     );
     assert_eq!(before.allocations as usize, THREADS * CYCLES);
-    assert!(before.hits > 10 * before.misses, "blocks were reused\n{before}");
+    assert!(
+        before.hits > 10 * before.misses,
+        "blocks were reused\n{before}"
+    );
     pool.empty_cache();
     let s = pool.stats();
     assert_eq!((s.in_use_bytes, s.requested_bytes), (0, 0), "{s}");
-    assert_eq!((s.cached_bytes, s.pending_bytes, s.reserved_bytes), (0, 0, 0), "{s}");
-    assert_eq!(s.backend_allocs, s.backend_frees, "every backend allocation was freed\n{s}");
+    assert_eq!(
+        (s.cached_bytes, s.pending_bytes, s.reserved_bytes),
+        (0, 0, 0),
+        "{s}"
+    );
+    assert_eq!(
+        s.backend_allocs, s.backend_frees,
+        "every backend allocation was freed\n{s}"
+    );
     assert_eq!(s.hits + s.misses, s.allocations);
 }

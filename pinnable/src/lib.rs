@@ -54,7 +54,9 @@ pub mod pin;
 pub mod tensor;
 pub mod transfer;
 
-pub use alloc::{BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats};
+pub use alloc::{
+    BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,
+};
 pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

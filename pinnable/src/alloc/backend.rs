@@ -146,9 +146,11 @@ impl Backends {
 }
 
 fn heap_layout(capacity: usize) -> Result<std::alloc::Layout> {
-    std::alloc::Layout::from_size_align(capacity.max(1), page_size()).map_err(|_| Error::HostAlloc {
-        requested: capacity,
-        source: std::io::Error::other("size overflows a heap layout"),
+    std::alloc::Layout::from_size_align(capacity.max(1), page_size()).map_err(|_| {
+        Error::HostAlloc {
+            requested: capacity,
+            source: std::io::Error::other("size overflows a heap layout"),
+        }
     })
 }
 
@@ -316,7 +318,10 @@ fn cuda_host_register(capacity: usize) -> Result<NonNull<u8>> {
     if r != sys::CUresult::CUDA_SUCCESS {
         // SAFETY: the mapping was just made and is not used elsewhere.
         unsafe { munmap(ptr, capacity) };
-        return Err(Error::driver("cuMemHostRegister", cudarc::driver::DriverError(r)));
+        return Err(Error::driver(
+            "cuMemHostRegister",
+            cudarc::driver::DriverError(r),
+        ));
     }
     Ok(ptr)
 }

@@ -388,7 +388,9 @@ impl PoolInner {
         let list = match self.pending.try_lock() {
             Ok(mut g) => std::mem::take(&mut *g),
             Err(std::sync::TryLockError::Poisoned(e)) => std::mem::take(&mut *e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) if wait => std::mem::take(&mut *lock(&self.pending)),
+            Err(std::sync::TryLockError::WouldBlock) if wait => {
+                std::mem::take(&mut *lock(&self.pending))
+            }
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
         let mut running = Vec::new();

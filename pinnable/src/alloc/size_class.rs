@@ -113,9 +113,18 @@ mod tests {
     fn small_requests_are_page_rounded() {
         assert_eq!(SizeClass::with_page(0, PAGE).unwrap().capacity, PAGE);
         assert_eq!(SizeClass::with_page(1, PAGE).unwrap().capacity, PAGE);
-        assert_eq!(SizeClass::with_page(PAGE + 1, PAGE).unwrap().capacity, 2 * PAGE);
-        assert_eq!(SizeClass::with_page(16 * PAGE, PAGE).unwrap().capacity, 16 * PAGE);
-        assert_eq!(SizeClass::with_page(16 * PAGE + 1, PAGE).unwrap().capacity, 18 * PAGE);
+        assert_eq!(
+            SizeClass::with_page(PAGE + 1, PAGE).unwrap().capacity,
+            2 * PAGE
+        );
+        assert_eq!(
+            SizeClass::with_page(16 * PAGE, PAGE).unwrap().capacity,
+            16 * PAGE
+        );
+        assert_eq!(
+            SizeClass::with_page(16 * PAGE + 1, PAGE).unwrap().capacity,
+            18 * PAGE
+        );
     }
 
     #[test]

@@ -157,7 +157,11 @@ fn limit(v: Option<usize>) -> String {
 }
 
 fn mean(total: Duration, n: u64) -> Duration {
-    if n == 0 { Duration::ZERO } else { total / n as u32 }
+    if n == 0 {
+        Duration::ZERO
+    } else {
+        total / n as u32
+    }
 }
 
 impl fmt::Display for PoolStats {
@@ -182,7 +186,11 @@ impl fmt::Display for PoolStats {
             ("cached", Bytes(self.cached_bytes).to_string()),
             (
                 "pending",
-                format!("{} in {} blocks", Bytes(self.pending_bytes), self.pending_blocks),
+                format!(
+                    "{} in {} blocks",
+                    Bytes(self.pending_bytes),
+                    self.pending_blocks
+                ),
             ),
             ("reserved", Bytes(self.reserved_bytes).to_string()),
             (

@@ -53,7 +53,11 @@ fn freed_block_is_reused_last_in_first_out() {
     assert_ne!(pa, pb);
     drop(a);
     drop(b);
-    assert_eq!(p.alloc(5000).unwrap().as_ptr(), pb, "last freed comes back first");
+    assert_eq!(
+        p.alloc(5000).unwrap().as_ptr(),
+        pb,
+        "last freed comes back first"
+    );
     let s = p.stats();
     assert_eq!((s.allocations, s.hits, s.misses), (3, 1, 2));
     assert_eq!((s.backend_allocs, s.backend_frees), (2, 0));
@@ -87,7 +91,15 @@ fn reused_block_is_never_smaller_than_asked() {
     let big = p.alloc(100 * page).unwrap();
     let big_ptr = big.as_ptr();
     drop(big);
-    for bytes in [1, page, 17 * page + 3, 99 * page, 100 * page, 101 * page, 200 * page] {
+    for bytes in [
+        1,
+        page,
+        17 * page + 3,
+        99 * page,
+        100 * page,
+        101 * page,
+        200 * page,
+    ] {
         let b = p.alloc(bytes).unwrap();
         assert!(b.capacity() >= bytes && b.len() == bytes);
         if b.as_ptr() == big_ptr {
@@ -111,7 +123,10 @@ fn block_with_running_copy_is_not_reused_until_its_fence_completes() {
     assert_eq!(a.pending_uses(), 1);
     drop(a); // must not block
     let s = p.stats();
-    assert_eq!((s.pending_blocks, s.pending_bytes, s.cached_bytes), (1, 3 * page_size(), 0));
+    assert_eq!(
+        (s.pending_blocks, s.pending_bytes, s.cached_bytes),
+        (1, 3 * page_size(), 0)
+    );
     balanced(&s);
     let mut held = Vec::new();
     for _ in 0..40 {
@@ -198,7 +213,10 @@ fn trim_keeps_pending_blocks() {
     fence.complete();
     p.trim();
     let s = p.stats();
-    assert_eq!((s.reserved_bytes, s.pending_blocks, s.backend_frees), (0, 0, 2));
+    assert_eq!(
+        (s.reserved_bytes, s.pending_blocks, s.backend_frees),
+        (0, 0, 2)
+    );
 }
 
 #[test]
@@ -245,7 +263,11 @@ fn over_budget_waits_then_fails_with_the_facts() {
 #[test]
 fn over_budget_reclaims_cached_blocks_first() {
     let page = page_size();
-    let p = pool(PoolConfig::default().max_bytes(10 * page).wait(Duration::ZERO));
+    let p = pool(
+        PoolConfig::default()
+            .max_bytes(10 * page)
+            .wait(Duration::ZERO),
+    );
     drop(p.alloc(6 * page).unwrap());
     drop(p.alloc(3 * page).unwrap());
     let b = p.alloc(5 * page).unwrap(); // needs the cached 6-page block freed
@@ -259,7 +281,11 @@ fn over_budget_reclaims_cached_blocks_first() {
 #[test]
 fn freeing_from_another_thread_wakes_a_waiter() {
     let page = page_size();
-    let p = pool(PoolConfig::default().max_bytes(8 * page).wait(Duration::from_secs(60)));
+    let p = pool(
+        PoolConfig::default()
+            .max_bytes(8 * page)
+            .wait(Duration::from_secs(60)),
+    );
     let held = p.alloc(6 * page).unwrap();
     let start = std::time::Instant::now();
     let t = thread::spawn(move || {
@@ -277,7 +303,11 @@ fn freeing_from_another_thread_wakes_a_waiter() {
 #[test]
 fn pending_block_completing_unblocks_a_waiter() {
     let page = page_size();
-    let p = pool(PoolConfig::default().max_bytes(4 * page).wait(Duration::from_secs(60)));
+    let p = pool(
+        PoolConfig::default()
+            .max_bytes(4 * page)
+            .wait(Duration::from_secs(60)),
+    );
     let fence = Arc::new(Flag::default());
     let a = p.alloc(4 * page).unwrap();
     a.record_use(fence.clone());
@@ -300,7 +330,11 @@ fn pending_block_completing_unblocks_a_waiter() {
 fn budget_is_never_exceeded_under_contention() {
     let page = page_size();
     let budget = 24 * page;
-    let p = pool(PoolConfig::default().max_bytes(budget).wait(Duration::from_secs(60)));
+    let p = pool(
+        PoolConfig::default()
+            .max_bytes(budget)
+            .wait(Duration::from_secs(60)),
+    );
     let threads = if cfg!(miri) { 3 } else { 8 };
     let rounds = if cfg!(miri) { 15 } else { 2_000 };
     let barrier = Arc::new(Barrier::new(threads));
@@ -335,7 +369,10 @@ fn budget_is_never_exceeded_under_contention() {
     }
     p.empty_cache();
     let s = p.stats();
-    assert_eq!((s.in_use_bytes, s.cached_bytes, s.reserved_bytes), (0, 0, 0));
+    assert_eq!(
+        (s.in_use_bytes, s.cached_bytes, s.reserved_bytes),
+        (0, 0, 0)
+    );
     assert_eq!(s.backend_allocs, s.backend_frees);
 }
 
