@@ -233,7 +233,12 @@ fn memlock_rlimit() -> Option<libc::rlimit> {
 pub fn memlock_limit() -> Option<u64> {
     memlock_rlimit()
         .filter(|l| l.rlim_cur != libc::RLIM_INFINITY)
-        .map(|l| l.rlim_cur as u64)
+        // `rlim_t` is `u64` on 64-bit Linux but narrower elsewhere.
+        .map(|l| {
+            #[allow(clippy::unnecessary_cast)]
+            let cur = l.rlim_cur as u64;
+            cur
+        })
 }
 
 /// Raises the soft locked-memory limit to the hard limit, which any process may do, and

@@ -143,7 +143,7 @@ impl PinnedPool {
             source: std::io::Error::other("request too large for a size class"),
         })?;
         if inner.counters.pending_blocks.load(Relaxed) > 0
-            && inner.tick.fetch_add(1, Relaxed) % POLL_EVERY == 0
+            && inner.tick.fetch_add(1, Relaxed).is_multiple_of(POLL_EVERY)
         {
             inner.poll_pending(false);
         }
