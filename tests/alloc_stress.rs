@@ -67,7 +67,12 @@ fn check_canary(b: &PinnedBlock, tag: u64) {
 fn sixteen_threads_allocate_write_verify_free_without_leaks() {
     let seed = pinnable_harness::rng("alloc_stress").random::<u64>();
     let _ = raise_memlock_limit();
-    let limit = memlock_limit().filter(|_| !has_cap_ipc_lock());
+    // `PINNABLE_STRESS_MEMLOCK=bytes` sizes the test as if that limit bound (to exercise the
+    // budgeted configuration on a machine where it does not).
+    let limit = std::env::var("PINNABLE_STRESS_MEMLOCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .or_else(|| memlock_limit().filter(|_| !has_cap_ipc_lock()));
     // Fit the locked-memory limit when it binds: the budget makes threads wait, never fail.
     let (large_max, config) = match limit {
         None => (4 << 20, PoolConfig::default()),
