@@ -31,22 +31,41 @@ unsafe impl Send for HostCopy {}
 // SAFETY: as for Send.
 unsafe impl Sync for HostCopy {}
 
-/// A piece of one copy: which copy, the part of its source, and its destination byte range.
-struct Piece {
-    copy: usize,
-    src: HostSrc,
-    dst: Range<usize>,
+/// A piece of one copy: which copy, the part of its source, and its destination byte range
+/// (relative to the copy's `dst`). Pieces are listed in the order of the copies, and by offset
+/// within each copy.
+pub(crate) struct Piece {
+    pub(crate) copy: usize,
+    pub(crate) src: HostSrc,
+    pub(crate) dst: Range<usize>,
 }
 
-/// Called after each piece lands, with the copy's index and the destination range written.
-pub(crate) type OnPiece<'a> = &'a (dyn Fn(usize, Range<usize>) -> Result<()> + Sync);
+/// Called after a piece lands, with its index in the plan.
+pub(crate) type OnPiece<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
 
-fn pieces(copies: &[HostCopy], total: usize, threads: usize) -> Vec<Piece> {
-    let target = (total / (threads * 4)).clamp(MIN_PIECE, MAX_PIECE);
+/// Cuts the copies into pieces: whole copies when the total is small enough for one thread,
+/// otherwise pieces of 256 KiB to 2 MiB, so every thread gets several and the first pieces land
+/// early.
+pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
+    let total: usize = copies.iter().map(|c| c.src.bytes()).sum();
+    let threads = Workers::get().threads + 1;
+    let target = if total < PARALLEL_MIN_BYTES || threads == 1 {
+        usize::MAX
+    } else {
+        (total / (threads * 4)).clamp(MIN_PIECE, MAX_PIECE)
+    };
     let mut out = Vec::new();
     for (i, c) in copies.iter().enumerate() {
         let bytes = c.src.bytes();
         if bytes == 0 {
+            continue;
+        }
+        if bytes <= target {
+            out.push(Piece {
+                copy: i,
+                src: c.src.clone(),
+                dst: 0..bytes,
+            });
             continue;
         }
         let (units, unit_bytes) = c.src.split_unit();
@@ -67,42 +86,55 @@ fn pieces(copies: &[HostCopy], total: usize, threads: usize) -> Vec<Piece> {
     out
 }
 
-/// Runs every copy, in parallel when they are large enough, calling `on_piece` after each piece.
+/// Runs every copy, in parallel when they are large enough.
 ///
 /// # Safety
 ///
 /// 1. Every source is live and unwritten, and every destination is valid for the source's
 ///    byte count and written by nothing else, until this returns.
-pub(crate) unsafe fn run(copies: &[HostCopy], on_piece: Option<OnPiece<'_>>) -> Result<()> {
-    let total: usize = copies.iter().map(|c| c.src.bytes()).sum();
+pub(crate) unsafe fn run(copies: &[HostCopy]) -> Result<()> {
+    let pieces = plan(copies);
+    // SAFETY: forwarded from the caller.
+    unsafe { run_pieces(copies, &pieces, None) }
+}
+
+/// Runs the planned pieces, on the calling thread alone when there is one piece, calling
+/// `on_piece` after each piece lands.
+///
+/// # Safety
+///
+/// As [`run`]; `pieces` came from [`plan`] over these `copies`.
+pub(crate) unsafe fn run_pieces(
+    copies: &[HostCopy],
+    pieces: &[Piece],
+    on_piece: Option<OnPiece<'_>>,
+) -> Result<()> {
     let workers = Workers::get();
-    let threads = workers.threads + 1;
-    if total < PARALLEL_MIN_BYTES || threads == 1 {
-        for (i, c) in copies.iter().enumerate() {
+    if pieces.len() <= 1 || workers.threads == 0 {
+        for (i, p) in pieces.iter().enumerate() {
             // SAFETY: forwarded from the caller.
-            unsafe { c.src.gather(c.dst) };
+            unsafe { p.src.gather(copies[p.copy].dst.add(p.dst.start)) };
             if let Some(f) = on_piece {
-                f(i, 0..c.src.bytes())?;
+                f(i)?;
             }
         }
         return Ok(());
     }
-    let pieces = pieces(copies, total, threads);
     let job = Arc::new(Job {
-        pieces,
-        // SAFETY: the lifetimes are erased only for the duration of this call: `run` waits until
-        // every piece has finished (`remaining == 0`) before returning, and no worker touches
-        // `copies` or `on_piece` after finishing its last piece.
+        // SAFETY (for both erased lifetimes): `run_pieces` waits until every piece has finished
+        // (`remaining == 0`) before returning, and no worker touches `pieces`, `copies` or
+        // `on_piece` after finishing its last piece.
+        pieces: pieces as *const [Piece],
         copies: copies as *const [HostCopy],
+        // SAFETY: as above: the callback outlives every call the workers make to it.
         on_piece: on_piece
             .map(|f| unsafe { std::mem::transmute::<OnPiece<'_>, OnPiece<'static>>(f) }),
         next: AtomicUsize::new(0),
-        remaining: Mutex::new(0),
+        remaining: Mutex::new(pieces.len()),
         done: Condvar::new(),
         error: Mutex::new(None),
     });
-    *job.remaining.lock().unwrap_or_else(|e| e.into_inner()) = job.pieces.len();
-    let helpers = (job.pieces.len() - 1).min(workers.threads);
+    let helpers = (pieces.len() - 1).min(workers.threads);
     workers.start(&job, helpers);
     job.work();
     let mut remaining = job.remaining.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,7 +149,7 @@ pub(crate) unsafe fn run(copies: &[HostCopy], on_piece: Option<OnPiece<'_>>) -> 
 }
 
 struct Job {
-    pieces: Vec<Piece>,
+    pieces: *const [Piece],
     copies: *const [HostCopy],
     on_piece: Option<OnPiece<'static>>,
     next: AtomicUsize,
@@ -126,7 +158,8 @@ struct Job {
     error: Mutex<Option<Error>>,
 }
 
-// SAFETY: `copies` points at HostCopy values (Send + Sync) that outlive every use (see `run`).
+// SAFETY: `pieces` and `copies` point at Send + Sync values that outlive every use (see
+// `run_pieces`).
 unsafe impl Send for Job {}
 // SAFETY: as for Send; shared state is atomics and mutexes.
 unsafe impl Sync for Job {}
@@ -136,15 +169,15 @@ impl Job {
     fn work(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(p) = self.pieces.get(i) else { return };
-            // SAFETY: `run` keeps `copies` alive until every piece is done.
-            let copies = unsafe { &*self.copies };
+            // SAFETY: `run_pieces` keeps `pieces` and `copies` alive until every piece is done.
+            let (pieces, copies) = unsafe { (&*self.pieces, &*self.copies) };
+            let Some(p) = pieces.get(i) else { return };
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 // SAFETY: `run`'s caller guarantees the source and destination; the piece's
                 // destination range is written by this piece alone.
                 unsafe { p.src.gather(copies[p.copy].dst.add(p.dst.start)) };
                 match self.on_piece {
-                    Some(f) => f(p.copy, p.dst.clone()),
+                    Some(f) => f(i),
                     None => Ok(()),
                 }
             }));

@@ -47,15 +47,13 @@ pub enum Error {
 
     /// The device has too little free memory for the whole batch; nothing was copied.
     #[error(
-        "out of memory on {device} while reserving `{path}`: the batch needs {requested} bytes \
-         and {free} are free; nothing was copied and the source is intact"
+        "out of memory on {device}: the batch needs {requested} bytes and {free} are free; \
+         nothing was copied and the source is intact (move a smaller batch, or free device memory)"
     )]
     DeviceOutOfMemory {
         /// The device, e.g. `cuda:0`.
         device: String,
-        /// The field whose allocation failed.
-        path: String,
-        /// Bytes the whole batch needs on the device.
+        /// Bytes the whole batch needs on the device (one allocation).
         requested: usize,
         /// Bytes the driver reported free when the allocation failed.
         free: usize,

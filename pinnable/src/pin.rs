@@ -102,7 +102,7 @@ impl<'a> PinContext<'a> {
         let value = f(&mut cx)?;
         // SAFETY: every source and destination is held in `cx.keep` until after the copies;
         // the destinations are fresh blocks nothing else has seen yet.
-        unsafe { copy::run(&cx.copies, None)? };
+        unsafe { copy::run(&cx.copies)? };
         drop(cx);
         Ok(value)
     }

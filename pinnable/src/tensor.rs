@@ -190,10 +190,8 @@ impl Storage {
 
     /// Waits for the asynchronous copy that fills this storage, if any.
     pub(crate) fn wait_ready(&self) -> Result<()> {
-        if let Some(ready) = &self.ready {
-            if let Some(event) = ready.get() {
-                event.synchronize()?;
-            }
+        if let Some(event) = self.ready.as_ref().and_then(|r| r.get()) {
+            event.synchronize()?;
         }
         Ok(())
     }
@@ -279,6 +277,32 @@ impl Tensor {
             strides,
             offset: 0,
         })
+    }
+
+    /// `self`'s elements placed at `byte_offset` inside shared storage (a batch's device
+    /// arena): contiguous, or with `self`'s strides when its whole span was copied there.
+    pub(crate) fn placed_in(
+        &self,
+        storage: &Arc<Storage>,
+        byte_offset: usize,
+        contiguous: bool,
+    ) -> Tensor {
+        debug_assert_eq!(byte_offset % self.dtype.size(), 0);
+        let base = byte_offset / self.dtype.size();
+        let (strides, offset) = if contiguous {
+            let (strides, _) = contiguous_strides(&self.shape)
+                .expect("an existing tensor's shape does not overflow");
+            (strides, base)
+        } else {
+            (self.strides.clone(), base + self.offset - self.span().0)
+        };
+        Tensor {
+            storage: storage.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides,
+            offset,
+        }
     }
 
     /// Same shape and strides as `self`, over other storage.

@@ -1,15 +1,19 @@
 //! `ToDevice`: stream-ordered copies of a batch to a CUDA device and back.
 //!
-//! A move runs in two phases. The walk over the batch (the derive's or a hand-written
-//! [`ToDevice::to_device_with`]) reserves every destination: device memory on the target's copy
-//! stream and, for pageable sources, pinned staging blocks. Only when the whole batch is
-//! reserved are copies issued, so an out-of-memory error leaves nothing half-moved. One event
-//! recorded after the last copy is the *ready* event of every tensor of the result, and is
-//! recorded on every pinned block the copies read, which keeps those blocks from being reused
-//! or written until the copies are done.
+//! A move to a device walks the batch twice (through the derive's or a hand-written
+//! [`ToDevice::to_device_with`]). The first walk only measures: it checks every tensor and adds
+//! up the bytes. Then the whole batch is reserved at once: one device allocation (the batch's
+//! *arena*; each moved tensor is a view into it) and one pinned staging block for the pageable
+//! sources. An out-of-memory error therefore comes back before anything is copied. The second
+//! walk builds the result and plans the copies; only then are they issued. Staging copies run on
+//! several threads, and as their pieces land in order, they go to the device as a few large
+//! copies rather than one per tensor.
+//!
+//! One event recorded after the last copy is the *ready* event of every tensor of the result,
+//! and is recorded on every pinned block the copies read, which keeps those blocks from being
+//! reused or written until the copies are done.
 
-use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{DevicePtr, sys};
 
@@ -70,11 +74,41 @@ pub trait ToDevice: Sized {
     }
 }
 
-/// A host-to-device copy from pinned memory: source block, offset, device destination.
+/// Device arena offsets are aligned to this many bytes (what CUDA's own allocator guarantees).
+const ALIGN: usize = 256;
+/// Staged bytes are sent to the device in copies of at least this size (the last one excepted).
+const CHUNK: usize = 8 << 20;
+
+fn align(bytes: usize) -> usize {
+    bytes.div_ceil(ALIGN) * ALIGN
+}
+
+/// A host-to-device copy from pinned memory.
 struct Upload {
     src: *const u8,
     bytes: usize,
     dst: sys::CUdeviceptr,
+    /// The source's storage: copies from the same storage whose offsets line up are merged.
+    storage: *const Storage,
+}
+
+/// Which walk is running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Check and add up bytes; results are placeholders.
+    Measure,
+    /// Build the result in the reserved arena and plan the copies.
+    Build,
+}
+
+/// The batch's reserved memory: one device allocation whose first `staged_len` bytes mirror the
+/// staging block byte for byte; the direct (already pinned) sources' region follows.
+struct Arena {
+    device: Arc<Storage>,
+    dev_base: sys::CUdeviceptr,
+    staging: Option<(Arc<Storage>, *mut u8)>,
+    staged_len: usize,
+    direct_len: usize,
 }
 
 /// A device-to-somewhere copy: from device memory to pinned host memory or another device.
@@ -94,17 +128,26 @@ enum Target {
 
 /// What [`ToDevice::to_device_with`] works through: the target, the field path for errors,
 /// and the plan of copies that is carried out once the whole batch is reserved.
+///
+/// Implementations must walk the same tensors in the same order every time they are called on
+/// the same value (the derive and the std impls do): the first walk measures, the second builds.
 pub struct MoveContext<'a> {
     target: &'a Device,
     non_blocking: bool,
     pool: &'a PinnedPool,
     path: FieldPath,
     ready: Ready,
+    pass: Pass,
+    staged_bytes: usize,
+    direct_bytes: usize,
+    arena: Option<Arena>,
+    staged_cursor: usize,
+    direct_cursor: usize,
     reserved: usize,
     uploads: Vec<Upload>,
     staged: Vec<HostCopy>,
-    /// Device destinations of `staged`, by index.
-    staged_dst: Vec<sys::CUdeviceptr>,
+    /// Device destination of each staged copy, and whether it lies in the arena (mergeable).
+    staged_dst: Vec<(sys::CUdeviceptr, bool)>,
     downloads: Vec<DeviceCopy>,
     /// Events the target stream must wait on before copying (sources still being filled).
     waits: Vec<Arc<Event>>,
@@ -114,16 +157,18 @@ pub struct MoveContext<'a> {
 }
 
 impl<'a> MoveContext<'a> {
-    /// Runs `f` with a fresh context (reserving every destination), then issues the copies.
+    /// Walks the batch with `f` (twice when the target is a device: measure, then build),
+    /// reserving every destination before the first copy, then issues the copies.
     ///
     /// # Errors
     ///
-    /// Whatever `f` returns, or a driver error while issuing copies.
+    /// Whatever `f` returns; [`Error::DeviceOutOfMemory`] if the batch does not fit; a driver
+    /// error while issuing copies.
     pub fn run<T>(
         target: &'a Device,
         non_blocking: bool,
         pool: &'a PinnedPool,
-        f: impl FnOnce(&mut MoveContext<'a>) -> Result<T>,
+        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
     ) -> Result<T> {
         let mut cx = MoveContext {
             target,
@@ -131,6 +176,12 @@ impl<'a> MoveContext<'a> {
             pool,
             path: FieldPath::new(),
             ready: Arc::new(OnceLock::new()),
+            pass: Pass::Build,
+            staged_bytes: 0,
+            direct_bytes: 0,
+            arena: None,
+            staged_cursor: 0,
+            direct_cursor: 0,
             reserved: 0,
             uploads: Vec::new(),
             staged: Vec::new(),
@@ -139,9 +190,68 @@ impl<'a> MoveContext<'a> {
             waits: Vec::new(),
             keep: Vec::new(),
         };
+        if target.ordinal().is_some() {
+            cx.pass = Pass::Measure;
+            drop(f(&mut cx)?);
+            cx.reserve()?;
+            cx.pass = Pass::Build;
+            cx.path = FieldPath::new();
+        }
         let value = f(&mut cx)?;
         cx.issue()?;
         Ok(value)
+    }
+
+    /// Reserves the arena and the staging block measured by the first walk.
+    fn reserve(&mut self) -> Result<()> {
+        let total = self.staged_bytes + self.direct_bytes;
+        if total == 0 {
+            return Ok(());
+        }
+        let dev = self.target.cuda_device("to_device")?.clone();
+        let buf = self.alloc_device(&dev, total)?;
+        let dev_base = buf.slice().device_ptr(&dev.copy_stream).0;
+        let staging = if self.staged_bytes > 0 {
+            let block = self.pool.alloc(self.staged_bytes)?;
+            let base = block.as_ptr();
+            let storage = Arc::new(Storage {
+                data: Data::Pinned(block),
+                ready: None,
+            });
+            Some((storage, base))
+        } else {
+            None
+        };
+        self.arena = Some(Arena {
+            device: Arc::new(Storage {
+                data: Data::Device(buf),
+                ready: Some(self.ready.clone()),
+            }),
+            dev_base,
+            staging,
+            staged_len: self.staged_bytes,
+            direct_len: self.direct_bytes,
+        });
+        Ok(())
+    }
+
+    fn alloc_device(&mut self, dev: &Arc<CudaDevice>, bytes: usize) -> Result<DeviceBuffer> {
+        // SAFETY: the memory is uninitialised until the planned copies fill it; nothing reads it
+        // before the ready event, which is recorded after them.
+        match unsafe { dev.copy_stream.alloc::<u8>(bytes.max(1)) } {
+            Ok(s) => {
+                self.reserved += bytes;
+                Ok(DeviceBuffer::new(s, dev.clone()))
+            }
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(Error::DeviceOutOfMemory {
+                    device: self.target.to_string(),
+                    requested: self.reserved + bytes,
+                    free: self.target.free_memory().unwrap_or(0),
+                })
+            }
+            Err(e) => Err(Error::driver("cuMemAllocAsync", e).at_path(&self.path.to_string())),
+        }
     }
 
     /// The device tensors are moved to.
@@ -172,11 +282,12 @@ impl<'a> MoveContext<'a> {
         }
     }
 
-    /// Moves one tensor: reserves its destination now and plans its copy.
+    /// Moves one tensor: takes its place in the batch's reservation and plans its copy.
     ///
     /// # Errors
     ///
-    /// [`Error::DeviceOutOfMemory`], allocation errors from the pool, [`Error::CudaUnavailable`].
+    /// [`Error::NotDenseCpu`] for a source that is not dense data, allocation errors,
+    /// [`Error::CudaUnavailable`].
     pub fn move_tensor(&mut self, t: &Tensor) -> Result<Tensor> {
         let src_placement = t.placement();
         match (src_placement.is_host(), self.target.ordinal()) {
@@ -188,33 +299,28 @@ impl<'a> MoveContext<'a> {
         }
     }
 
+    /// A fresh device buffer outside the arena, for a walk that moves more than it measured.
     fn device_buffer(&mut self, bytes: usize) -> Result<DeviceBuffer> {
         let dev = self.target.cuda_device("to_device")?.clone();
-        // SAFETY: the memory is uninitialised until the planned copy fills it; nothing reads it
-        // before the ready event, which is recorded after that copy.
-        let slice = unsafe { dev.copy_stream.alloc::<u8>(bytes.max(1)) };
-        match slice {
-            Ok(s) => {
-                self.reserved += bytes;
-                Ok(DeviceBuffer::new(s, dev))
-            }
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                Err(Error::DeviceOutOfMemory {
-                    device: self.target.to_string(),
-                    path: self.path.to_string(),
-                    requested: self.reserved + bytes,
-                    free: self.target.free_memory().unwrap_or(0),
-                })
-            }
-            Err(e) => Err(Error::driver("cuMemAllocAsync", e).at_path(&self.path.to_string())),
+        self.alloc_device(&dev, bytes)
+    }
+
+    /// A place in the arena's direct region, if the measured room is not used up.
+    fn direct_slot(&mut self, bytes: usize) -> Option<(Arc<Storage>, usize, sys::CUdeviceptr)> {
+        let arena = self.arena.as_ref()?;
+        if self.direct_cursor + bytes > arena.direct_len {
+            return None;
         }
+        let offset = arena.staged_len + self.direct_cursor;
+        self.direct_cursor += align(bytes);
+        Some((arena.device.clone(), offset, arena.dev_base + offset as u64))
     }
 
     fn wait_for(&mut self, t: &Tensor) {
-        if let Some(event) = t.storage().ready.as_ref().and_then(|r| r.get()) {
-            if !event.is_complete() {
-                self.waits.push(event.clone());
-            }
+        if let Some(event) = t.storage().ready.as_ref().and_then(|r| r.get())
+            && !event.is_complete()
+        {
+            self.waits.push(event.clone());
         }
     }
 
@@ -234,13 +340,27 @@ impl<'a> MoveContext<'a> {
     fn upload(&mut self, t: &Tensor) -> Result<Tensor> {
         check::dense_cpu(t, &self.path)?;
         let bytes = t.nbytes();
-        let buf = self.device_buffer(bytes)?;
-        let (dst, _) = buf.slice().device_ptr(&buf.device.copy_stream);
         let direct = t.is_contiguous()
             && t.pinned_block()
                 .is_some_and(|b| b.backend() != crate::alloc::BackendKind::Mlock);
+        if self.pass == Pass::Measure {
+            if direct {
+                self.direct_bytes += align(bytes);
+            } else {
+                self.staged_bytes += align(bytes);
+            }
+            return Ok(t.clone());
+        }
         if direct {
             self.wait_for(t);
+            let (out, dst) = match self.direct_slot(bytes) {
+                Some((arena, offset, dst)) => (t.placed_in(&arena, offset, true), dst),
+                None => {
+                    let buf = self.device_buffer(bytes)?;
+                    let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
+                    (self.result(t, Data::Device(buf), true), dst)
+                }
+            };
             let base = t
                 .storage()
                 .host_ptr()
@@ -250,21 +370,46 @@ impl<'a> MoveContext<'a> {
                 src: unsafe { base.add(t.byte_offset()) },
                 bytes,
                 dst,
+                storage: Arc::as_ptr(t.storage()),
             });
-        } else {
-            let block = self.pool.alloc(bytes)?;
-            let src = t.host_src("to_device")?;
-            self.staged.push(HostCopy {
-                src,
-                dst: block.as_ptr(),
-            });
-            self.staged_dst.push(dst);
-            self.keep.push(Arc::new(Storage {
-                data: Data::Pinned(block),
-                ready: None,
-            }));
+            self.keep.push(t.storage().clone());
+            return Ok(out);
         }
-        Ok(self.result(t, Data::Device(buf), true))
+        let src = t.host_src("to_device")?;
+        let in_arena = self.arena.as_ref().and_then(|a| {
+            let (_, base) = a.staging.as_ref()?;
+            (self.staged_cursor + bytes <= a.staged_len).then(|| {
+                let offset = self.staged_cursor;
+                // SAFETY: `offset + bytes` lies within the staging block (checked above).
+                let stage = unsafe { base.add(offset) };
+                (a.device.clone(), offset, stage, a.dev_base + offset as u64)
+            })
+        });
+        let out = match in_arena {
+            Some((arena, offset, stage, dst)) => {
+                self.staged_cursor += align(bytes);
+                self.staged.push(HostCopy { src, dst: stage });
+                self.staged_dst.push((dst, true));
+                t.placed_in(&arena, offset, true)
+            }
+            None => {
+                let buf = self.device_buffer(bytes)?;
+                let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
+                let block = self.pool.alloc(bytes)?;
+                self.staged.push(HostCopy {
+                    src,
+                    dst: block.as_ptr(),
+                });
+                self.staged_dst.push((dst, false));
+                self.keep.push(Arc::new(Storage {
+                    data: Data::Pinned(block),
+                    ready: None,
+                }));
+                self.result(t, Data::Device(buf), true)
+            }
+        };
+        self.keep.push(t.storage().clone());
+        Ok(out)
     }
 
     fn span_bytes(t: &Tensor) -> (usize, usize) {
@@ -294,15 +439,26 @@ impl<'a> MoveContext<'a> {
     }
 
     fn device_to_device(&mut self, t: &Tensor) -> Result<Tensor> {
+        let (start, bytes) = Self::span_bytes(t);
+        if self.pass == Pass::Measure {
+            self.direct_bytes += align(bytes);
+            return Ok(t.clone());
+        }
         let Data::Device(src) = &t.storage().data else {
             unreachable!("a non-host tensor is on a device")
         };
         let src_ptr = src.slice().device_ptr(&src.device.copy_stream).0;
         let src_device = src.device.clone();
-        let (start, bytes) = Self::span_bytes(t);
-        let buf = self.device_buffer(bytes)?;
-        let (dst, _) = buf.slice().device_ptr(&buf.device.copy_stream);
         self.wait_for(t);
+        let contiguous = t.is_contiguous();
+        let (out, dst) = match self.direct_slot(bytes) {
+            Some((arena, offset, dst)) => (t.placed_in(&arena, offset, contiguous), dst),
+            None => {
+                let buf = self.device_buffer(bytes)?;
+                let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
+                (self.result(t, Data::Device(buf), contiguous), dst)
+            }
+        };
         self.downloads.push(DeviceCopy {
             src: src_ptr + start as u64,
             src_storage: t.storage().clone(),
@@ -310,8 +466,8 @@ impl<'a> MoveContext<'a> {
             dst: Target::Device(dst),
             bytes,
         });
-        let contiguous = t.is_contiguous();
-        Ok(self.result(t, Data::Device(buf), contiguous))
+        self.keep.push(t.storage().clone());
+        Ok(out)
     }
 
     /// Issues every planned copy, records the ready event and hands it to the results.
@@ -334,36 +490,72 @@ impl<'a> MoveContext<'a> {
         for w in &self.waits {
             w.wait_on(stream)?;
         }
-        for u in &self.uploads {
-            // SAFETY: `src` is a live pinned block of at least `bytes` (held in `keep`, then
-            // guarded by the ready event recorded below); `dst` is a fresh device allocation of
-            // at least `bytes` on this stream.
+        for u in merge_uploads(&self.uploads) {
+            // SAFETY: `src..src + bytes` lies within one live pinned block (held in `keep`, then
+            // guarded by the ready event recorded below); `dst..dst + bytes` within a fresh
+            // device allocation on this stream.
             let r = unsafe {
                 sys::cuMemcpyHtoDAsync_v2(u.dst, u.src.cast(), u.bytes, stream.cu_stream())
             };
             check_cu(r, "cuMemcpyHtoDAsync")?;
         }
         if !self.staged.is_empty() {
-            let staged_dst = &self.staged_dst;
-            let staged = &self.staged;
-            let ctx = &dev.ctx;
-            let on_piece = |i: usize, range: Range<usize>| -> Result<()> {
-                ctx.bind_to_thread()
-                    .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-                // SAFETY: the staging block holds the piece's bytes (just written, and guarded by
-                // the ready event from here on); the device range lies in its fresh allocation.
+            let pieces = copy::plan(&self.staged);
+            let frontier = Mutex::new(Frontier {
+                done: vec![false; pieces.len()],
+                next: 0,
+                pending: None,
+            });
+            let (staged, staged_dst, ctx) = (&self.staged, &self.staged_dst, &dev.ctx);
+            let send = |run: Run| -> Result<()> {
+                // SAFETY: the run's staging bytes were written by finished pieces (and are guarded
+                // by the ready event from here on); its device range lies in a live allocation.
                 let r = unsafe {
                     sys::cuMemcpyHtoDAsync_v2(
-                        staged_dst[i] + range.start as u64,
-                        staged[i].dst.add(range.start).cast(),
-                        range.len(),
+                        run.dst,
+                        run.src.cast(),
+                        run.bytes,
                         stream.cu_stream(),
                     )
                 };
                 check_cu(r, "cuMemcpyHtoDAsync")
             };
-            // SAFETY: sources are held in `keep`; each destination is a fresh staging block.
-            unsafe { copy::run(&self.staged, Some(&on_piece))? };
+            let on_piece = |i: usize| -> Result<()> {
+                ctx.bind_to_thread()
+                    .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+                // The lock orders the device copies by staging address so runs can be merged;
+                // only this move's copy threads contend for it.
+                let mut f = frontier.lock().unwrap_or_else(|e| e.into_inner());
+                f.done[i] = true;
+                while f.next < pieces.len() && f.done[f.next] {
+                    let p = &pieces[f.next];
+                    let (dst, mergeable) = staged_dst[p.copy];
+                    let piece = Run {
+                        // SAFETY: within the piece's staging destination.
+                        src: unsafe { staged[p.copy].dst.add(p.dst.start) },
+                        dst: dst + p.dst.start as u64,
+                        bytes: p.dst.len(),
+                        mergeable,
+                    };
+                    f.next += 1;
+                    let merged = f.pending.as_mut().is_some_and(|run| run.absorb(&piece));
+                    if !merged && let Some(run) = f.pending.replace(piece) {
+                        send(run)?;
+                    }
+                    if f.pending.as_ref().is_some_and(|r| r.bytes >= CHUNK) {
+                        send(f.pending.take().expect("checked"))?;
+                    }
+                }
+                if f.next == pieces.len()
+                    && let Some(run) = f.pending.take()
+                {
+                    send(run)?;
+                }
+                Ok(())
+            };
+            // SAFETY: sources are held in `keep`; each destination is a staging block written by
+            // nothing else.
+            unsafe { copy::run_pieces(staged, &pieces, Some(&on_piece))? };
         }
         for d in &self.downloads {
             // SAFETY: source and destination are live allocations of at least `bytes` (held in
@@ -384,8 +576,10 @@ impl<'a> MoveContext<'a> {
                 }
             };
             check_cu(r, "cuMemcpyAsync")?;
-            if !Arc::ptr_eq(&d.src_device, &dev) {
-                if let Data::Device(src) = &d.src_storage.data {
+            if !Arc::ptr_eq(&d.src_device, &dev)
+                && let Data::Device(src) = &d.src_storage.data
+            {
+                {
                     let read = stream
                         .record_event(None)
                         .map_err(|e| Error::driver("cuEventRecord", e))?;
@@ -405,6 +599,66 @@ impl<'a> MoveContext<'a> {
         }
         Ok(())
     }
+}
+
+/// A run of bytes to send to the device in one copy.
+struct Run {
+    src: *const u8,
+    dst: sys::CUdeviceptr,
+    bytes: usize,
+    /// Whether neighbouring runs may be merged with this one (both in the batch's arena, where
+    /// the staging block and the device mirror each other, padding included).
+    mergeable: bool,
+}
+
+impl Run {
+    /// Extends `self` over `next` when `next` follows it in both host and device memory (with
+    /// at most the arena's alignment padding between them).
+    fn absorb(&mut self, next: &Run) -> bool {
+        let end = self.src as usize + self.bytes;
+        let gap = (next.src as usize).wrapping_sub(end);
+        let same_shift = (next.src as usize).wrapping_sub(self.src as usize) as u64
+            == next.dst.wrapping_sub(self.dst);
+        if self.mergeable && next.mergeable && gap < ALIGN && same_shift {
+            self.bytes = next.src as usize + next.bytes - self.src as usize;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Which staged pieces have landed, and the run not yet sent.
+struct Frontier {
+    done: Vec<bool>,
+    next: usize,
+    pending: Option<Run>,
+}
+
+// SAFETY: the raw pointers in a pending run point into the staging block, which outlives the
+// move; the frontier is only touched under its mutex.
+unsafe impl Send for Frontier {}
+
+/// Merges uploads that read neighbouring bytes of one pinned block into neighbouring device
+/// bytes, so a batch pinned into one block moves in few copies.
+fn merge_uploads(uploads: &[Upload]) -> Vec<Run> {
+    let mut out: Vec<(Run, *const Storage)> = Vec::with_capacity(uploads.len());
+    for u in uploads {
+        let run = Run {
+            src: u.src,
+            dst: u.dst,
+            bytes: u.bytes,
+            mergeable: true,
+        };
+        if let Some((last, storage)) = out.last_mut()
+            && *storage == u.storage
+            && last.absorb(&run)
+        {
+            continue;
+        }
+        out.push((run, u.storage));
+    }
+    out.into_iter().map(|(r, _)| r).collect()
 }
 
 fn check_cu(r: sys::CUresult, call: &'static str) -> Result<()> {

@@ -39,8 +39,9 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
             assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
             // Written to the stream directly, not through `println!`, so the test harness's
             // output capture cannot hide the skip.
+            // One write, so the line is not interleaved with the harness's own output.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "skipped: {test}: {e}");
+            let _ = std::io::stderr().write_all(format!("skipped: {test}: {e}\n").as_bytes());
             None
         }
     }
