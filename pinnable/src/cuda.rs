@@ -221,6 +221,25 @@ impl Device {
         }
     }
 
+    /// Returns device memory that freed batches left cached in the device's memory pool to the
+    /// driver (like `torch.cuda.empty_cache()`); memory still in use is untouched.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the driver refuses; [`Error::WrongPlacement`] for the host.
+    pub fn empty_cache(&self) -> Result<()> {
+        let dev = self.cuda_device("empty_cache")?;
+        dev.copy_stream
+            .synchronize()
+            .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+        if let Some(pool) = dev.mem_pool() {
+            // SAFETY: the pool belongs to this device and outlives the call.
+            unsafe { result::mem_pool::trim_to(pool, 0) }
+                .map_err(|e| Error::driver("cuMemPoolTrimTo", e))?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn cuda_device(&self, op: &'static str) -> Result<&Arc<CudaDevice>> {
         match &self.kind {
             DeviceKind::Cuda(d) => Ok(d),
@@ -276,6 +295,7 @@ impl CudaDevice {
         let copy_stream = ctx
             .new_stream()
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        keep_freed_memory(&ctx);
         let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
         let total_memory = ctx.total_mem().unwrap_or(0);
         Ok(CudaDevice {
@@ -286,6 +306,12 @@ impl CudaDevice {
             total_memory,
             events: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The device's default stream-ordered memory pool, which batch arenas come from.
+    fn mem_pool(&self) -> Option<sys::CUmemoryPool> {
+        // SAFETY: the device handle is valid for the context's life.
+        unsafe { result::device::get_default_mem_pool(self.ctx.cu_device()) }.ok()
     }
 
     fn attribute(&self, attr: sys::CUdevice_attribute) -> Option<i32> {
@@ -309,6 +335,23 @@ impl CudaDevice {
             event: Some(event),
             device: self.clone(),
         })
+    }
+}
+
+/// Keeps memory that freed batches return to the device's default pool cached there, instead of
+/// handing it back to the driver at every synchronisation (the pool's default), so the next
+/// batch's arena is a cheap reuse rather than a fresh mapping. [`Device::empty_cache`] trims it.
+fn keep_freed_memory(ctx: &CudaContext) {
+    // SAFETY: the device handle is valid; the attribute takes a u64 that outlives the call.
+    unsafe {
+        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
+            let mut keep = u64::MAX;
+            let _ = result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            );
+        }
     }
 }
 

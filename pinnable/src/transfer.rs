@@ -76,8 +76,17 @@ pub trait ToDevice: Sized {
 
 /// Device arena offsets are aligned to this many bytes (what CUDA's own allocator guarantees).
 const ALIGN: usize = 256;
-/// Staged bytes are sent to the device in copies of at least this size (the last one excepted).
-const CHUNK: usize = 8 << 20;
+/// Staged bytes are sent to the device in copies of at least this many bytes (the last one
+/// excepted): 8 MiB, or `PINNABLE_STAGE_CHUNK` bytes.
+fn chunk() -> usize {
+    static CHUNK: OnceLock<usize> = OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("PINNABLE_STAGE_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8 << 20)
+    })
+}
 
 fn align(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN) * ALIGN
@@ -542,7 +551,7 @@ impl<'a> MoveContext<'a> {
                     if !merged && let Some(run) = f.pending.replace(piece) {
                         send(run)?;
                     }
-                    if f.pending.as_ref().is_some_and(|r| r.bytes >= CHUNK) {
+                    if f.pending.as_ref().is_some_and(|r| r.bytes >= chunk()) {
                         send(f.pending.take().expect("checked"))?;
                     }
                 }
