@@ -1,7 +1,8 @@
 //! Host copies into pinned memory, spread over a small pool of worker threads.
 //!
-//! One thread copies about 12 GB/s into pinned memory; 16 reach about 47 GB/s. Small batches
-//! stay on the calling thread, where waking workers would cost more than it saves.
+//! One thread copies about 12 GB/s into pinned memory; a dozen reach well over 100 GB/s on a
+//! large host. Small batches stay on the calling thread, where waking workers would cost more
+//! than it saves. `PINNABLE_COPY_THREADS` overrides the thread count (the caller included).
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -218,9 +219,11 @@ impl Workers {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or_else(|| {
-                    std::thread::available_parallelism()
-                        .map_or(1, |n| n.get())
-                        .min(16)
+                    // Three quarters of the cores: measured on a 16-core host, 12 copy threads
+                    // moved a pageable batch to the device faster than 16, which left no core
+                    // for the thread that issues the device copies.
+                    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    (n * 3 / 4).clamp(n.min(2), 16)
                 })
                 .max(1)
                 - 1;
