@@ -564,7 +564,9 @@ impl<'a> MoveContext<'a> {
             };
             // SAFETY: sources are held in `keep`; each destination is a staging block written by
             // nothing else.
-            unsafe { copy::run_pieces(staged, &pieces, Some(&on_piece))? };
+            unsafe {
+                copy::run_pieces(staged, &pieces, copy::Share::ThreeQuarters, Some(&on_piece))?
+            };
         }
         for d in &self.downloads {
             // SAFETY: source and destination are live allocations of at least `bytes` (held in
