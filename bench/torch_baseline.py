@@ -81,10 +81,14 @@ def main():
 
     try:
         stats = torch.cuda.host_memory_stats()
-        rows["torch_pinned_reserved_bytes"] = float(stats.get("reserved_bytes.all.current", 0))
-        rows["torch_pinned_allocated_bytes"] = float(stats.get("allocated_bytes.all.current", 0))
-    except Exception:  # older versions have no host_memory_stats
-        pass
+        print("host_memory_stats:", {k: v for k, v in stats.items() if "bytes" in k})
+        for key, name in [("reserved_bytes", "torch_pinned_reserved_bytes"),
+                          ("allocated_bytes", "torch_pinned_allocated_bytes")]:
+            found = [v for k, v in stats.items() if k.startswith(key) and k.endswith("current")]
+            if found:
+                rows[name] = float(found[0])
+    except Exception as e:  # older versions have no host_memory_stats
+        print("host_memory_stats unavailable:", e)
 
     with open(args.out, "w") as f:
         f.write(f"# torch {torch.__version__} on {torch.cuda.get_device_name(0)}\n")
