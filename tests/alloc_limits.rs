@@ -106,12 +106,7 @@ fn many_threads_never_over_commit_the_budget() {
         h.join().unwrap();
     }
     pool.empty_cache();
-    let s = pool.stats();
-    assert_eq!(
-        (s.reserved_bytes, s.backend_allocs),
-        (0, s.backend_frees),
-        "{s}"
-    );
+    pinnable_harness::assert_drained(&pool);
 }
 
 // ---- the mlock limit, in a child process with a small RLIMIT_MEMLOCK and no CAP_IPC_LOCK ----

@@ -103,10 +103,5 @@ fn gpu_reuse_waits_for_the_copy_in_flight() {
     }
     drop(again);
     pool.empty_cache();
-    let s = pool.stats();
-    assert_eq!(
-        (s.reserved_bytes, s.backend_allocs),
-        (0, s.backend_frees),
-        "{s}"
-    );
+    pinnable_harness::assert_drained(&pool);
 }

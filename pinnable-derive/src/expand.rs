@@ -188,7 +188,7 @@ impl Gen<'_> {
 }
 
 /// The name of a type as the root of a field path: `TrainBatch` -> `train_batch`,
-/// `Batch2D` -> `batch2d` (the rule of `pinnable::path::root_name`).
+/// `Batch2D` -> `batch2d` (digits do not start a word).
 pub fn root_name(type_name: &str) -> String {
     let mut out = String::with_capacity(type_name.len() + 4);
     let mut prev_lower = false;

@@ -150,26 +150,6 @@ pub trait Walk {
     }
 }
 
-/// Turns a type name into the name used for it as the root of a path:
-/// `Batch` -> `batch`, `TrainBatch` -> `train_batch`.
-pub fn root_name(type_name: &str) -> String {
-    let mut out = String::with_capacity(type_name.len() + 4);
-    let mut prev_lower = false;
-    for c in type_name.chars() {
-        if c.is_uppercase() {
-            if prev_lower {
-                out.push('_');
-            }
-            out.extend(c.to_lowercase());
-            prev_lower = false;
-        } else {
-            out.push(c);
-            prev_lower = c.is_lowercase();
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,12 +180,5 @@ mod tests {
         });
         p.push(Segment::Field("1"));
         assert_eq!(p.to_string(), "Sample::Pair.1");
-    }
-
-    #[test]
-    fn root_names_are_snake_case() {
-        assert_eq!(root_name("Batch"), "batch");
-        assert_eq!(root_name("TrainBatch"), "train_batch");
-        assert_eq!(root_name("Batch2D"), "batch2d");
     }
 }

@@ -162,3 +162,18 @@ pub fn random_batch(rng: &mut impl Rng, max_tensors: usize) -> Vec<Tensor> {
         })
         .collect()
 }
+
+/// Asserts that `pool` holds no memory and that every backend allocation was freed (call after
+/// `empty_cache()`).
+///
+/// # Panics
+///
+/// When memory is still reserved or a block leaked.
+pub fn assert_drained(pool: &pinnable::PinnedPool) {
+    let s = pool.stats();
+    assert_eq!(
+        (s.reserved_bytes, s.backend_allocs),
+        (0, s.backend_frees),
+        "{s}"
+    );
+}
