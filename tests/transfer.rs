@@ -317,3 +317,32 @@ fn a_walk_that_moves_more_than_it_measured_still_moves_right() {
         assert_eq!(bytes_of(&b.to_cpu(false).unwrap()), bytes_of(a));
     }
 }
+
+#[test]
+fn batches_move_between_two_devices() {
+    let Some(d0) = cuda_or_skip("batches_move_between_two_devices") else {
+        return;
+    };
+    if pinnable::cuda::device_count() < 2 {
+        // A one-GPU machine cannot run this; it is not a missing GPU, so it never fails.
+        use std::io::Write;
+        let _ = std::io::stderr()
+            .write_all(b"skipped: batches_move_between_two_devices: needs two CUDA devices\n");
+        return;
+    }
+    let d1 = Device::cuda(1).unwrap();
+    let mut r = rng("batches_move_between_two_devices");
+    for _ in 0..20 {
+        let batch = random_batch(&mut r, 6);
+        let on0 = batch.to_device(&d0, r.random_bool(0.5)).unwrap();
+        let on1 = on0.to_device(&d1, r.random_bool(0.5)).unwrap();
+        drop(on0);
+        for t in &on1 {
+            assert_eq!(t.placement(), Placement::Cuda(1));
+        }
+        let back = on1.to_cpu(r.random_bool(0.5)).unwrap();
+        for (a, b) in batch.iter().zip(&back) {
+            assert_eq!(bytes_of(b), bytes_of(a));
+        }
+    }
+}
