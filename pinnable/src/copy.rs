@@ -201,8 +201,11 @@ impl Job {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e),
                 Err(_) => Some(Error::Field {
-                    path: "staging copy".into(),
-                    message: "a copy worker panicked".into(),
+                    path: "host copy".into(),
+                    message: "a copy thread panicked; nothing was returned and the source is \
+                              intact. This is a bug in pinnable: please report it with the \
+                              batch's shapes and dtypes"
+                        .into(),
                 }),
             };
             if let Some(e) = err {

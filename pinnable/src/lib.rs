@@ -32,6 +32,7 @@
 //!
 //! The modules, in the order a batch meets them:
 //! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
+//! - [`dtype`]: the element types ([`DType`], [`Element`]);
 //! - [`check`]: the dense-CPU check every pinned tensor passes;
 //! - [`pin`] and [`transfer`]: the [`Pinnable`] and [`ToDevice`] traits and their contexts;
 //! - [`path`]: field paths that errors name (`batch.masks[2]`);

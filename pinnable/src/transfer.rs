@@ -314,6 +314,23 @@ impl<'a> MoveContext<'a> {
         self.alloc_device(&dev, bytes)
     }
 
+    /// Where `t`'s `bytes` go on the device when they need no staging: a place in the arena's
+    /// direct region, or a buffer of their own once the measured room is used up. Returns the
+    /// result tensor and its device address.
+    fn place_direct(
+        &mut self,
+        t: &Tensor,
+        bytes: usize,
+        contiguous: bool,
+    ) -> Result<(Tensor, sys::CUdeviceptr)> {
+        if let Some((arena, offset, dst)) = self.direct_slot(bytes) {
+            return Ok((t.placed_in(&arena, offset, contiguous), dst));
+        }
+        let buf = self.device_buffer(bytes)?;
+        let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
+        Ok((self.result(t, Data::Device(buf), contiguous), dst))
+    }
+
     /// A place in the arena's direct region, if the measured room is not used up.
     fn direct_slot(&mut self, bytes: usize) -> Option<(Arc<Storage>, usize, sys::CUdeviceptr)> {
         let arena = self.arena.as_ref()?;
@@ -362,14 +379,7 @@ impl<'a> MoveContext<'a> {
         }
         if direct {
             self.wait_for(t);
-            let (out, dst) = match self.direct_slot(bytes) {
-                Some((arena, offset, dst)) => (t.placed_in(&arena, offset, true), dst),
-                None => {
-                    let buf = self.device_buffer(bytes)?;
-                    let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
-                    (self.result(t, Data::Device(buf), true), dst)
-                }
-            };
+            let (out, dst) = self.place_direct(t, bytes, true)?;
             let base = t
                 .storage()
                 .host_ptr()
@@ -460,14 +470,7 @@ impl<'a> MoveContext<'a> {
         let src_device = src.device.clone();
         self.wait_for(t);
         let contiguous = t.is_contiguous();
-        let (out, dst) = match self.direct_slot(bytes) {
-            Some((arena, offset, dst)) => (t.placed_in(&arena, offset, contiguous), dst),
-            None => {
-                let buf = self.device_buffer(bytes)?;
-                let dst = buf.slice().device_ptr(&buf.device.copy_stream).0;
-                (self.result(t, Data::Device(buf), contiguous), dst)
-            }
-        };
+        let (out, dst) = self.place_direct(t, bytes, contiguous)?;
         self.downloads.push(DeviceCopy {
             src: src_ptr + start as u64,
             src_storage: t.storage().clone(),
