@@ -185,9 +185,15 @@ impl Job {
     fn work(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: `run_pieces` keeps `pieces` and `copies` alive until every piece is done.
+            // A worker that arrives after every piece was taken must not touch the slices: the
+            // caller may already have returned and freed them. The length lives in the pointer.
+            if i >= self.pieces.len() {
+                return;
+            }
+            // SAFETY: piece `i` is not done yet, so `run_pieces` is still waiting and keeps
+            // `pieces` and `copies` alive.
             let (pieces, copies) = unsafe { (&*self.pieces, &*self.copies) };
-            let Some(p) = pieces.get(i) else { return };
+            let p = &pieces[i];
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 // SAFETY: `run`'s caller guarantees the source and destination; the piece's
                 // destination range is written by this piece alone.

@@ -362,11 +362,12 @@ pub struct Event {
 }
 
 impl Event {
-    /// Whether the work recorded before this event has finished. Errors read as complete:
-    /// the next synchronising call reports them.
+    /// Whether the work recorded before this event has finished. A driver error reads as not
+    /// finished: memory guarded by the event is held back rather than reused while a copy may
+    /// still touch it, and the next synchronising call reports the error.
     pub fn is_complete(&self) -> bool {
         match &self.event {
-            Some(e) => e.try_is_complete().unwrap_or(true),
+            Some(e) => e.try_is_complete().unwrap_or(false),
             None => true,
         }
     }

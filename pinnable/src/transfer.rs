@@ -227,6 +227,9 @@ impl<'a> MoveContext<'a> {
                 data: Data::Pinned(block),
                 ready: None,
             });
+            // The device copies read the staging block after this move returns: keeping it
+            // here records the ready event on it, so the pool holds it back until they finish.
+            self.keep.push(storage.clone());
             Some((storage, base))
         } else {
             None
