@@ -3,11 +3,21 @@
 //! instead under `PINNABLE_REQUIRE_GPU=1`.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pinnable::{DType, Device, Error, Pinnable, Placement, Tensor, ToDevice};
 use pinnable_harness::{bytes_of, cuda_or_skip, hold_stream, random_batch, random_tensor, rng};
 use rand::Rng;
+
+/// The tests share one copy stream per device, and several hold it on purpose to race a copy;
+/// a test running beside them (or a driver call that waits for the whole device) would skew
+/// their timing, so they run one at a time even under a parallel test harness.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn copy_stream(d: &Device) -> &std::sync::Arc<cudarc::driver::CudaStream> {
     d.copy_stream().expect("a CUDA device has a copy stream")
@@ -15,6 +25,7 @@ fn copy_stream(d: &Device) -> &std::sync::Arc<cudarc::driver::CudaStream> {
 
 #[test]
 fn every_dtype_round_trips_bit_exactly() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("every_dtype_round_trips_bit_exactly") else {
         return;
     };
@@ -45,6 +56,7 @@ type Nested = (
 
 #[test]
 fn random_nested_batches_round_trip_bit_exactly() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("random_nested_batches_round_trip_bit_exactly") else {
         return;
     };
@@ -74,6 +86,7 @@ fn random_nested_batches_round_trip_bit_exactly() {
 
 #[test]
 fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight")
     else {
         return;
@@ -116,6 +129,7 @@ fn dropped_pinned_source_is_not_reused_while_its_copy_is_in_flight() {
 
 #[test]
 fn writing_a_pinned_source_waits_for_the_copy_reading_it() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("writing_a_pinned_source_waits_for_the_copy_reading_it") else {
         return;
     };
@@ -143,6 +157,7 @@ fn writing_a_pinned_source_waits_for_the_copy_reading_it() {
 
 #[test]
 fn host_reads_after_non_blocking_to_cpu_see_the_whole_copy() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("host_reads_after_non_blocking_to_cpu_see_the_whole_copy") else {
         return;
     };
@@ -158,6 +173,7 @@ fn host_reads_after_non_blocking_to_cpu_see_the_whole_copy() {
 
 #[test]
 fn consumer_on_another_stream_waits_for_the_ready_event() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("consumer_on_another_stream_waits_for_the_ready_event") else {
         return;
     };
@@ -182,6 +198,7 @@ fn consumer_on_another_stream_waits_for_the_ready_event() {
 
 #[test]
 fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("out_of_memory_fails_cleanly_and_the_next_batch_works") else {
         return;
     };
@@ -218,6 +235,7 @@ fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
 
 #[test]
 fn eight_threads_move_batches_to_one_device() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("eight_threads_move_batches_to_one_device") else {
         return;
     };
@@ -242,6 +260,7 @@ fn eight_threads_move_batches_to_one_device() {
 
 #[test]
 fn same_device_shares_and_host_to_host_shares() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("same_device_shares_and_host_to_host_shares") else {
         return;
     };
@@ -254,6 +273,7 @@ fn same_device_shares_and_host_to_host_shares() {
 
 #[test]
 fn pageable_and_pinned_batches_report_their_pinning_backend() {
+    let _serial = serial();
     let Some(_dev) = cuda_or_skip("pageable_and_pinned_batches_report_their_pinning_backend")
     else {
         return;
@@ -295,6 +315,7 @@ impl ToDevice for Growing {
 
 #[test]
 fn a_walk_that_moves_more_than_it_measured_still_moves_right() {
+    let _serial = serial();
     let Some(dev) = cuda_or_skip("a_walk_that_moves_more_than_it_measured_still_moves_right")
     else {
         return;
@@ -320,6 +341,7 @@ fn a_walk_that_moves_more_than_it_measured_still_moves_right() {
 
 #[test]
 fn batches_move_between_two_devices() {
+    let _serial = serial();
     let Some(d0) = cuda_or_skip("batches_move_between_two_devices") else {
         return;
     };
