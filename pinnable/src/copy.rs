@@ -32,21 +32,59 @@ unsafe impl Send for HostCopy {}
 // SAFETY: as for Send.
 unsafe impl Sync for HostCopy {}
 
-/// A piece of one copy: which copy, the part of its source, and its destination byte range
-/// (relative to the copy's `dst`). Pieces are listed in the order of the copies, and by offset
-/// within each copy.
+/// A share of the work for one thread: several small copies whole, or a part of one large
+/// copy. Pieces are listed in the order of the copies, and by offset within each copy.
 pub(crate) struct Piece {
-    pub(crate) copy: usize,
-    pub(crate) src: HostSrc,
-    pub(crate) dst: Range<usize>,
+    /// The copies this piece runs whole (`part` is `None`), or the one copy it runs a part of.
+    pub(crate) copies: Range<usize>,
+    /// For a part of one copy: its source and its destination bytes within the copy's `dst`.
+    pub(crate) part: Option<(HostSrc, Range<usize>)>,
+}
+
+impl Piece {
+    /// The destination bytes this piece writes, in order: each copy's index and byte range
+    /// within that copy's `dst` (empty copies left out).
+    pub(crate) fn writes<'a>(
+        &'a self,
+        copies: &'a [HostCopy],
+    ) -> impl Iterator<Item = (usize, Range<usize>)> + 'a {
+        let part = self
+            .part
+            .as_ref()
+            .map(|(_, dst)| (self.copies.start, dst.clone()));
+        let whole = self
+            .copies
+            .clone()
+            .filter(|_| self.part.is_none())
+            .map(|i| (i, 0..copies[i].src.bytes()));
+        part.into_iter().chain(whole).filter(|(_, r)| !r.is_empty())
+    }
+
+    /// Runs the piece.
+    ///
+    /// # Safety
+    ///
+    /// As [`run`], for the copies this piece covers.
+    unsafe fn gather(&self, copies: &[HostCopy]) {
+        match &self.part {
+            // SAFETY: forwarded from the caller; the part lies within the copy's destination.
+            Some((src, dst)) => unsafe { src.gather(copies[self.copies.start].dst.add(dst.start)) },
+            None => {
+                for c in &copies[self.copies.clone()] {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { c.src.gather(c.dst) };
+                }
+            }
+        }
+    }
 }
 
 /// Called after a piece lands, with its index in the plan.
 pub(crate) type OnPiece<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
 
-/// Cuts the copies into pieces: whole copies when the total is small enough for one thread,
-/// otherwise pieces of 256 KiB to 2 MiB, so every thread gets several and the first pieces land
-/// early.
+/// Cuts the copies into pieces: everything in one piece when the total is small enough for one
+/// thread; otherwise pieces of about 256 KiB to 2 MiB, so every thread gets several and the
+/// first pieces land early. Small copies are grouped, large ones split.
 pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
     let total: usize = copies.iter().map(|c| c.src.bytes()).sum();
     let threads = Workers::get().threads + 1;
@@ -56,18 +94,29 @@ pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
         (total / (threads * 4)).clamp(MIN_PIECE, MAX_PIECE)
     };
     let mut out = Vec::new();
+    // The group of small copies being gathered into one piece: its first copy and its bytes.
+    let mut group: Option<(usize, usize)> = None;
     for (i, c) in copies.iter().enumerate() {
         let bytes = c.src.bytes();
-        if bytes == 0 {
+        if bytes <= target {
+            match &mut group {
+                Some((_, sum)) if *sum + bytes <= target => *sum += bytes,
+                _ => {
+                    if let Some((first, _)) = group.replace((i, bytes)) {
+                        out.push(Piece {
+                            copies: first..i,
+                            part: None,
+                        });
+                    }
+                }
+            }
             continue;
         }
-        if bytes <= target {
+        if let Some((first, _)) = group.take() {
             out.push(Piece {
-                copy: i,
-                src: c.src.clone(),
-                dst: 0..bytes,
+                copies: first..i,
+                part: None,
             });
-            continue;
         }
         let (units, unit_bytes) = c.src.split_unit();
         let per_piece = (target / unit_bytes.max(1)).max(1);
@@ -77,12 +126,17 @@ pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
             let (src, at) = c.src.split(start..end);
             let len = src.bytes();
             out.push(Piece {
-                copy: i,
-                src,
-                dst: at..at + len,
+                copies: i..i + 1,
+                part: Some((src, at..at + len)),
             });
             start = end;
         }
+    }
+    if let Some((first, _)) = group {
+        out.push(Piece {
+            copies: first..copies.len(),
+            part: None,
+        });
     }
     out
 }
@@ -129,7 +183,7 @@ pub(crate) unsafe fn run_pieces(
     if pieces.len() <= 1 || threads == 0 {
         for (i, p) in pieces.iter().enumerate() {
             // SAFETY: forwarded from the caller.
-            unsafe { p.src.gather(copies[p.copy].dst.add(p.dst.start)) };
+            unsafe { p.gather(copies) };
             if let Some(f) = on_piece {
                 f(i)?;
             }
@@ -195,9 +249,9 @@ impl Job {
             let (pieces, copies) = unsafe { (&*self.pieces, &*self.copies) };
             let p = &pieces[i];
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                // SAFETY: `run`'s caller guarantees the source and destination; the piece's
-                // destination range is written by this piece alone.
-                unsafe { p.src.gather(copies[p.copy].dst.add(p.dst.start)) };
+                // SAFETY: `run`'s caller guarantees the sources and destinations; the piece's
+                // destination bytes are written by this piece alone.
+                unsafe { p.gather(copies) };
                 match self.on_piece {
                     Some(f) => f(i),
                     None => Ok(()),

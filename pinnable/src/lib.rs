@@ -32,6 +32,7 @@
 //!
 //! The modules, in the order a batch meets them:
 //! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
+//! - [`batch`]: batches built in place in one pinned block ([`BatchLayout`], [`PinnedBatch`]);
 //! - [`dtype`]: the element types ([`DType`], [`Element`]);
 //! - [`check`]: the dense-CPU check every pinned tensor passes;
 //! - [`pin`] and [`transfer`]: the [`Pinnable`] and [`ToDevice`] traits and their contexts;
@@ -44,6 +45,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod batch;
 pub mod check;
 pub mod copy;
 pub mod cuda;
@@ -58,6 +60,7 @@ pub mod transfer;
 pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,
 };
+pub use batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
 pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::alloc::PinnedPool;
+use crate::alloc::{PinnedBlock, PinnedPool};
+use crate::batch::part_align;
 use crate::check;
 use crate::copy::{self, HostCopy};
 use crate::error::{Error, Result};
@@ -70,38 +71,67 @@ pub trait Pinnable: Sized {
     }
 }
 
-/// What [`Pinnable::pin_with`] works through: the pool, the field path for errors, and the
-/// copies to run once every block of the batch has been allocated.
+/// Which walk is running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Check and add up bytes; results are placeholders.
+    Measure,
+    /// Place every tensor in the batch's block.
+    Build,
+}
+
+/// What [`Pinnable::pin_with`] works through: the pool, the field path for errors, the batch's
+/// one block, and the copies into it.
+///
+/// [`run`](Self::run) walks the value twice: the first walk checks every tensor and adds up
+/// its bytes, then the whole batch's block is allocated at once, and the second walk places
+/// each tensor in it at an aligned offset ([`PART_ALIGN`](crate::batch::PART_ALIGN)). So an
+/// allocation error comes back before anything is copied, and the batch moves to a device with
+/// one copy. Implementations must walk the same tensors in the same order every time they are
+/// called on the same value (the derive and the std impls do); a walk that pins more than it
+/// measured still works, with the extra tensors in blocks of their own.
 pub struct PinContext<'a> {
     pool: &'a PinnedPool,
     path: FieldPath,
+    pass: Pass,
+    measured: usize,
+    block: Option<Arc<PinnedBlock>>,
+    cursor: usize,
     copies: Vec<HostCopy>,
-    /// Keeps each copy's source and destination alive until the copies have run.
-    keep: Vec<(Tensor, Arc<Storage>)>,
+    /// Keeps each copy's source alive until the copies have run.
+    keep: Vec<Tensor>,
 }
 
 impl<'a> PinContext<'a> {
-    /// Runs `f` with a fresh context, then performs the batch's copies (in parallel where large).
-    ///
-    /// Every allocation happens inside `f`, before the first copy: if any fails, nothing is
-    /// copied and the partial result is dropped.
+    /// Runs `f` twice with a fresh context (measure, then build), allocating the batch's block
+    /// in between, then performs the batch's copies (in parallel where large).
     ///
     /// # Errors
     ///
-    /// Whatever `f` returns.
+    /// Whatever `f` returns; allocation errors from the pool. Nothing is copied then.
     pub fn run<T>(
         pool: &'a PinnedPool,
-        f: impl FnOnce(&mut PinContext<'a>) -> Result<T>,
+        mut f: impl FnMut(&mut PinContext<'a>) -> Result<T>,
     ) -> Result<T> {
         let mut cx = PinContext {
             pool,
             path: FieldPath::new(),
+            pass: Pass::Measure,
+            measured: 0,
+            block: None,
+            cursor: 0,
             copies: Vec::new(),
             keep: Vec::new(),
         };
+        drop(f(&mut cx)?);
+        if cx.measured > 0 {
+            cx.block = Some(Arc::new(pool.alloc(cx.measured)?));
+        }
+        cx.pass = Pass::Build;
+        cx.path = FieldPath::new();
         let value = f(&mut cx)?;
-        // SAFETY: every source and destination is held in `cx.keep` until after the copies;
-        // the destinations are fresh blocks nothing else has seen yet.
+        // SAFETY: every source is held in `cx.keep` until after the copies; the destinations
+        // are disjoint parts of fresh blocks nothing else writes.
         unsafe { copy::run(&cx.copies)? };
         drop(cx);
         Ok(value)
@@ -125,8 +155,8 @@ impl<'a> PinContext<'a> {
         }
     }
 
-    /// Pins one tensor: already-pinned tensors are shared; dense host tensors get a pinned,
-    /// contiguous copy (filled when the outermost [`run`](Self::run) finishes).
+    /// Pins one tensor: already-pinned tensors are shared; dense host tensors get a contiguous
+    /// copy in the batch's block (filled when [`run`](Self::run) finishes).
     ///
     /// # Errors
     ///
@@ -136,18 +166,25 @@ impl<'a> PinContext<'a> {
             return Ok(t.clone());
         }
         check::dense_cpu(t, &self.path)?;
-        let block = self.pool.alloc(t.nbytes())?;
-        let dst = block.as_ptr();
+        let bytes = t.nbytes();
+        if self.pass == Pass::Measure {
+            self.measured += part_align(bytes);
+            return Ok(t.clone());
+        }
         let src = t.host_src("pin_memory")?;
-        let out = t.with_storage(
-            Storage {
-                data: Data::Pinned(block),
-                ready: None,
-            },
-            true,
-        );
+        let (block, offset) = match &self.block {
+            Some(block) if self.cursor + bytes <= self.measured => {
+                let offset = self.cursor;
+                self.cursor += part_align(bytes);
+                (block.clone(), offset)
+            }
+            _ => (Arc::new(self.pool.alloc(bytes)?), 0),
+        };
+        // SAFETY: `offset + bytes` lies within the block (checked above, or a block of its own).
+        let dst = unsafe { block.as_ptr().add(offset) };
+        let out = t.placed_in(Storage::part(Data::Pinned(block), None), offset, true);
         self.copies.push(HostCopy { src, dst });
-        self.keep.push((t.clone(), out.storage().clone()));
+        self.keep.push(t.clone());
         Ok(out)
     }
 }
@@ -156,19 +193,4 @@ impl Walk for PinContext<'_> {
     fn path_mut(&mut self) -> &mut FieldPath {
         &mut self.path
     }
-}
-
-/// A contiguous pinned copy of `t` made now, even if `t` is already pinned (for copy-on-write).
-pub(crate) fn pin_contiguous_now(t: &Tensor, pool: &PinnedPool) -> Result<Tensor> {
-    let block = pool.alloc(t.nbytes())?;
-    let src = t.host_src("pin_memory")?;
-    // SAFETY: `t` keeps the source alive for the call; `block` is fresh and `nbytes` long.
-    unsafe { src.gather(block.as_ptr()) };
-    Ok(t.with_storage(
-        Storage {
-            data: Data::Pinned(block),
-            ready: None,
-        },
-        true,
-    ))
 }

@@ -1,0 +1,376 @@
+//! Batches built in place in pinned memory: one block per batch, writable views of it.
+//!
+//! Say what the batch holds with a [`BatchLayout`], reserve its one block with
+//! [`BatchLayout::allocate`], write each tensor through a [`TensorMut`] (safe Rust: typed
+//! slices, row views, gathers from other tensors), and [`finish`](PinnedBatch::finish) it into
+//! tensors. They share the block, which goes back to the pool when the last of them is dropped
+//! and every copy reading it has finished. Offsets inside the block are multiples of
+//! [`PART_ALIGN`] bytes, the same as inside a moved batch's device allocation, so the whole
+//! batch moves to a device with one copy.
+//!
+//! ```
+//! use pinnable::batch::BatchLayout;
+//! use pinnable::DType;
+//!
+//! let mut layout = BatchLayout::new();
+//! let images = layout.push(DType::F32, &[4, 3, 2, 2])?;
+//! let labels = layout.push(DType::I64, &[4])?;
+//! let mut batch = layout.allocate()?;
+//! for (i, mut row) in batch.view_mut(images).rows_mut().enumerate() {
+//!     row.fill(i as f32)?; // in real life: copy sample i's image here
+//! }
+//! batch.view_mut(labels).copy_from_slice(&[3i64, 1, 4, 1])?;
+//! let tensors = batch.finish();
+//! assert!(tensors[0].shares_block_with(&tensors[1]));
+//! assert_eq!(tensors[1].to_vec::<i64>()?, vec![3, 1, 4, 1]);
+//! assert_eq!(tensors[0].to_vec::<f32>()?[12], 1.0);
+//! # Ok::<(), pinnable::Error>(())
+//! ```
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::alloc::{PinnedBlock, PinnedPool};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::tensor::{Data, Storage, Tensor, contiguous_strides};
+
+/// Tensors inside one pinned block, and inside a moved batch's device allocation, start at
+/// multiples of this many bytes (what CUDA's own allocator guarantees for an allocation).
+pub const PART_ALIGN: usize = 256;
+
+/// `bytes` rounded up to a multiple of [`PART_ALIGN`].
+pub(crate) fn part_align(bytes: usize) -> usize {
+    bytes.div_ceil(PART_ALIGN) * PART_ALIGN
+}
+
+/// One tensor of a [`BatchLayout`], by position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Slot(usize);
+
+impl Slot {
+    /// The position in the layout (the index of the tensor [`PinnedBatch::finish`] returns).
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Part {
+    dtype: DType,
+    shape: Vec<usize>,
+    offset: usize,
+    bytes: usize,
+}
+
+/// The tensors of a batch (dtype and shape each) and where each goes in the batch's block.
+#[derive(Clone, Debug, Default)]
+pub struct BatchLayout {
+    parts: Vec<Part>,
+    bytes: usize,
+}
+
+impl BatchLayout {
+    /// An empty layout.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a contiguous tensor of `dtype` and `shape`; its bytes start at the next multiple of
+    /// [`PART_ALIGN`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] if the shape's byte count overflows.
+    pub fn push(&mut self, dtype: DType, shape: &[usize]) -> Result<Slot> {
+        let (_, n) = contiguous_strides(shape)?;
+        let bytes = n
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::Shape(format!("the byte count of shape {shape:?} overflows")))?;
+        let offset = self.bytes;
+        self.bytes = offset
+            .checked_add(part_align(bytes))
+            .ok_or_else(|| Error::Shape("the batch's byte count overflows".into()))?;
+        self.parts.push(Part {
+            dtype,
+            shape: shape.to_vec(),
+            offset,
+            bytes,
+        });
+        Ok(Slot(self.parts.len() - 1))
+    }
+
+    /// How many tensors.
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Whether no tensor was added.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// The block's size: every tensor's bytes, each rounded up to [`PART_ALIGN`].
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Reserves the batch's one block from the process-wide pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedPool::alloc`].
+    pub fn allocate(&self) -> Result<PinnedBatch> {
+        self.allocate_in(PinnedPool::global())
+    }
+
+    /// Reserves the batch's one block from `pool`. The tensors' elements are unspecified until
+    /// written (whatever the block last held), except `bool` tensors, which start `false`.
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedPool::alloc`].
+    pub fn allocate_in(&self, pool: &PinnedPool) -> Result<PinnedBatch> {
+        let block = pool.alloc(self.bytes)?;
+        for p in self.parts.iter().filter(|p| p.dtype == DType::Bool) {
+            // SAFETY: the part lies within the fresh block, which nothing else references.
+            unsafe { std::ptr::write_bytes(block.as_ptr().add(p.offset), 0, p.bytes) };
+        }
+        Ok(PinnedBatch {
+            block: Arc::new(block),
+            layout: self.clone(),
+        })
+    }
+}
+
+/// A batch's one pinned block while it is being written; see the [module docs](self).
+pub struct PinnedBatch {
+    block: Arc<PinnedBlock>,
+    layout: BatchLayout,
+}
+
+impl PinnedBatch {
+    /// The layout the batch was allocated with.
+    pub fn layout(&self) -> &BatchLayout {
+        &self.layout
+    }
+
+    /// The block the tensors will share.
+    pub fn block(&self) -> &PinnedBlock {
+        &self.block
+    }
+
+    /// A writable view of one tensor.
+    ///
+    /// # Panics
+    ///
+    /// If `slot` does not come from this batch's layout.
+    pub fn view_mut(&mut self, slot: Slot) -> TensorMut<'_> {
+        let part = &self.layout.parts[slot.0];
+        // SAFETY: `&mut self` is exclusive over the block until the view is dropped; the part
+        // lies within the block.
+        unsafe {
+            TensorMut::new(
+                self.block.as_ptr().add(part.offset),
+                part.dtype,
+                &part.shape,
+            )
+        }
+    }
+
+    /// Writable views of every tensor at once, in layout order (they never overlap), for
+    /// filling them side by side (on several threads, say).
+    pub fn views_mut(&mut self) -> Vec<TensorMut<'_>> {
+        let base = self.block.as_ptr();
+        self.layout
+            .parts
+            .iter()
+            // SAFETY: parts are disjoint ranges of the block, which `&mut self` holds exclusively
+            // for as long as the views live.
+            .map(|p| unsafe { TensorMut::new(base.add(p.offset), p.dtype, &p.shape) })
+            .collect()
+    }
+
+    /// The batch's tensors, in layout order, sharing the block.
+    pub fn finish(self) -> Vec<Tensor> {
+        self.layout
+            .parts
+            .iter()
+            .map(|p| {
+                let storage = Storage::part(Data::Pinned(self.block.clone()), None);
+                Tensor::at(storage, p.dtype, &p.shape, p.offset)
+                    .expect("the layout checked the shape")
+            })
+            .collect()
+    }
+}
+
+/// A writable, contiguous view of a tensor being built in pinned memory.
+///
+/// Every write is typed (a `bool` view only ever holds 0 or 1), so building a batch needs no
+/// `unsafe`.
+pub struct TensorMut<'a> {
+    ptr: *mut u8,
+    dtype: DType,
+    shape: Vec<usize>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: a TensorMut is an exclusive borrow of plain bytes, like `&mut [u8]`.
+unsafe impl Send for TensorMut<'_> {}
+// SAFETY: shared access hands out nothing that writes.
+unsafe impl Sync for TensorMut<'_> {}
+
+impl<'a> TensorMut<'a> {
+    /// # Safety
+    ///
+    /// 1. `ptr` is valid for reads and writes of `shape`'s elements of `dtype`, aligned for it,
+    ///    and holds valid values of it, for `'a`.
+    /// 2. Nothing else reads or writes those bytes during `'a`.
+    unsafe fn new(ptr: *mut u8, dtype: DType, shape: &[usize]) -> TensorMut<'a> {
+        TensorMut {
+            ptr,
+            dtype,
+            shape: shape.to_vec(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The size of each dimension.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The bytes of the elements.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// The elements as a mutable slice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the dtype.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DTypeMismatch {
+                actual: self.dtype,
+                requested: T::DTYPE,
+            });
+        }
+        // SAFETY: `new`'s contract: valid, aligned, exclusively borrowed elements of `T`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.numel()) })
+    }
+
+    /// Sets every element to `value`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the dtype.
+    pub fn fill<T: Element>(&mut self, value: T) -> Result<()> {
+        self.as_mut_slice::<T>()?.fill(value);
+        Ok(())
+    }
+
+    /// Sets every element to zero (`false`, `0`, `+0.0`), whatever the dtype.
+    pub fn fill_zeros(&mut self) {
+        // SAFETY: all-zero bytes are a valid value of every dtype; the view owns its bytes.
+        unsafe { std::ptr::write_bytes(self.ptr, 0, self.nbytes()) };
+    }
+
+    /// Copies `src` in, element for element.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`], or [`Error::Shape`] if the lengths differ.
+    pub fn copy_from_slice<T: Element>(&mut self, src: &[T]) -> Result<()> {
+        let dst = self.as_mut_slice::<T>()?;
+        if dst.len() != src.len() {
+            return Err(Error::Shape(format!(
+                "cannot copy {} elements into a view of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies a host tensor of the same dtype and shape in (any strides: views are gathered).
+    /// Waits for a pending copy into `src` first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`], [`Error::Shape`] if the shapes differ,
+    /// [`Error::WrongPlacement`] for a device tensor.
+    pub fn copy_from(&mut self, src: &Tensor) -> Result<()> {
+        if src.dtype() != self.dtype {
+            return Err(Error::DTypeMismatch {
+                actual: src.dtype(),
+                requested: self.dtype,
+            });
+        }
+        if src.shape() != self.shape.as_slice() {
+            return Err(Error::Shape(format!(
+                "cannot copy a tensor of shape {:?} into a view of shape {:?}",
+                src.shape(),
+                self.shape
+            )));
+        }
+        let gather = src.host_src("copy_from")?;
+        // SAFETY: the source is live (held by `src`) and, being another storage's bytes or
+        // read-only shared bytes, does not overlap this exclusively borrowed view, which has
+        // room for exactly `gather.bytes()` bytes of the same dtype.
+        unsafe { gather.gather(self.ptr) };
+        Ok(())
+    }
+
+    /// A view of the elements `start..start + len` along the first dimension.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a rank-0 view or a range out of bounds.
+    pub fn narrow_mut(&mut self, start: usize, len: usize) -> Result<TensorMut<'_>> {
+        let Some(&size) = self.shape.first() else {
+            return Err(Error::Shape("cannot narrow a rank-0 view".into()));
+        };
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::Shape(format!(
+                "range {start}..{} is out of bounds for a first dimension of {size}",
+                start.saturating_add(len)
+            )));
+        }
+        let row = self.nbytes() / size.max(1);
+        let mut shape = self.shape.clone();
+        shape[0] = len;
+        // SAFETY: the range lies within this view, which is borrowed for the result's life.
+        Ok(unsafe { TensorMut::new(self.ptr.add(start * row), self.dtype, &shape) })
+    }
+
+    /// Views of each index along the first dimension (rank one less), which never overlap:
+    /// row `i` of a stacked batch is sample `i`'s place.
+    pub fn rows_mut(&mut self) -> impl ExactSizeIterator<Item = TensorMut<'_>> + '_ {
+        let n = self.shape.first().copied().unwrap_or(0);
+        let row = self.nbytes().checked_div(n).unwrap_or(0);
+        let inner = self.shape.get(1..).unwrap_or_default().to_vec();
+        let (ptr, dtype) = (self.ptr, self.dtype);
+        // SAFETY: rows are disjoint ranges of this view, borrowed for the iterator's life.
+        (0..n).map(move |i| unsafe { TensorMut::new(ptr.add(i * row), dtype, &inner) })
+    }
+}
+
+impl std::fmt::Debug for TensorMut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorMut({} {:?})", self.dtype, self.shape)
+    }
+}

@@ -1,0 +1,200 @@
+//! The memory behind tensors: pageable vectors, pinned blocks and device buffers.
+//!
+//! One [`Storage`] may back many tensors: a pinned batch is one block with every tensor a view
+//! at its own offset, and a moved batch is one device allocation likewise.
+
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaEvent, CudaSlice};
+
+use super::Placement;
+use crate::alloc::PinnedBlock;
+use crate::cuda::{CudaDevice, Event};
+use crate::dtype::Element;
+use crate::error::Result;
+
+/// The memory behind one or more tensors.
+pub(crate) struct Storage {
+    pub(crate) data: Data,
+    /// Set when the bytes arrive by an asynchronous copy: readers wait on it first.
+    pub(crate) ready: Option<Ready>,
+}
+
+/// The event that marks an asynchronous copy's completion, filled in once the copy is enqueued.
+pub(crate) type Ready = Arc<OnceLock<Arc<Event>>>;
+
+/// A storage's bytes: a pageable buffer of its own, or a part of a shared pinned block or
+/// device allocation (the tensor's offset says where in it).
+pub(crate) enum Data {
+    Host(HostBuf),
+    Pinned(Arc<PinnedBlock>),
+    Device(Arc<DeviceBuffer>),
+}
+
+impl Data {
+    /// Another handle on the same shared buffer (`None` for pageable memory, which is never
+    /// shared between storages).
+    pub(crate) fn share(&self) -> Option<Data> {
+        match self {
+            Data::Host(_) => None,
+            Data::Pinned(b) => Some(Data::Pinned(b.clone())),
+            Data::Device(d) => Some(Data::Device(d.clone())),
+        }
+    }
+}
+
+impl Storage {
+    /// Storage with no pending copy into it.
+    pub(crate) fn new(data: Data) -> Storage {
+        Storage { data, ready: None }
+    }
+
+    /// A part of a shared buffer, filled by the copy that `ready` will mark.
+    pub(crate) fn part(data: Data, ready: Option<Ready>) -> Arc<Storage> {
+        Arc::new(Storage { data, ready })
+    }
+
+    /// Identifies the buffer: equal for every storage over one pinned block or device
+    /// allocation.
+    pub(crate) fn buffer_id(&self) -> usize {
+        match &self.data {
+            Data::Host(h) => h.ptr.as_ptr() as usize,
+            Data::Pinned(b) => Arc::as_ptr(b) as usize,
+            Data::Device(d) => Arc::as_ptr(d) as usize,
+        }
+    }
+
+    pub(crate) fn placement(&self) -> Placement {
+        match &self.data {
+            Data::Host(_) => Placement::Cpu,
+            Data::Pinned(_) => Placement::Pinned,
+            Data::Device(d) => Placement::Cuda(d.device.ordinal),
+        }
+    }
+
+    /// Waits for the asynchronous copy that fills this storage, if any.
+    pub(crate) fn wait_ready(&self) -> Result<()> {
+        if let Some(event) = self.ready_event() {
+            event.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The event of the asynchronous copy that fills this storage, once it is enqueued.
+    pub(crate) fn ready_event(&self) -> Option<&Arc<Event>> {
+        self.ready.as_ref()?.get()
+    }
+
+    /// The host address of the bytes (pageable or pinned); `None` on a device.
+    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+        match &self.data {
+            Data::Host(h) => Some(h.ptr.as_ptr()),
+            Data::Pinned(b) => Some(b.as_ptr()),
+            Data::Device(_) => None,
+        }
+    }
+}
+
+/// A `Vec<T>`'s allocation, type-erased: tensors built from vectors take them over without a copy.
+pub(crate) struct HostBuf {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    len: usize,
+    cap: usize,
+    free: unsafe fn(NonNull<u8>, usize, usize),
+}
+
+/// # Safety
+///
+/// 1. `ptr`, `len`, `cap` are the parts of a `Vec<T>` that was leaked and is rebuilt once.
+unsafe fn free_vec<T>(ptr: NonNull<u8>, len: usize, cap: usize) {
+    // SAFETY: forwarded from the caller.
+    drop(unsafe { Vec::from_raw_parts(ptr.as_ptr().cast::<T>(), len, cap) });
+}
+
+impl HostBuf {
+    pub(crate) fn from_vec<T: Element>(v: Vec<T>) -> HostBuf {
+        let mut v = ManuallyDrop::new(v);
+        let bytes = v.len() * size_of::<T>();
+        HostBuf {
+            // SAFETY: a Vec's pointer is never null (dangling but aligned when empty).
+            ptr: unsafe { NonNull::new_unchecked(v.as_mut_ptr().cast()) },
+            bytes,
+            len: v.len(),
+            cap: v.capacity(),
+            free: free_vec::<T>,
+        }
+    }
+
+    /// `bytes` zeroed bytes, aligned for every dtype.
+    pub(crate) fn zeroed(bytes: usize) -> HostBuf {
+        let mut buf = HostBuf::from_vec(vec![0u64; bytes.div_ceil(8)]);
+        buf.bytes = bytes;
+        buf
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: built by `from_vec`, dropped once.
+        unsafe { (self.free)(self.ptr, self.len, self.cap) }
+    }
+}
+
+// SAFETY: HostBuf owns its Vec's allocation exclusively and the element types are Send + Sync.
+unsafe impl Send for HostBuf {}
+// SAFETY: as for Send; shared access only reads (writes need `&mut Tensor` and a unique Arc).
+unsafe impl Sync for HostBuf {}
+
+/// Device memory owned by a tensor, with the events of consumers that still read it.
+pub(crate) struct DeviceBuffer {
+    slice: ManuallyDrop<CudaSlice<u8>>,
+    pub(crate) device: Arc<CudaDevice>,
+    readers: Mutex<Vec<CudaEvent>>,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(slice: CudaSlice<u8>, device: Arc<CudaDevice>) -> DeviceBuffer {
+        DeviceBuffer {
+            slice: ManuallyDrop::new(slice),
+            device,
+            readers: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn slice(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+
+    /// The device address of the first byte.
+    pub(crate) fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+        use cudarc::driver::DevicePtr;
+        self.slice.device_ptr(&self.device.copy_stream).0
+    }
+
+    /// Records work on another stream that reads this buffer; the buffer is freed only after it.
+    pub(crate) fn add_reader(&self, event: CudaEvent) {
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.retain(|r| !r.is_complete());
+        readers.push(event);
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // The buffer is freed on the copy stream (stream-ordered); make that stream wait for
+        // every consumer that read it on another stream first.
+        let readers = std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in &readers {
+            let _ = self.device.copy_stream.wait(r);
+        }
+        // SAFETY: dropped exactly once, here.
+        unsafe { ManuallyDrop::drop(&mut self.slice) };
+    }
+}

@@ -1,0 +1,406 @@
+//! `ToDevice`: stream-ordered copies of a batch to a CUDA device and back.
+//!
+//! A move walks the batch twice (through the derive's or a hand-written
+//! [`ToDevice::to_device_with`]). The first walk only measures: it checks every tensor and adds
+//! up the bytes ([`plan`]). Then the whole batch is reserved at once: one destination (the
+//! batch's *arena*: a device allocation, or a pinned block when moving to the host; each moved
+//! tensor is a view into it) and one pinned staging block for pageable sources. An
+//! out-of-memory error therefore comes back before anything is copied. The second walk builds
+//! the result and plans the copies; then they are issued ([`issue`]): a pinned batch (one
+//! block) as one copy, staged bytes as a few large copies that start while staging goes on.
+//!
+//! One event recorded after the last copy is the *ready* event of every tensor of the result,
+//! and is recorded on every pinned block the copies read or write, which keeps those blocks
+//! from being reused or written until the copies are done.
+
+mod issue;
+mod plan;
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys;
+
+use crate::alloc::{BackendKind, PinnedPool};
+use crate::check;
+use crate::copy::HostCopy;
+use crate::cuda::Device;
+use crate::error::{Error, Result};
+use crate::path::{FieldPath, Walk};
+use crate::tensor::{Data, DeviceBuffer, Placement, Ready, Storage, Tensor};
+use issue::{Copies, Dir, DirectCopy};
+use plan::{Arena, Plan, Slot};
+
+/// A value whose tensors can be moved to a CUDA device (or back to the host).
+///
+/// Derive it with `#[derive(ToDevice)]`, or implement [`to_device_with`](Self::to_device_with)
+/// by moving each part through the [`MoveContext`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be moved to a device: it does not implement `ToDevice`",
+    label = "`{Self}` does not implement `ToDevice`",
+    note = "derive `ToDevice` for `{Self}` or implement it by hand; to carry the field over \
+            unchanged instead, mark it `#[pinnable(skip)]` (it must then implement `Clone`)"
+)]
+pub trait ToDevice: Sized {
+    /// The recursive step: a copy of `self` with every tensor moved through `cx`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever moving a part returns, with its field path.
+    fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self>;
+
+    /// A copy of `self` with every tensor on `device`.
+    ///
+    /// Pinned sources are copied asynchronously on the device's copy stream; pageable ones are
+    /// staged through pinned memory by several threads first. With `non_blocking = false` this
+    /// returns once the data is on the device; with `true` it returns at once, and every
+    /// consumer (a [`Tensor::cuda_view`] on any stream, a host read) waits for the copy first.
+    /// Tensors already on `device` are shared; non-tensor data is cloned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CudaUnavailable`] when `device` is a CUDA device and there is none;
+    /// [`Error::DeviceOutOfMemory`] when the batch does not fit (nothing is copied then);
+    /// [`Error::Driver`] when a copy cannot be issued.
+    fn to_device(&self, device: &Device, non_blocking: bool) -> Result<Self> {
+        MoveContext::run(device, non_blocking, PinnedPool::global(), |cx| {
+            self.to_device_with(cx)
+        })
+    }
+
+    /// A copy of `self` with every tensor on the host: device tensors land in pinned memory,
+    /// host tensors are shared. With `non_blocking = true` host reads of the result wait for
+    /// the copies.
+    ///
+    /// # Errors
+    ///
+    /// As [`to_device`](Self::to_device).
+    fn to_cpu(&self, non_blocking: bool) -> Result<Self> {
+        self.to_device(&Device::cpu(), non_blocking)
+    }
+}
+
+/// Which walk is running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Check and add up bytes; results are placeholders.
+    Measure,
+    /// Build the result in the reserved arena and plan the copies.
+    Build,
+}
+
+/// What [`ToDevice::to_device_with`] works through: the target, the field path for errors,
+/// and the plan of copies that is carried out once the whole batch is reserved.
+///
+/// Implementations must walk the same tensors in the same order every time they are called on
+/// the same value (the derive and the std impls do): the first walk measures, the second builds.
+pub struct MoveContext<'a> {
+    target: &'a Device,
+    non_blocking: bool,
+    pool: &'a PinnedPool,
+    path: FieldPath,
+    pass: Pass,
+    /// The event every result tensor waits on, set once the copies are issued.
+    ready: Ready,
+    plan: Plan,
+    arena: Option<Arena>,
+    /// Device bytes allocated so far, for out-of-memory messages.
+    reserved: usize,
+    copies: Copies,
+}
+
+impl<'a> MoveContext<'a> {
+    /// Walks the batch with `f` twice (measure, then build), reserving every destination in
+    /// between, then issues the copies.
+    ///
+    /// # Errors
+    ///
+    /// Whatever `f` returns; [`Error::DeviceOutOfMemory`] if the batch does not fit; a driver
+    /// error while issuing copies. Nothing is copied when an error comes back before the
+    /// copies are issued.
+    pub fn run<T>(
+        target: &'a Device,
+        non_blocking: bool,
+        pool: &'a PinnedPool,
+        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
+    ) -> Result<T> {
+        let mut cx = MoveContext {
+            target,
+            non_blocking,
+            pool,
+            path: FieldPath::new(),
+            pass: Pass::Measure,
+            ready: Arc::new(OnceLock::new()),
+            plan: Plan::default(),
+            arena: None,
+            reserved: 0,
+            copies: Copies::default(),
+        };
+        drop(f(&mut cx)?);
+        cx.reserve()?;
+        cx.pass = Pass::Build;
+        cx.path = FieldPath::new();
+        let value = f(&mut cx)?;
+        cx.issue()?;
+        Ok(value)
+    }
+
+    /// The device tensors are moved to.
+    pub fn device(&self) -> &'a Device {
+        self.target
+    }
+
+    /// Whether the caller asked not to wait for the copies.
+    pub fn non_blocking(&self) -> bool {
+        self.non_blocking
+    }
+
+    /// The pool staging blocks and host destinations come from.
+    pub fn pool(&self) -> &'a PinnedPool {
+        self.pool
+    }
+
+    /// Where in the batch the current value sits.
+    pub fn path(&self) -> &FieldPath {
+        &self.path
+    }
+
+    /// An error about the current value, carrying its field path.
+    pub fn error(&self, message: impl Into<String>) -> Error {
+        Error::Field {
+            path: self.path.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Moves one tensor: takes its place in the batch's reservation and plans its copy.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDenseCpu`] for a source that is not dense data, allocation errors,
+    /// [`Error::CudaUnavailable`].
+    pub fn move_tensor(&mut self, t: &Tensor) -> Result<Tensor> {
+        match (t.placement(), self.target.ordinal()) {
+            (p, None) if p.is_host() => Ok(t.clone()),
+            (Placement::Cuda(n), Some(m)) if n == m => Ok(t.clone()),
+            (p, Some(_)) if p.is_host() => {
+                check::dense_cpu(t, &self.path)?;
+                let registered = t
+                    .pinned_block()
+                    .is_some_and(|b| b.backend() != BackendKind::Mlock);
+                if registered && t.is_contiguous() {
+                    self.direct(t)
+                } else {
+                    self.staged(t)
+                }
+            }
+            _ => self.direct(t),
+        }
+    }
+
+    /// Reserves what the first walk measured: the arena and the staging block.
+    fn reserve(&mut self) -> Result<()> {
+        let total = self.plan.lay_out();
+        if total == 0 {
+            return Ok(());
+        }
+        let (data, base) = match self.target.ordinal() {
+            Some(_) => {
+                let buf = self.alloc_device(total)?;
+                let base = buf.device_ptr();
+                (Data::Device(Arc::new(buf)), base)
+            }
+            None => {
+                let block = Arc::new(self.pool.alloc(total)?);
+                let base = block.as_ptr() as u64;
+                self.copies.blocks.push(block.clone());
+                (Data::Pinned(block), base)
+            }
+        };
+        let staging = if self.plan.staged_bytes > 0 {
+            let block = Arc::new(self.pool.alloc(self.plan.staged_bytes)?);
+            let ptr = block.as_ptr();
+            // The device copies read the staging block after this move returns: recording the
+            // ready event on it holds it back in the pool until they finish.
+            self.copies.blocks.push(block.clone());
+            Some((block, ptr))
+        } else {
+            None
+        };
+        let arena = Arena {
+            data,
+            base,
+            staging,
+        };
+        for g in &self.plan.groups {
+            if let Some(at) = g.mirror {
+                self.copies.direct.push(direct_copy(
+                    &g.storage,
+                    g.span.clone(),
+                    arena.at(at),
+                    self.target,
+                ));
+                if let Data::Pinned(b) = &g.storage.data {
+                    self.copies.blocks.push(b.clone());
+                }
+            }
+        }
+        self.arena = Some(arena);
+        Ok(())
+    }
+
+    fn alloc_device(&mut self, bytes: usize) -> Result<DeviceBuffer> {
+        let dev = self.target.cuda_device("to_device")?.clone();
+        // SAFETY: the memory is uninitialised until the planned copies fill it; nothing reads it
+        // before the ready event, which is recorded after them.
+        match unsafe { dev.copy_stream.alloc::<u8>(bytes.max(1)) } {
+            Ok(s) => {
+                self.reserved += bytes;
+                Ok(DeviceBuffer::new(s, dev))
+            }
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(Error::DeviceOutOfMemory {
+                    device: self.target.to_string(),
+                    requested: self.reserved + bytes,
+                    free: self.target.free_memory().unwrap_or(0),
+                })
+            }
+            Err(e) => Err(Error::driver("cuMemAllocAsync", e).at_path(&self.path.to_string())),
+        }
+    }
+
+    /// A destination of its own, outside the arena, for a walk that moves more than it
+    /// measured; its data and address.
+    fn own_destination(&mut self, bytes: usize) -> Result<(Data, u64)> {
+        if self.target.ordinal().is_some() {
+            let buf = self.alloc_device(bytes)?;
+            let base = buf.device_ptr();
+            Ok((Data::Device(Arc::new(buf)), base))
+        } else {
+            let block = Arc::new(self.pool.alloc(bytes)?);
+            self.copies.blocks.push(block.clone());
+            let base = block.as_ptr() as u64;
+            Ok((Data::Pinned(block), base))
+        }
+    }
+
+    /// A result tensor's storage: a part of the arena (or of `data`), filled by this move.
+    fn part(&self, data: Option<Data>) -> Arc<Storage> {
+        let data = data.unwrap_or_else(|| {
+            self.arena
+                .as_ref()
+                .and_then(|a| a.data.share())
+                .expect("a placed tensor has an arena")
+        });
+        Storage::part(data, Some(self.ready.clone()))
+    }
+
+    /// Makes the copies wait for a source that is itself still being filled.
+    fn wait_for(&mut self, t: &Tensor) {
+        if let Some(event) = t.storage().ready_event()
+            && !event.is_complete()
+            && !self
+                .copies
+                .waits
+                .last()
+                .is_some_and(|w| Arc::ptr_eq(w, event))
+        {
+            self.copies.waits.push(event.clone());
+        }
+    }
+
+    /// A source the copy engine reads as it is: registered pinned memory or device memory.
+    /// Its span is copied (a strided view keeps its strides).
+    fn direct(&mut self, t: &Tensor) -> Result<Tensor> {
+        let span = t.byte_span();
+        if self.pass == Pass::Measure {
+            self.plan.note_direct(t, span);
+            return Ok(t.clone());
+        }
+        self.wait_for(t);
+        let (storage, at) = match self.plan.place_direct(t, span.clone()) {
+            Slot::Mirrored(at) => (self.part(None), at),
+            Slot::Single(at) => {
+                let dst = self.arena.as_ref().expect("placed in the arena").at(at);
+                let copy = direct_copy(t.storage(), span, dst, self.target);
+                self.copies.direct.push(copy);
+                (self.part(None), at)
+            }
+            Slot::Outside => {
+                let (data, dst) = self.own_destination(span.len())?;
+                let copy = direct_copy(t.storage(), span, dst, self.target);
+                self.copies.direct.push(copy);
+                (self.part(Some(data)), 0)
+            }
+        };
+        if let Data::Pinned(b) = &t.storage().data {
+            self.copies.note_block(b);
+        }
+        self.copies.keep.push(t.storage().clone());
+        Ok(t.placed_in(storage, at, false))
+    }
+
+    /// A source that is staged through pinned memory by the copy threads, then copied.
+    fn staged(&mut self, t: &Tensor) -> Result<Tensor> {
+        let bytes = t.nbytes();
+        if self.pass == Pass::Measure {
+            self.plan.note_staged(bytes);
+            return Ok(t.clone());
+        }
+        let src = t.host_src("to_device")?;
+        let slot = self.plan.place_staged(bytes).and_then(|at| {
+            let arena = self.arena.as_ref()?;
+            let (_, stage) = arena.staging.as_ref()?;
+            // SAFETY: `at + bytes` lies within the staging block (checked by `place_staged`).
+            Some((at, unsafe { stage.add(at) }, arena.at(at)))
+        });
+        let out = match slot {
+            Some((at, stage, dst)) => {
+                self.copies.staged.push(HostCopy { src, dst: stage });
+                self.copies.staged_dst.push((dst, true));
+                t.placed_in(self.part(None), at, true)
+            }
+            None => {
+                let (data, dst) = self.own_destination(bytes)?;
+                let block = Arc::new(self.pool.alloc(bytes)?);
+                self.copies.staged.push(HostCopy {
+                    src,
+                    dst: block.as_ptr(),
+                });
+                self.copies.staged_dst.push((dst, false));
+                self.copies.blocks.push(block);
+                t.placed_in(self.part(Some(data)), 0, true)
+            }
+        };
+        self.copies.keep.push(t.storage().clone());
+        Ok(out)
+    }
+}
+
+/// A copy of `span` of `src`'s buffer to `dst` on (or from) `target`.
+fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device) -> DirectCopy {
+    let (dir, base, src_buffer) = match &src.data {
+        Data::Device(d) if target.ordinal().is_some() => {
+            (Dir::DtoD, d.device_ptr(), Some(d.clone()))
+        }
+        Data::Device(d) => (Dir::DtoH, d.device_ptr(), Some(d.clone())),
+        _ => (
+            Dir::HtoD,
+            src.host_ptr().expect("a host source") as u64,
+            None,
+        ),
+    };
+    DirectCopy {
+        dir,
+        src: base + span.start as u64,
+        dst,
+        bytes: span.len(),
+        src_buffer,
+    }
+}
+
+impl Walk for MoveContext<'_> {
+    fn path_mut(&mut self) -> &mut FieldPath {
+        &mut self.path
+    }
+}
