@@ -26,6 +26,7 @@ use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
 pub(crate) use layout::{HostSrc, contiguous_strides};
+pub use storage::HostBytes;
 pub(crate) use storage::{Data, DeviceBuffer, HostBuf, Ready, Storage};
 pub use view::DeviceView;
 
@@ -117,6 +118,62 @@ impl Tensor {
     pub fn from_vec1<T: Element>(data: Vec<T>) -> Tensor {
         let n = data.len();
         Tensor::from_vec(data, &[n]).expect("a vector's length is its own shape")
+    }
+
+    /// A contiguous tensor of `dtype` and `shape` viewing `owner`'s bytes from `byte_offset`,
+    /// without a copy (a memory-mapped array, another library's buffer). The tensor keeps
+    /// `owner` alive and only reads it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] if the bytes are too few for the shape, or the first element is not
+    /// aligned for `dtype`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pinnable::{DType, Tensor};
+    ///
+    /// let bytes: Vec<u8> = (0..16).collect();
+    /// let t = Tensor::from_host_bytes(Arc::new(bytes), DType::U8, &[2, 4], 8)?;
+    /// assert_eq!(t.to_vec::<u8>()?, (8..16).collect::<Vec<u8>>());
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn from_host_bytes(
+        owner: Arc<dyn HostBytes>,
+        dtype: DType,
+        shape: &[usize],
+        byte_offset: usize,
+    ) -> Result<Tensor> {
+        let (_, n) = contiguous_strides(shape)?;
+        let have = owner.host_bytes();
+        let need = n
+            .checked_mul(dtype.size())
+            .and_then(|b| b.checked_add(byte_offset));
+        if need.is_none_or(|need| need > have.len()) {
+            return Err(Error::Shape(format!(
+                "{shape:?} {dtype} elements from byte {byte_offset} do not fit in {} bytes",
+                have.len()
+            )));
+        }
+        let addr = have.as_ptr() as usize + byte_offset;
+        if addr % dtype.size() != 0 {
+            return Err(Error::Shape(format!(
+                "{dtype} elements must start at a multiple of {} bytes; byte {byte_offset} of \
+                 this buffer does not",
+                dtype.size()
+            )));
+        }
+        if dtype == DType::Bool && have[byte_offset..byte_offset + n].iter().any(|&b| b > 1) {
+            return Err(Error::Shape("bool elements must be 0 or 1".into()));
+        }
+        Tensor::at(
+            Arc::new(Storage::new(Data::External(owner))),
+            dtype,
+            shape,
+            byte_offset,
+        )
     }
 
     /// A contiguous tensor of `shape` at the start of `storage`.
@@ -424,7 +481,8 @@ impl Tensor {
                 placement: placement.to_string(),
             });
         }
-        if !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
+        let external = matches!(self.storage.data, Data::External(_));
+        if external || !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
             *self = match placement {
                 Placement::Pinned => self.to_own_block()?,
                 _ => self.contiguous_copy()?,
@@ -440,7 +498,7 @@ impl Tensor {
                 b.wait_uses();
                 b.as_ptr()
             }
-            Data::Device(_) => unreachable!("checked to be on the host"),
+            Data::Device(_) | Data::External(_) => unreachable!("made private above"),
         };
         // SAFETY: this tensor alone refers to its storage, whose part of the buffer no other
         // storage covers (parts of a shared block never overlap), so `&mut self` is exclusive

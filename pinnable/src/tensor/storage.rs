@@ -29,6 +29,8 @@ pub(crate) type Ready = Arc<OnceLock<Arc<Event>>>;
 /// device allocation (the tensor's offset says where in it).
 pub(crate) enum Data {
     Host(HostBuf),
+    /// Read-only host bytes owned elsewhere (a memory-mapped file, another library's array).
+    External(Arc<dyn HostBytes>),
     Pinned(Arc<PinnedBlock>),
     Device(Arc<DeviceBuffer>),
 }
@@ -39,6 +41,7 @@ impl Data {
     pub(crate) fn share(&self) -> Option<Data> {
         match self {
             Data::Host(_) => None,
+            Data::External(e) => Some(Data::External(e.clone())),
             Data::Pinned(b) => Some(Data::Pinned(b.clone())),
             Data::Device(d) => Some(Data::Device(d.clone())),
         }
@@ -61,6 +64,7 @@ impl Storage {
     pub(crate) fn buffer_id(&self) -> usize {
         match &self.data {
             Data::Host(h) => h.ptr.as_ptr() as usize,
+            Data::External(e) => Arc::as_ptr(e).cast::<u8>() as usize,
             Data::Pinned(b) => Arc::as_ptr(b) as usize,
             Data::Device(d) => Arc::as_ptr(d) as usize,
         }
@@ -68,7 +72,7 @@ impl Storage {
 
     pub(crate) fn placement(&self) -> Placement {
         match &self.data {
-            Data::Host(_) => Placement::Cpu,
+            Data::Host(_) | Data::External(_) => Placement::Cpu,
             Data::Pinned(_) => Placement::Pinned,
             Data::Device(d) => Placement::Cuda(d.device.ordinal),
         }
@@ -91,9 +95,24 @@ impl Storage {
     pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.data {
             Data::Host(h) => Some(h.ptr.as_ptr()),
+            Data::External(e) => Some(e.host_bytes().as_ptr().cast_mut()),
             Data::Pinned(b) => Some(b.as_ptr()),
             Data::Device(_) => None,
         }
+    }
+}
+
+/// Host memory owned elsewhere that tensors can view without a copy: a memory-mapped file,
+/// an array another library owns. Tensors only read it; a write through
+/// [`Tensor::as_mut_slice`](crate::Tensor::as_mut_slice) goes to a private copy.
+pub trait HostBytes: Send + Sync + 'static {
+    /// The bytes. Must return the same, unchanging bytes for as long as the value lives.
+    fn host_bytes(&self) -> &[u8];
+}
+
+impl HostBytes for Vec<u8> {
+    fn host_bytes(&self) -> &[u8] {
+        self
     }
 }
 
