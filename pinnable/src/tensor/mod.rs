@@ -158,7 +158,7 @@ impl Tensor {
             )));
         }
         let addr = have.as_ptr() as usize + byte_offset;
-        if addr % dtype.size() != 0 {
+        if !addr.is_multiple_of(dtype.size()) {
             return Err(Error::Shape(format!(
                 "{dtype} elements must start at a multiple of {} bytes; byte {byte_offset} of \
                  this buffer does not",
