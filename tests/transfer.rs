@@ -203,28 +203,36 @@ fn out_of_memory_fails_cleanly_and_the_next_batch_works() {
         return;
     };
     let mut r = rng("out_of_memory_fails_cleanly_and_the_next_batch_works");
-    let free = dev.free_memory().unwrap();
-    // One pinned 2 GiB tensor shared many times: little host memory, more device memory than free.
-    let chunk = 2usize << 30;
-    let piece = Tensor::from_vec(vec![3u8; chunk], &[chunk])
-        .unwrap()
+    // Take all but 768 MiB of the device, then move a 1 GiB pinned batch (four 256 MiB
+    // tensors in one block).
+    dev.empty_cache().unwrap();
+    let stream = copy_stream(&dev);
+    let hog_bytes = dev.free_memory().unwrap().saturating_sub(768 << 20);
+    // SAFETY: the allocation is never read; it only takes device memory.
+    let hog = unsafe { stream.alloc::<u8>(hog_bytes) }.unwrap();
+    let chunk = 256usize << 20;
+    let batch: Vec<Tensor> = (0..4)
+        .map(|i| Tensor::from_vec(vec![i as u8; chunk], &[chunk]).unwrap())
+        .collect::<Vec<_>>()
         .pin_memory()
         .unwrap();
-    let batch: Vec<Tensor> = vec![piece.clone(); free / chunk + 2];
     let err = batch.to_device(&dev, true).unwrap_err();
     match &err {
         Error::DeviceOutOfMemory {
             requested, free, ..
         } => {
-            assert_eq!(
-                *requested,
-                batch.len() * chunk,
-                "the whole batch, in one reservation"
-            );
+            assert_eq!(*requested, 4 * chunk, "the whole batch, in one reservation");
             assert!(*free < *requested);
         }
         other => panic!("expected DeviceOutOfMemory, got {other}"),
     }
+    assert!(
+        batch
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t.to_vec::<u8>().unwrap()[chunk - 1] == i as u8)
+    );
+    drop(hog);
     println!("{err}");
     dev.synchronize().unwrap();
     drop(batch);
@@ -366,5 +374,119 @@ fn batches_move_between_two_devices() {
         for (a, b) in batch.iter().zip(&back) {
             assert_eq!(bytes_of(b), bytes_of(a));
         }
+    }
+}
+
+/// The tensors of a random batch, pinned into one block.
+fn pinned_batch(r: &mut impl Rng, n: usize) -> Vec<Tensor> {
+    (0..n)
+        .map(|_| {
+            let dtype = DType::ALL[r.random_range(0..DType::ALL.len())];
+            let shape = [r.random_range(1..40), r.random_range(0..40)];
+            random_tensor(r, dtype, &shape)
+        })
+        .collect::<Vec<_>>()
+        .pin_memory()
+        .unwrap()
+}
+
+#[test]
+fn a_pinned_batch_moves_as_one_block_each_way() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("a_pinned_batch_moves_as_one_block_each_way") else {
+        return;
+    };
+    let mut r = rng("a_pinned_batch_moves_as_one_block_each_way");
+    for i in 0..100 {
+        let n = r.random_range(1..30);
+        let mut batch = pinned_batch(&mut r, n);
+        assert!(batch.iter().all(|t| t.shares_block_with(&batch[0])));
+        if i % 2 == 1 {
+            // The walk order differs from the block's order: still one mirror of the block.
+            batch.reverse();
+        }
+        let on = batch.to_device(&dev, r.random_bool(0.5)).unwrap();
+        assert!(
+            on.iter().all(|t| t.shares_block_with(&on[0])),
+            "one device block"
+        );
+        let back = on.to_cpu(r.random_bool(0.5)).unwrap();
+        assert!(
+            back.iter()
+                .all(|t| t.is_pinned() && t.shares_block_with(&back[0]))
+        );
+        for (src, got) in batch.iter().zip(&back) {
+            assert_eq!(got.shape(), src.shape());
+            assert_eq!(bytes_of(got), bytes_of(src));
+        }
+    }
+}
+
+#[test]
+fn moving_part_of_a_pinned_block_moves_just_those_tensors() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("moving_part_of_a_pinned_block_moves_just_those_tensors") else {
+        return;
+    };
+    let mut r = rng("moving_part_of_a_pinned_block_moves_just_those_tensors");
+    for _ in 0..50 {
+        let batch = pinned_batch(&mut r, 12);
+        let step = r.random_range(2..5);
+        let some: Vec<Tensor> = batch.iter().step_by(step).cloned().collect();
+        let back = some.to_device(&dev, true).unwrap().to_cpu(false).unwrap();
+        for (src, got) in some.iter().zip(&back) {
+            assert_eq!(bytes_of(got), bytes_of(src));
+        }
+    }
+}
+
+#[test]
+fn clones_moved_in_one_batch_stay_one_storage() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("clones_moved_in_one_batch_stay_one_storage") else {
+        return;
+    };
+    let mut r = rng("clones_moved_in_one_batch_stay_one_storage");
+    let t = random_tensor(&mut r, DType::I32, &[64, 33])
+        .pin_memory()
+        .unwrap();
+    let batch = vec![t.clone(), t.transpose(0, 1).unwrap(), t.clone()];
+    let back = batch.to_device(&dev, true).unwrap().to_cpu(true).unwrap();
+    assert!(back[0].shares_storage_with(&back[2]));
+    let mut first = back[0].clone();
+    drop(back[0].clone());
+    first.as_mut_slice::<i32>().unwrap().fill(-5);
+    assert_eq!(
+        bytes_of(&back[2]),
+        bytes_of(&t),
+        "a write reached another tensor"
+    );
+    assert_eq!(bytes_of(&back[1]), bytes_of(&batch[1]));
+}
+
+#[test]
+fn an_in_place_write_to_a_shared_block_waits_for_its_copy() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("an_in_place_write_to_a_shared_block_waits_for_its_copy") else {
+        return;
+    };
+    let mut r = rng("an_in_place_write_to_a_shared_block_waits_for_its_copy");
+    let mut pinned = pinned_batch(&mut r, 3);
+    pinned[1] = random_tensor(&mut r, DType::I64, &[1 << 20]);
+    let mut pinned = pinned.pin_memory().unwrap();
+    let old: Vec<Vec<u8>> = pinned.iter().map(bytes_of).collect();
+    hold_stream(copy_stream(&dev), 300);
+    let on = pinned.to_device(&dev, true).unwrap();
+    let start = Instant::now();
+    // In place (no clone shares it), so it must wait for the copy reading the block.
+    pinned[1].as_mut_slice::<i64>().unwrap().fill(7);
+    assert!(
+        start.elapsed() >= Duration::from_millis(200),
+        "the write did not wait for the copy"
+    );
+    assert!(pinned[1].shares_block_with(&pinned[0]), "written in place");
+    let back = on.to_cpu(false).unwrap();
+    for (o, b) in old.iter().zip(&back) {
+        assert_eq!(o, &bytes_of(b), "the device got a mix");
     }
 }

@@ -87,9 +87,9 @@ impl BatchLayout {
         let bytes = n
             .checked_mul(dtype.size())
             .ok_or_else(|| Error::Shape(format!("the byte count of shape {shape:?} overflows")))?;
-        let offset = self.bytes;
+        let offset = part_align(self.bytes);
         self.bytes = offset
-            .checked_add(part_align(bytes))
+            .checked_add(bytes)
             .ok_or_else(|| Error::Shape("the batch's byte count overflows".into()))?;
         self.parts.push(Part {
             dtype,
@@ -110,7 +110,7 @@ impl BatchLayout {
         self.parts.is_empty()
     }
 
-    /// The block's size: every tensor's bytes, each rounded up to [`PART_ALIGN`].
+    /// The block's size: every tensor's bytes, each but the last rounded up to [`PART_ALIGN`].
     pub fn bytes(&self) -> usize {
         self.bytes
     }

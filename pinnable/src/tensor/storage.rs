@@ -16,6 +16,10 @@ use crate::dtype::Element;
 use crate::error::Result;
 
 /// The memory behind one or more tensors.
+///
+/// Invariant: storages over one shared buffer cover disjoint bytes (a tensor's bytes are its
+/// storage's alone); tensors whose bytes overlap (clones, views) share one storage. A tensor
+/// whose storage no other tensor holds may therefore write its bytes in place.
 pub(crate) struct Storage {
     pub(crate) data: Data,
     /// Set when the bytes arrive by an asynchronous copy: readers wait on it first.

@@ -16,6 +16,7 @@
 mod issue;
 mod plan;
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -106,6 +107,10 @@ pub struct MoveContext<'a> {
     arena: Option<Arena>,
     /// Device bytes allocated so far, for out-of-memory messages.
     reserved: usize,
+    /// The result storage of each source storage moved inside a mirror: tensors that share a
+    /// source storage (clones, views) share the result's too, so results that overlap are
+    /// never two storages (see `Storage`).
+    mirrored: HashMap<usize, Arc<Storage>>,
     copies: Copies,
 }
 
@@ -134,6 +139,7 @@ impl<'a> MoveContext<'a> {
             plan: Plan::default(),
             arena: None,
             reserved: 0,
+            mirrored: HashMap::new(),
             copies: Copies::default(),
         };
         drop(f(&mut cx)?);
@@ -319,7 +325,18 @@ impl<'a> MoveContext<'a> {
         }
         self.wait_for(t);
         let (storage, at) = match self.plan.place_direct(t, span.clone()) {
-            Slot::Mirrored(at) => (self.part(None), at),
+            Slot::Mirrored(at) => {
+                let key = Arc::as_ptr(t.storage()) as usize;
+                let storage = match self.mirrored.get(&key) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = self.part(None);
+                        self.mirrored.insert(key, s.clone());
+                        s
+                    }
+                };
+                (storage, at)
+            }
             Slot::Single(at) => {
                 let dst = self.arena.as_ref().expect("placed in the arena").at(at);
                 let copy = direct_copy(t.storage(), span, dst, self.target);
