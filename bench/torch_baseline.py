@@ -1,7 +1,8 @@
 """PyTorch baseline for pinnable's benchmarks, run on the same GPU in the same session.
 
-Writes one `name seconds` line per figure (medians) to --out; benches/transfer.rs reads it and
-prints ratios. The batch mirrors the Rust bench: a dict of 64 x 1 MiB f32 tensors plus i64 labels.
+Writes one `name seconds` line per figure (medians) to --out; benches/transfer.rs and
+benches/batch.rs read it and print ratios. The batch mirrors the Rust bench: a dict of 64 x 1 MiB f32 tensors plus i64 labels;
+also 1000 tensors of 4 KiB, pinned and pageable (benches/batch.rs).
 
     python3 torch_baseline.py --out torch.txt
 """
@@ -70,6 +71,19 @@ def main():
         return out
 
     rows["torch_end_to_end_batch"] = median_seconds(end_to_end)
+
+    # 1000 tensors of 4 KiB: per-tensor costs.
+    small = [torch.randn(1024) for _ in range(1000)]
+    small_pinned = [t.pin_memory() for t in small]
+    rows["torch_pin_1000x4k"] = median_seconds(lambda: pin_memory(small))
+
+    def move_all(ts):
+        out = [t.to(dev, non_blocking=True) for t in ts]
+        torch.cuda.synchronize()
+        return out
+
+    rows["torch_1000x4k_pinned"] = median_seconds(lambda: move_all(small_pinned))
+    rows["torch_1000x4k_pageable"] = median_seconds(lambda: move_all(small))
 
     big = torch.randn(64 * MiB)  # 256 MiB of f32
     big_pinned = big.pin_memory()

@@ -3,117 +3,30 @@
 //! the same run). Prints a markdown table and writes it to `$PINNABLE_BENCH_OUT/transfer.md`.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::time::Instant;
 
 use cudarc::driver::{result, sys};
 use pinnable::{DType, Pinnable, PinnedPool, Tensor, ToDevice};
+use pinnable_harness::bench::{Table, check, event_time, time, torch_rows};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
 
 const MIB: usize = 1 << 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median wall time of `f` over `iters` runs after `warmup` runs.
-fn time(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warmup {
-        f();
-    }
-    median(
-        (0..iters)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
-
-fn torch_rows() -> HashMap<String, f64> {
-    let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") else {
-        return HashMap::new();
-    };
-    let Ok(text) = std::fs::read_to_string(format!("{dir}/torch.txt")) else {
-        return HashMap::new();
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_owned(), v.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-fn check(r: sys::CUresult) {
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "driver call failed: {r:?}");
-}
-
-/// Median device time of `copy` (enqueued on `stream`) between two events.
-fn event_time(stream: &cudarc::driver::CudaStream, iters: usize, copy: impl Fn()) -> f64 {
-    let ctx = stream.context();
-    let mut v = Vec::new();
-    for i in 0..iters + 3 {
-        let a = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        let b = ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .unwrap();
-        a.record(stream).unwrap();
-        copy();
-        b.record(stream).unwrap();
-        let ms = a.elapsed_ms(&b).unwrap();
-        if i >= 3 {
-            v.push(ms as f64 / 1e3);
-        }
-    }
-    median(v)
-}
-
-struct Table {
-    md: String,
-}
-
-impl Table {
-    fn row(&mut self, what: &str, ours: f64, bytes: usize, against: Option<(&str, f64)>) {
-        let gbs = bytes as f64 / ours / 1e9;
-        let (name, ratio) = match against {
-            Some((name, t)) => (name.to_owned(), format!("{:.2}×", t / ours)),
-            None => ("—".into(), "—".into()),
-        };
-        let line = format!(
-            "| {what} | {:.3} ms | {gbs:.1} GB/s | {name} | {ratio} |\n",
-            ours * 1e3
-        );
-        print!("{line}");
-        self.md.push_str(&line);
-    }
-}
 
 fn main() {
     let Some(dev) = cuda_or_skip("bench transfer") else {
         return;
     };
     let mut r = rng("bench transfer");
-    let torch = torch_rows();
+    let torch = torch_rows("torch.txt");
     let stream = dev.copy_stream().unwrap().clone();
     let ctx = dev.cuda_context().unwrap().clone();
     ctx.bind_to_thread().unwrap();
 
-    let mut t = Table { md: String::new() };
-    let head = format!(
-        "device: {} ({}), copy threads: {}\n\n| figure | ours | throughput | compared with | ratio (their time / ours) |\n| --- | --- | --- | --- | --- |\n",
+    let mut t = Table::new(&format!(
+        "# transfer bench\n\ndevice: {} ({}), copy threads: {}\n",
         dev.name(),
         dev.pcie_bus_id().unwrap_or_default(),
         pinnable::copy::copy_threads()
-    );
-    print!("{head}");
-    t.md.push_str(&head);
+    ));
 
     // --- 256 MiB from pinned memory: the raw ceiling vs ours.
     let n = 256 * MIB;
@@ -282,13 +195,11 @@ fn main() {
     }
 
     let stats = PinnedPool::global().stats();
-    let mem = format!("\npinned pool after the run:\n\n{stats}\n");
-    print!("{mem}");
-    t.md.push_str(&mem);
+    t.note(&format!("\npinned pool after the run:\n\n{stats}\n"));
     if let Some((_, torch_reserved)) = torch.get_key_value("torch_pinned_reserved_bytes") {
-        let line = format!("torch pinned reserved bytes after its run: {torch_reserved}\n");
-        print!("{line}");
-        t.md.push_str(&line);
+        t.note(&format!(
+            "torch pinned reserved bytes after its run: {torch_reserved}\n"
+        ));
     }
 
     // SAFETY: allocated above, freed once; nothing uses them after this.
@@ -296,10 +207,5 @@ fn main() {
         result::free_host(raw_host.cast()).unwrap();
         result::free_sync(raw_dev).unwrap();
     }
-    if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
-        let mut md = String::new();
-        let _ = writeln!(md, "# transfer bench\n");
-        md.push_str(&t.md);
-        std::fs::write(format!("{dir}/transfer.md"), md).expect("write transfer.md");
-    }
+    t.save("transfer.md");
 }

@@ -1,6 +1,8 @@
 //! Shared helpers for pinnable's tests, examples and benches: fresh random data and the
 //! GPU-or-skip gate. Not published.
 
+pub mod bench;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pinnable::{DType, Device, Tensor};

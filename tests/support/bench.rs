@@ -1,0 +1,131 @@
+//! What the benches share: medians, wall and device timers, PyTorch's figures from the same
+//! run, and a markdown table of ratios.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cudarc::driver::{CudaStream, sys};
+
+/// The median of `v` (the upper one for an even count).
+///
+/// # Panics
+///
+/// If `v` is empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median wall time of `f` in seconds over `iters` runs after `warmup` runs.
+pub fn time(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warmup {
+        f();
+    }
+    median(
+        (0..iters)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// Median device time in seconds of what `f` enqueues on `stream`, between two events, over
+/// `iters` runs after 3 warm-ups.
+///
+/// # Panics
+///
+/// If the driver refuses an event (a bench failure).
+pub fn event_time(stream: &CudaStream, iters: usize, f: impl Fn()) -> f64 {
+    let ctx = stream.context();
+    let mut v = Vec::new();
+    for i in 0..iters + 3 {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (a, b) = (ctx.new_event(flags).unwrap(), ctx.new_event(flags).unwrap());
+        a.record(stream).unwrap();
+        f();
+        b.record(stream).unwrap();
+        let ms = a.elapsed_ms(&b).unwrap();
+        if i >= 3 {
+            v.push(f64::from(ms) / 1e3);
+        }
+    }
+    median(v)
+}
+
+/// Panics with the result's name unless a raw driver call succeeded.
+///
+/// # Panics
+///
+/// When `r` is not `CUDA_SUCCESS`.
+pub fn check(r: sys::CUresult) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "driver call failed: {r:?}");
+}
+
+/// PyTorch's figures (`name seconds` lines) from `$PINNABLE_BENCH_OUT/<file>`, written by the
+/// baseline script in the same run; empty when absent.
+pub fn torch_rows(file: &str) -> HashMap<String, f64> {
+    let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") else {
+        return HashMap::new();
+    };
+    let Ok(text) = std::fs::read_to_string(format!("{dir}/{file}")) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A markdown table of figures, printed as it grows and written to `$PINNABLE_BENCH_OUT`.
+pub struct Table {
+    md: String,
+}
+
+impl Table {
+    /// A table whose text starts with `head` (a title line, the device, ...).
+    pub fn new(head: &str) -> Table {
+        let head = format!(
+            "{head}\n| figure | ours | throughput | compared with | ratio (their time / ours) |\n| --- | --- | --- | --- | --- |\n"
+        );
+        print!("{head}");
+        Table { md: head }
+    }
+
+    /// One figure: our time in seconds for `bytes`, and what it is compared with.
+    pub fn row(&mut self, what: &str, ours: f64, bytes: usize, against: Option<(&str, f64)>) {
+        let gbs = bytes as f64 / ours / 1e9;
+        let (name, ratio) = match against {
+            Some((name, t)) => (name.to_owned(), format!("{:.2}×", t / ours)),
+            None => ("—".into(), "—".into()),
+        };
+        let line = format!(
+            "| {what} | {:.3} ms | {gbs:.1} GB/s | {name} | {ratio} |\n",
+            ours * 1e3
+        );
+        print!("{line}");
+        self.md.push_str(&line);
+    }
+
+    /// Free text after the table.
+    pub fn note(&mut self, text: &str) {
+        print!("{text}");
+        self.md.push_str(text);
+    }
+
+    /// Writes the table to `$PINNABLE_BENCH_OUT/<file>` when that is set.
+    ///
+    /// # Panics
+    ///
+    /// If the file cannot be written.
+    pub fn save(&self, file: &str) {
+        if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
+            std::fs::write(format!("{dir}/{file}"), &self.md).expect("write the bench table");
+        }
+    }
+}
