@@ -5,15 +5,12 @@
 //! PyTorch's figures come from `$PINNABLE_BENCH_OUT/torch.txt` (`bench/torch_baseline.py`, same
 //! run). Prints a markdown table and writes it to `$PINNABLE_BENCH_OUT/batch.md`.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys};
 use pinnable::{BatchLayout, DType, Device, Pinnable, PinnedPool, Tensor, ToDevice};
-use pinnable_harness::bench::{Table, check, median, time, torch_rows};
+use pinnable_harness::bench::{Table, batch_64x1mib, check, median, time, torch_rows};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
-
-const MIB: usize = 1 << 20;
 
 fn sync(t: &Tensor) {
     if let Some(e) = t.ready_event() {
@@ -91,15 +88,7 @@ fn main() {
     ));
 
     // --- An already-pinned 64 × 1 MiB + labels batch.
-    let mut batch: HashMap<String, Tensor> = (0..64)
-        .map(|i| {
-            (
-                format!("x{i}"),
-                random_tensor(&mut r, DType::F32, &[MIB / 4]),
-            )
-        })
-        .collect();
-    batch.insert("labels".into(), random_tensor(&mut r, DType::I64, &[64]));
+    let batch = batch_64x1mib(&mut r);
     let bytes: usize = batch.values().map(Tensor::nbytes).sum();
     let pinned = batch.pin_memory().unwrap();
     let raw = raw_one_copy(&dev, bytes);

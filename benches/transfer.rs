@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::{result, sys};
 use pinnable::{DType, Pinnable, PinnedPool, Tensor, ToDevice};
-use pinnable_harness::bench::{Table, check, event_time, time, torch_rows};
+use pinnable_harness::bench::{Table, batch_64x1mib, check, event_time, time, torch_rows};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
 
 const MIB: usize = 1 << 20;
@@ -101,15 +101,7 @@ fn main() {
     }
 
     // --- The batch: 64 x 1 MiB f32 + i64 labels.
-    let mut batch: HashMap<String, Tensor> = (0..64)
-        .map(|i| {
-            (
-                format!("x{i}"),
-                random_tensor(&mut r, DType::F32, &[MIB / 4]),
-            )
-        })
-        .collect();
-    batch.insert("labels".into(), random_tensor(&mut r, DType::I64, &[64]));
+    let batch = batch_64x1mib(&mut r);
     let batch_bytes: usize = batch.values().map(Tensor::nbytes).sum();
 
     let ours_pin = time(5, 30, || drop(batch.pin_memory().unwrap()));

@@ -5,6 +5,23 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use cudarc::driver::{CudaStream, sys};
+use pinnable::{DType, Tensor};
+use rand::Rng;
+
+/// The benches' batch: 64 f32 tensors of 1 MiB (`x0` … `x63`) and 64 i64 `labels`, as
+/// `bench/torch_baseline.py` builds it too.
+pub fn batch_64x1mib(r: &mut impl Rng) -> HashMap<String, Tensor> {
+    let mut batch: HashMap<String, Tensor> = (0..64)
+        .map(|i| {
+            (
+                format!("x{i}"),
+                crate::random_tensor(r, DType::F32, &[1 << 18]),
+            )
+        })
+        .collect();
+    batch.insert("labels".into(), crate::random_tensor(r, DType::I64, &[64]));
+    batch
+}
 
 /// The median of `v` (the upper one for an even count).
 ///
