@@ -471,9 +471,13 @@ fn an_in_place_write_to_a_shared_block_waits_for_its_copy() {
         return;
     };
     let mut r = rng("an_in_place_write_to_a_shared_block_waits_for_its_copy");
-    let mut pinned = pinned_batch(&mut r, 3);
-    pinned[1] = random_tensor(&mut r, DType::I64, &[1 << 20]);
-    let mut pinned = pinned.pin_memory().unwrap();
+    let mut pinned = vec![
+        random_tensor(&mut r, DType::F32, &[1000]),
+        random_tensor(&mut r, DType::I64, &[1 << 20]),
+        random_tensor(&mut r, DType::U8, &[77]),
+    ]
+    .pin_memory()
+    .unwrap();
     let old: Vec<Vec<u8>> = pinned.iter().map(bytes_of).collect();
     hold_stream(copy_stream(&dev), 300);
     let on = pinned.to_device(&dev, true).unwrap();
@@ -488,5 +492,21 @@ fn an_in_place_write_to_a_shared_block_waits_for_its_copy() {
     let back = on.to_cpu(false).unwrap();
     for (o, b) in old.iter().zip(&back) {
         assert_eq!(o, &bytes_of(b), "the device got a mix");
+    }
+}
+
+#[test]
+fn batches_of_only_zero_size_tensors_move() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("batches_of_only_zero_size_tensors_move") else {
+        return;
+    };
+    let pageable = vec![Tensor::from_vec(Vec::<f32>::new(), &[0, 3]).unwrap()];
+    let pinned = pageable.pin_memory().unwrap();
+    for batch in [pageable, pinned] {
+        let on = batch.to_device(&dev, true).unwrap();
+        assert_eq!(on[0].placement(), Placement::Cuda(0));
+        let back = on.to_cpu(true).unwrap();
+        assert_eq!(back[0].shape(), &[0, 3]);
     }
 }

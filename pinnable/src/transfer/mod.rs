@@ -206,10 +206,9 @@ impl<'a> MoveContext<'a> {
 
     /// Reserves what the first walk measured: the arena and the staging block.
     fn reserve(&mut self) -> Result<()> {
-        let total = self.plan.lay_out();
-        if total == 0 {
+        let Some(total) = self.plan.lay_out() else {
             return Ok(());
-        }
+        };
         let (data, base) = match self.target.ordinal() {
             Some(_) => {
                 let buf = self.alloc_device(total)?;
@@ -363,6 +362,10 @@ impl<'a> MoveContext<'a> {
         if self.pass == Pass::Measure {
             self.plan.note_staged(bytes);
             return Ok(t.clone());
+        }
+        if bytes == 0 {
+            let at = self.plan.place_staged(0).unwrap_or(0);
+            return Ok(t.placed_in(self.part(None), at, true));
         }
         let src = t.host_src("to_device")?;
         let slot = self.plan.place_staged(bytes).and_then(|at| {

@@ -38,6 +38,8 @@ pub(super) struct Group {
 pub(super) struct Plan {
     /// Bytes of sources that need staging through pinned memory (pageable ones).
     pub(super) staged_bytes: usize,
+    /// How many tensors the first walk noted: zero-size ones too need an arena to be parts of.
+    tensors: usize,
     pub(super) groups: Vec<Group>,
     group_of: HashMap<usize, usize>,
     /// Where the arena's region for tensors placed one by one starts, and its end.
@@ -71,6 +73,7 @@ impl Plan {
             });
             groups.len() - 1
         });
+        self.tensors += 1;
         let g = &mut self.groups[index];
         g.span.start = g.span.start.min(span.start / PART_ALIGN * PART_ALIGN);
         g.span.end = g.span.end.max(span.end);
@@ -79,12 +82,17 @@ impl Plan {
 
     /// First walk: a source that needs staging takes `bytes`.
     pub(super) fn note_staged(&mut self, bytes: usize) {
+        self.tensors += 1;
         self.staged_bytes += part_align(bytes);
     }
 
     /// Lays out the arena: staged bytes first, then each mirrored group's span, then the
-    /// tensors placed one by one. Returns the arena's size.
-    pub(super) fn lay_out(&mut self) -> usize {
+    /// tensors placed one by one. Returns the arena's size, or `None` when the batch moves no
+    /// tensor (and needs no arena).
+    pub(super) fn lay_out(&mut self) -> Option<usize> {
+        if self.tensors == 0 {
+            return None;
+        }
         let mut end = self.staged_bytes;
         let mut singles = 0;
         for g in &mut self.groups {
@@ -98,7 +106,7 @@ impl Plan {
         }
         self.singles = end..end + singles;
         self.single_cursor = end;
-        self.singles.end
+        Some(self.singles.end)
     }
 
     /// Second walk: where a direct source touching `span` of its buffer goes.
