@@ -1,10 +1,71 @@
 //! Layout maths: row-major strides, the span a view touches, and strided host gathers.
 
+use std::ops::{Deref, DerefMut};
+
 use crate::error::{Error, Result};
 
+/// Dimensions held inline; a tensor of higher rank keeps its sizes and strides on the heap.
+const INLINE: usize = 6;
+
+/// A tensor's sizes or strides. Up to [`INLINE`] dimensions live inline, so cloning a tensor,
+/// taking a view or placing it in a batch allocates nothing for them.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Dims {
+    Inline { len: u8, dims: [usize; INLINE] },
+    Heap(Vec<usize>),
+}
+
+impl Dims {
+    /// `n` zeros.
+    pub(crate) fn zeros(n: usize) -> Dims {
+        if n <= INLINE {
+            Dims::Inline {
+                len: n as u8,
+                dims: [0; INLINE],
+            }
+        } else {
+            Dims::Heap(vec![0; n])
+        }
+    }
+}
+
+impl From<&[usize]> for Dims {
+    fn from(v: &[usize]) -> Dims {
+        let mut d = Dims::zeros(v.len());
+        d.copy_from_slice(v);
+        d
+    }
+}
+
+impl Deref for Dims {
+    type Target = [usize];
+
+    fn deref(&self) -> &[usize] {
+        match self {
+            Dims::Inline { len, dims } => &dims[..usize::from(*len)],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl DerefMut for Dims {
+    fn deref_mut(&mut self) -> &mut [usize] {
+        match self {
+            Dims::Inline { len, dims } => &mut dims[..usize::from(*len)],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self[..].fmt(f)
+    }
+}
+
 /// Row-major strides for `shape` and its element count, or an error if the count overflows.
-pub(crate) fn contiguous_strides(shape: &[usize]) -> Result<(Vec<usize>, usize)> {
-    let mut strides = vec![0; shape.len()];
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Result<(Dims, usize)> {
+    let mut strides = Dims::zeros(shape.len());
     let mut n: usize = 1;
     for (i, &d) in shape.iter().enumerate().rev() {
         strides[i] = n;

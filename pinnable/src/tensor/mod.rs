@@ -25,6 +25,7 @@ use crate::cuda::{Device, Event};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
+use layout::Dims;
 pub(crate) use layout::{HostSrc, contiguous_strides};
 pub use storage::HostBytes;
 pub(crate) use storage::{Data, DeviceBuffer, HostBuf, Ready, Storage};
@@ -80,9 +81,9 @@ impl fmt::Display for Placement {
 pub struct Tensor {
     storage: Arc<Storage>,
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Dims,
     /// In elements.
-    strides: Vec<usize>,
+    strides: Dims,
     /// In elements, from the start of the storage's buffer.
     offset: usize,
 }
@@ -193,7 +194,7 @@ impl Tensor {
         Ok(Tensor {
             storage,
             dtype,
-            shape: shape.to_vec(),
+            shape: Dims::from(shape),
             strides,
             offset: byte_offset / dtype.size(),
         })
@@ -377,7 +378,7 @@ impl Tensor {
             ));
         }
         let mut t = self.clone();
-        t.shape = shape.to_vec();
+        t.shape = Dims::from(shape);
         t.strides = strides;
         Ok(t)
     }

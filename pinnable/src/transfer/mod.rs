@@ -111,6 +111,7 @@ pub struct MoveContext<'a> {
     /// source storage (clones, views) share the result's too, so results that overlap are
     /// never two storages (see `Storage`).
     mirrored: HashMap<usize, Arc<Storage>>,
+    last_mirrored: Option<(usize, Arc<Storage>)>,
     copies: Copies,
 }
 
@@ -140,6 +141,7 @@ impl<'a> MoveContext<'a> {
             arena: None,
             reserved: 0,
             mirrored: HashMap::new(),
+            last_mirrored: None,
             copies: Copies::default(),
         };
         drop(f(&mut cx)?);
@@ -300,6 +302,31 @@ impl<'a> MoveContext<'a> {
         Storage::part(data, Some(self.ready.clone()))
     }
 
+    /// The result storage for a source moved inside a mirror: one per source storage, so
+    /// results that overlap share it (see `Storage`'s invariant).
+    fn mirrored_part(&mut self, t: &Tensor) -> Arc<Storage> {
+        if Arc::strong_count(t.storage()) == 1 {
+            // No other tensor holds this source storage, so no other result can overlap.
+            return self.part(None);
+        }
+        let key = Arc::as_ptr(t.storage()) as usize;
+        if let Some((last, storage)) = &self.last_mirrored
+            && *last == key
+        {
+            return storage.clone();
+        }
+        let storage = match self.mirrored.get(&key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = self.part(None);
+                self.mirrored.insert(key, s.clone());
+                s
+            }
+        };
+        self.last_mirrored = Some((key, storage.clone()));
+        storage
+    }
+
     /// Makes the copies wait for a source that is itself still being filled.
     fn wait_for(&mut self, t: &Tensor) {
         if let Some(event) = t.storage().ready_event()
@@ -324,18 +351,7 @@ impl<'a> MoveContext<'a> {
         }
         self.wait_for(t);
         let (storage, at) = match self.plan.place_direct(t, span.clone()) {
-            Slot::Mirrored(at) => {
-                let key = Arc::as_ptr(t.storage()) as usize;
-                let storage = match self.mirrored.get(&key) {
-                    Some(s) => s.clone(),
-                    None => {
-                        let s = self.part(None);
-                        self.mirrored.insert(key, s.clone());
-                        s
-                    }
-                };
-                (storage, at)
-            }
+            Slot::Mirrored(at) => (self.mirrored_part(t), at),
             Slot::Single(at) => {
                 let dst = self.arena.as_ref().expect("placed in the arena").at(at);
                 let copy = direct_copy(t.storage(), span, dst, self.target);
@@ -346,13 +362,14 @@ impl<'a> MoveContext<'a> {
                 let (data, dst) = self.own_destination(span.len())?;
                 let copy = direct_copy(t.storage(), span, dst, self.target);
                 self.copies.direct.push(copy);
+                // No group holds this source's buffer alive until the copy is issued.
+                self.copies.keep.push(t.storage().clone());
                 (self.part(Some(data)), 0)
             }
         };
         if let Data::Pinned(b) = &t.storage().data {
             self.copies.note_block(b);
         }
-        self.copies.keep.push(t.storage().clone());
         Ok(t.placed_in(storage, at, false))
     }
 

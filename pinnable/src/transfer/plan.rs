@@ -42,6 +42,9 @@ pub(super) struct Plan {
     tensors: usize,
     pub(super) groups: Vec<Group>,
     group_of: HashMap<usize, usize>,
+    /// The last buffer looked up and its group: a batch's tensors mostly come in runs from one
+    /// buffer, so most look-ups skip the map.
+    last: Option<(usize, usize)>,
     /// Where the arena's region for tensors placed one by one starts, and its end.
     singles: Range<usize>,
     single_cursor: usize,
@@ -63,16 +66,21 @@ impl Plan {
     /// First walk: a source the copy engine reads directly touches `span` of its buffer.
     pub(super) fn note_direct(&mut self, t: &Tensor, span: Range<usize>) {
         let id = t.storage().buffer_id();
-        let groups = &mut self.groups;
-        let index = *self.group_of.entry(id).or_insert_with(|| {
-            groups.push(Group {
-                storage: t.storage().clone(),
-                span: span.start / PART_ALIGN * PART_ALIGN..span.end,
-                used: 0,
-                mirror: None,
-            });
-            groups.len() - 1
-        });
+        let index = match self.group(id) {
+            Some(index) => index,
+            None => {
+                self.groups.push(Group {
+                    storage: t.storage().clone(),
+                    span: span.start / PART_ALIGN * PART_ALIGN..span.end,
+                    used: 0,
+                    mirror: None,
+                });
+                let index = self.groups.len() - 1;
+                self.group_of.insert(id, index);
+                self.last = Some((id, index));
+                index
+            }
+        };
         self.tensors += 1;
         let g = &mut self.groups[index];
         g.span.start = g.span.start.min(span.start / PART_ALIGN * PART_ALIGN);
@@ -109,9 +117,21 @@ impl Plan {
         Some(self.singles.end)
     }
 
+    /// The group of buffer `id`, if the first walk noted it.
+    fn group(&mut self, id: usize) -> Option<usize> {
+        match self.last {
+            Some((last, index)) if last == id => Some(index),
+            _ => {
+                let index = *self.group_of.get(&id)?;
+                self.last = Some((id, index));
+                Some(index)
+            }
+        }
+    }
+
     /// Second walk: where a direct source touching `span` of its buffer goes.
     pub(super) fn place_direct(&mut self, t: &Tensor, span: Range<usize>) -> Slot {
-        let Some(&index) = self.group_of.get(&t.storage().buffer_id()) else {
+        let Some(index) = self.group(t.storage().buffer_id()) else {
             return Slot::Outside;
         };
         let g = &self.groups[index];
