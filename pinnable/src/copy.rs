@@ -15,6 +15,8 @@ use crate::tensor::HostSrc;
 
 /// Below this many bytes in total, copies run on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
+/// A copy thread is woken only for about this many bytes or more.
+const WAKE_MIN_BYTES: usize = 512 << 10;
 /// The smallest piece a copy is cut into for the workers.
 const MIN_PIECE: usize = 256 << 10;
 /// The largest piece: small enough that device copies of finished pieces start early.
@@ -58,6 +60,11 @@ impl Piece {
             .filter(|_| self.part.is_none())
             .map(|i| (i, 0..copies[i].src.bytes()));
         part.into_iter().chain(whole).filter(|(_, r)| !r.is_empty())
+    }
+
+    /// The bytes this piece copies.
+    fn bytes(&self, copies: &[HostCopy]) -> usize {
+        self.writes(copies).map(|(_, r)| r.len()).sum()
     }
 
     /// Runs the piece.
@@ -204,7 +211,9 @@ pub(crate) unsafe fn run_pieces(
         done: Condvar::new(),
         error: Mutex::new(None),
     });
-    let helpers = (pieces.len() - 1).min(threads);
+    // Waking a thread costs more than it saves unless it gets enough to copy.
+    let total: usize = pieces.iter().map(|p| p.bytes(copies)).sum();
+    let helpers = (pieces.len() - 1).min(threads).min(total / WAKE_MIN_BYTES);
     workers.start(&job, helpers);
     job.work();
     let mut remaining = job.remaining.lock().unwrap_or_else(|e| e.into_inner());

@@ -90,6 +90,9 @@ pub(super) struct Copies {
     pub(super) keep: Vec<Arc<Storage>>,
     /// Pinned blocks the copies read or write: each gets the ready event.
     pub(super) blocks: Vec<Arc<PinnedBlock>>,
+    /// How many of `direct` and `waits` are already issued.
+    pub(super) direct_issued: usize,
+    pub(super) waits_issued: usize,
 }
 
 impl Copies {
@@ -106,33 +109,91 @@ impl Copies {
 }
 
 impl MoveContext<'_> {
-    /// Issues every planned copy, records the ready event and hands it to the results.
-    pub(super) fn issue(self) -> Result<()> {
-        let copies = self.copies;
-        if copies.is_empty() {
+    /// The device whose copy stream carries this move: the target's, or for a move to the
+    /// host, the first source's (`None` before any copy to the host is planned).
+    fn stream_device(&self) -> Result<Option<Arc<CudaDevice>>> {
+        Ok(match self.target.ordinal() {
+            Some(_) => Some(self.target.cuda_device("to_device")?.clone()),
+            None => self
+                .copies
+                .direct
+                .first()
+                .and_then(|c| c.src_device().cloned()),
+        })
+    }
+
+    /// Issues the waits and direct copies planned so far and not yet issued. Called right
+    /// after the reservation, it starts the mirrors' copies, which then run while the second
+    /// walk places the tensors.
+    pub(super) fn launch(&mut self) -> Result<()> {
+        let c = &self.copies;
+        if c.direct_issued == c.direct.len() && c.waits_issued == c.waits.len() {
             return Ok(());
         }
-        // Copies to the host run on the source device's copy stream; everything else on the
-        // target's.
-        let dev: Arc<CudaDevice> = match self.target.ordinal() {
-            Some(_) => self.target.cuda_device("to_device")?.clone(),
-            None => copies.direct[0]
-                .src_device()
-                .expect("a copy to the host reads a device")
-                .clone(),
+        let Some(dev) = self.stream_device()? else {
+            return Ok(());
         };
-        let stream = &dev.copy_stream;
         dev.ctx
             .bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        for w in &copies.waits {
-            w.wait_on(stream)?;
+        let c = &mut self.copies;
+        for w in &c.waits[c.waits_issued..] {
+            w.wait_on(&dev.copy_stream)?;
         }
-        issue_direct(&dev, &copies.direct)?;
+        c.waits_issued = c.waits.len();
+        // Counted as issued before the call: on an error some may have been enqueued, and
+        // `fence_launched` must then guard every block they might read.
+        let from = std::mem::replace(&mut c.direct_issued, c.direct.len());
+        issue_direct(&dev, &c.direct[from..])
+    }
+
+    /// After an error once copies were launched: records their completion on every block they
+    /// read or write, so the pool neither reuses nor hands out those blocks while they run.
+    pub(super) fn fence_launched(&self) {
+        if self.copies.direct_issued == 0 && self.copies.staged.is_empty() {
+            return;
+        }
+        let Ok(Some(dev)) = self.stream_device() else {
+            return;
+        };
+        match dev.record() {
+            Ok(event) => {
+                let event = Arc::new(event);
+                for b in &self.copies.blocks {
+                    b.record_use(event.clone() as Arc<dyn Fence>);
+                }
+            }
+            // Without an event to record, wait for the copies here instead.
+            Err(_) => drop(dev.copy_stream.synchronize()),
+        }
+    }
+
+    /// Issues every copy not yet issued, records the ready event and hands it to the results.
+    pub(super) fn issue(mut self) -> Result<()> {
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.launch() {
+            self.fence_launched();
+            return Err(e);
+        }
+        let dev = self.stream_device()?.expect("copies are planned");
+        let copies = &self.copies;
         if !copies.staged.is_empty() {
-            stage_and_send(&dev, &copies.staged, &copies.staged_dst)?;
+            if let Err(e) = stage_and_send(&dev, &copies.staged, &copies.staged_dst) {
+                self.fence_launched();
+                return Err(e);
+            }
         }
-        let event = Arc::new(dev.record()?);
+        let event = match dev.record() {
+            Ok(event) => Arc::new(event),
+            Err(e) => {
+                // The copies cannot be fenced by an event: wait for them before the blocks
+                // they read go back to the pool.
+                drop(dev.copy_stream.synchronize());
+                return Err(e);
+            }
+        };
         for b in &copies.blocks {
             b.record_use(event.clone() as Arc<dyn Fence>);
         }

@@ -148,9 +148,17 @@ impl<'a> MoveContext<'a> {
         cx.reserve()?;
         cx.pass = Pass::Build;
         cx.path = FieldPath::new();
-        let value = f(&mut cx)?;
-        cx.issue()?;
-        Ok(value)
+        let built = cx.launch().and_then(|()| f(&mut cx));
+        match built {
+            Ok(value) => {
+                cx.issue()?;
+                Ok(value)
+            }
+            Err(e) => {
+                cx.fence_launched();
+                Err(e)
+            }
+        }
     }
 
     /// The device tensors are moved to.
@@ -345,11 +353,12 @@ impl<'a> MoveContext<'a> {
     /// Its span is copied (a strided view keeps its strides).
     fn direct(&mut self, t: &Tensor) -> Result<Tensor> {
         let span = t.byte_span();
+        // Noted in both walks: mirrors are copied right after the first one.
+        self.wait_for(t);
         if self.pass == Pass::Measure {
             self.plan.note_direct(t, span);
             return Ok(t.clone());
         }
-        self.wait_for(t);
         let (storage, at) = match self.plan.place_direct(t, span.clone()) {
             Slot::Mirrored(at) => (self.mirrored_part(t), at),
             Slot::Single(at) => {
