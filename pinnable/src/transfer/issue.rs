@@ -164,7 +164,9 @@ impl MoveContext<'_> {
                 }
             }
             // Without an event to record, wait for the copies here instead.
-            Err(_) => drop(dev.copy_stream.synchronize()),
+            Err(_) => {
+                let _ = dev.copy_stream.synchronize();
+            }
         }
     }
 
@@ -179,18 +181,18 @@ impl MoveContext<'_> {
         }
         let dev = self.stream_device()?.expect("copies are planned");
         let copies = &self.copies;
-        if !copies.staged.is_empty() {
-            if let Err(e) = stage_and_send(&dev, &copies.staged, &copies.staged_dst) {
-                self.fence_launched();
-                return Err(e);
-            }
+        if !copies.staged.is_empty()
+            && let Err(e) = stage_and_send(&dev, &copies.staged, &copies.staged_dst)
+        {
+            self.fence_launched();
+            return Err(e);
         }
         let event = match dev.record() {
             Ok(event) => Arc::new(event),
             Err(e) => {
                 // The copies cannot be fenced by an event: wait for them before the blocks
                 // they read go back to the pool.
-                drop(dev.copy_stream.synchronize());
+                let _ = dev.copy_stream.synchronize();
                 return Err(e);
             }
         };
