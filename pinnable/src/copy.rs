@@ -16,7 +16,7 @@ use crate::tensor::HostSrc;
 /// Below this many bytes in total, copies run on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// A copy thread is woken only for about this many bytes or more.
-const WAKE_MIN_BYTES: usize = 512 << 10;
+const WAKE_MIN_BYTES: usize = 1 << 20;
 /// The smallest piece a copy is cut into for the workers.
 const MIN_PIECE: usize = 256 << 10;
 /// The largest piece: small enough that device copies of finished pieces start early.

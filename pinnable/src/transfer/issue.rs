@@ -18,15 +18,16 @@ use crate::error::{Error, Result};
 use crate::tensor::{DeviceBuffer, Storage};
 
 /// Staged bytes are sent to the device in copies of at least this many bytes (the last one
-/// excepted): 8 MiB, or `PINNABLE_STAGE_CHUNK` bytes.
-fn chunk() -> usize {
-    static CHUNK: OnceLock<usize> = OnceLock::new();
-    *CHUNK.get_or_init(|| {
+/// excepted): a quarter of the batch's staged bytes, between 1 and 8 MiB, so a small batch's
+/// device copies also start while it is staged; or `PINNABLE_STAGE_CHUNK` bytes.
+fn chunk(staged_bytes: usize) -> usize {
+    static CHUNK: OnceLock<Option<usize>> = OnceLock::new();
+    let forced = *CHUNK.get_or_init(|| {
         std::env::var("PINNABLE_STAGE_CHUNK")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(8 << 20)
-    })
+    });
+    forced.unwrap_or((staged_bytes / 4).clamp(1 << 20, 8 << 20))
 }
 
 /// Which way a direct copy goes.
@@ -46,6 +47,9 @@ pub(super) struct DirectCopy {
     pub(super) src: u64,
     pub(super) dst: u64,
     pub(super) bytes: usize,
+    /// Identifies the source buffer: only copies from one buffer merge (two allocations may
+    /// happen to be neighbours in memory, but no copy may span both).
+    pub(super) src_id: usize,
     /// The source buffer, for device sources: peer copies name its device, and a copy issued on
     /// another device's stream is recorded as a reader of it.
     pub(super) src_buffer: Option<Arc<DeviceBuffer>>,
@@ -59,14 +63,9 @@ impl DirectCopy {
     /// Extends `self` over `next` when `next` continues it in both source and destination
     /// memory (with at most alignment padding between them).
     fn absorb(&mut self, next: &DirectCopy) -> bool {
-        let same_source = match (self.src_device(), next.src_device()) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
         let end = self.src + self.bytes as u64;
         let mergeable = self.dir == next.dir
-            && same_source
+            && self.src_id == next.src_id
             && next.src >= end
             && next.src - end < PART_ALIGN as u64
             && next.src.wrapping_sub(self.src) == next.dst.wrapping_sub(self.dst);
@@ -311,6 +310,7 @@ fn stage_and_send(
 ) -> Result<()> {
     let stream = &dev.copy_stream;
     let pieces = copy::plan(staged);
+    let chunk = chunk(staged.iter().map(|c| c.src.bytes()).sum());
     let frontier = Mutex::new(Frontier {
         done: vec![false; pieces.len()],
         next: 0,
@@ -346,7 +346,7 @@ fn stage_and_send(
                 if !merged && let Some(run) = f.pending.replace(piece) {
                     send(run)?;
                 }
-                if f.pending.as_ref().is_some_and(|r| r.bytes >= chunk()) {
+                if f.pending.as_ref().is_some_and(|r| r.bytes >= chunk) {
                     send(f.pending.take().expect("checked"))?;
                 }
             }
@@ -369,5 +369,39 @@ fn check_cu(r: sys::CUresult, call: &'static str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::driver(call, cudarc::driver::DriverError(r)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(src: u64, dst: u64, bytes: usize, src_id: usize) -> DirectCopy {
+        DirectCopy {
+            dir: Dir::HtoD,
+            src,
+            dst,
+            bytes,
+            src_id,
+            src_buffer: None,
+        }
+    }
+
+    #[test]
+    fn neighbouring_copies_of_one_buffer_merge_across_padding() {
+        let mut a = copy(4096, 1 << 20, 1000, 7);
+        assert!(a.absorb(&copy(4096 + 1024, (1 << 20) + 1024, 500, 7)));
+        assert_eq!(a.bytes, 1524);
+        // A different shift between source and destination: no merge.
+        assert!(!a.absorb(&copy(4096 + 1536, (1 << 20) + 2048, 10, 7)));
+        // A gap of a whole alignment unit or more: no merge.
+        assert!(!a.absorb(&copy(4096 + 1524 + 256, (1 << 20) + 1524 + 256, 10, 7)));
+    }
+
+    #[test]
+    fn copies_of_two_buffers_never_merge_even_when_adjacent() {
+        let mut a = copy(4096, 1 << 20, 4096, 1);
+        assert!(!a.absorb(&copy(8192, (1 << 20) + 4096, 4096, 2)));
+        assert_eq!(a.bytes, 4096);
     }
 }

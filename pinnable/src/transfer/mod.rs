@@ -438,6 +438,7 @@ fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device
     };
     DirectCopy {
         dir,
+        src_id: src.buffer_id(),
         src: base + span.start as u64,
         dst,
         bytes: span.len(),
