@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use pinnable::check::{self, TensorMeta};
 use pinnable::{
-    DType, Device, MoveContext, PinContext, Pinnable, Placement, Result, Tensor, ToDevice,
+    DType, Device, MoveContext, PinContext, Pinnable, Placement, Result, Tensor, ToDevice, Walk,
 };
 use pinnable_harness::{bytes_of, random_tensor, rng};
 use rand::Rng;

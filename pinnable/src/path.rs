@@ -85,8 +85,22 @@ impl fmt::Display for FieldPath {
 /// [`MoveContext`](crate::MoveContext): each runs `f` with one more segment on the path,
 /// so errors raised inside name the field.
 pub trait Walk {
+    /// Where in the batch the current value sits.
+    fn path(&self) -> &FieldPath;
+
     /// The path being built.
     fn path_mut(&mut self) -> &mut FieldPath;
+
+    /// An error about the current value, carrying its field path.
+    fn error(&self, message: impl Into<String>) -> crate::Error
+    where
+        Self: Sized,
+    {
+        crate::Error::Field {
+            path: self.path().to_string(),
+            message: message.into(),
+        }
+    }
 
     /// Runs `f` inside `segment`.
     fn scope<R>(&mut self, segment: Segment, f: impl FnOnce(&mut Self) -> R) -> R

@@ -6,7 +6,7 @@ use crate::alloc::{PinnedBlock, PinnedPool};
 use crate::batch::part_align;
 use crate::check;
 use crate::copy::{self, HostCopy};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::path::{FieldPath, Walk};
 use crate::tensor::{Data, Storage, Tensor};
 
@@ -55,7 +55,7 @@ pub trait Pinnable: Sized {
     ///
     /// # Errors
     ///
-    /// [`Error::NotDenseCpu`] for a tensor that is not dense host data, naming its field;
+    /// [`Error::NotDenseCpu`](crate::Error::NotDenseCpu) for a tensor that is not dense host data, naming its field;
     /// allocation errors from the pool.
     fn pin_memory(&self) -> Result<Self> {
         self.pin_memory_in(PinnedPool::global())
@@ -142,25 +142,12 @@ impl<'a> PinContext<'a> {
         self.pool
     }
 
-    /// Where in the batch the current value sits.
-    pub fn path(&self) -> &FieldPath {
-        &self.path
-    }
-
-    /// An error about the current value, carrying its field path.
-    pub fn error(&self, message: impl Into<String>) -> Error {
-        Error::Field {
-            path: self.path.to_string(),
-            message: message.into(),
-        }
-    }
-
     /// Pins one tensor: already-pinned tensors are shared; dense host tensors get a contiguous
     /// copy in the batch's block (filled when [`run`](Self::run) finishes).
     ///
     /// # Errors
     ///
-    /// [`Error::NotDenseCpu`] for a device tensor; allocation errors from the pool.
+    /// [`Error::NotDenseCpu`](crate::Error::NotDenseCpu) for a device tensor; allocation errors from the pool.
     pub fn pin_tensor(&mut self, t: &Tensor) -> Result<Tensor> {
         if t.is_pinned() {
             return Ok(t.clone());
@@ -190,6 +177,10 @@ impl<'a> PinContext<'a> {
 }
 
 impl Walk for PinContext<'_> {
+    fn path(&self) -> &FieldPath {
+        &self.path
+    }
+
     fn path_mut(&mut self) -> &mut FieldPath {
         &mut self.path
     }

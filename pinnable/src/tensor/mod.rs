@@ -1,6 +1,6 @@
 //! The dense, strided, dtype-tagged tensor that batches are made of.
 //!
-//! A tensor is a view (shape, strides, offset) over [storage](Storage). Pageable storage belongs
+//! A tensor is a view (shape, strides, offset) over storage. Pageable storage belongs
 //! to one tensor and its views. Pinned and device storage is a *part* of a shared buffer: every
 //! tensor of a pinned batch is a part of one pinned block, every tensor of a moved batch a part
 //! of one device allocation, so a batch moves with one copy.
@@ -12,6 +12,7 @@
 //! writes in place when no clone or view shares the part, and into a private copy otherwise; in
 //! place, it first waits for the copies still reading the block.
 
+mod host;
 mod layout;
 mod pinned;
 mod storage;
@@ -119,62 +120,6 @@ impl Tensor {
     pub fn from_vec1<T: Element>(data: Vec<T>) -> Tensor {
         let n = data.len();
         Tensor::from_vec(data, &[n]).expect("a vector's length is its own shape")
-    }
-
-    /// A contiguous tensor of `dtype` and `shape` viewing `owner`'s bytes from `byte_offset`,
-    /// without a copy (a memory-mapped array, another library's buffer). The tensor keeps
-    /// `owner` alive and only reads it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Shape`] if the bytes are too few for the shape, or the first element is not
-    /// aligned for `dtype`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use pinnable::{DType, Tensor};
-    ///
-    /// let bytes: Vec<u8> = (0..16).collect();
-    /// let t = Tensor::from_host_bytes(Arc::new(bytes), DType::U8, &[2, 4], 8)?;
-    /// assert_eq!(t.to_vec::<u8>()?, (8..16).collect::<Vec<u8>>());
-    /// # Ok::<(), pinnable::Error>(())
-    /// ```
-    pub fn from_host_bytes(
-        owner: Arc<dyn HostBytes>,
-        dtype: DType,
-        shape: &[usize],
-        byte_offset: usize,
-    ) -> Result<Tensor> {
-        let (_, n) = contiguous_strides(shape)?;
-        let have = owner.host_bytes();
-        let need = n
-            .checked_mul(dtype.size())
-            .and_then(|b| b.checked_add(byte_offset));
-        if need.is_none_or(|need| need > have.len()) {
-            return Err(Error::Shape(format!(
-                "{shape:?} {dtype} elements from byte {byte_offset} do not fit in {} bytes",
-                have.len()
-            )));
-        }
-        let addr = have.as_ptr() as usize + byte_offset;
-        if !addr.is_multiple_of(dtype.size()) {
-            return Err(Error::Shape(format!(
-                "{dtype} elements must start at a multiple of {} bytes; byte {byte_offset} of \
-                 this buffer does not",
-                dtype.size()
-            )));
-        }
-        if dtype == DType::Bool && have[byte_offset..byte_offset + n].iter().any(|&b| b > 1) {
-            return Err(Error::Shape("bool elements must be 0 or 1".into()));
-        }
-        Tensor::at(
-            Arc::new(Storage::new(Data::External(owner))),
-            dtype,
-            shape,
-            byte_offset,
-        )
     }
 
     /// A contiguous tensor of `shape` at the start of `storage`.
@@ -381,138 +326,6 @@ impl Tensor {
         t.shape = Dims::from(shape);
         t.strides = strides;
         Ok(t)
-    }
-
-    /// A contiguous copy in pageable host memory (or `self` if already contiguous on the host).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::WrongPlacement`] for a device tensor.
-    pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() && self.placement().is_host() {
-            return Ok(self.clone());
-        }
-        self.contiguous_copy()
-    }
-
-    /// Where the host bytes are, for copies; waits for a pending copy into them first.
-    pub(crate) fn host_src(&self, op: &'static str) -> Result<HostSrc> {
-        let Some(base) = self.storage.host_ptr() else {
-            return Err(Error::WrongPlacement {
-                op,
-                needs: "a host tensor (move it with `to_cpu` first)",
-                placement: self.placement().to_string(),
-            });
-        };
-        self.storage.wait_ready()?;
-        let elem = self.dtype.size();
-        // SAFETY: the offset lies within the storage (views are checked when made).
-        let src = unsafe { base.add(self.byte_offset()) };
-        Ok(HostSrc::new(src, elem, &self.shape, &self.strides))
-    }
-
-    pub(crate) fn check_dtype<T: Element>(&self) -> Result<()> {
-        if T::DTYPE != self.dtype {
-            return Err(Error::DTypeMismatch {
-                actual: self.dtype,
-                requested: T::DTYPE,
-            });
-        }
-        Ok(())
-    }
-
-    /// The elements in row-major order. Waits for a pending copy into the tensor first.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::DTypeMismatch`] if `T` is not the dtype; [`Error::WrongPlacement`] for a device
-    /// tensor (move it with [`to_cpu`](crate::ToDevice::to_cpu) first).
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        self.check_dtype::<T>()?;
-        let src = self.host_src("to_vec")?;
-        let n = self.numel();
-        let mut out: Vec<T> = Vec::with_capacity(n);
-        // SAFETY: `out` has room for `n` elements = `nbytes` bytes; `gather` writes all of them
-        // with values of dtype `T` (checked above), after which the length is set.
-        unsafe {
-            src.gather(out.as_mut_ptr().cast());
-            out.set_len(n);
-        }
-        Ok(out)
-    }
-
-    /// The elements as a slice, for a contiguous host tensor. Waits for a pending copy first.
-    ///
-    /// # Errors
-    ///
-    /// As [`to_vec`](Self::to_vec), and [`Error::Shape`] for a non-contiguous view.
-    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
-        self.check_dtype::<T>()?;
-        let src = self.host_src("as_slice")?;
-        if !self.is_contiguous() {
-            return Err(Error::Shape(
-                "as_slice needs a contiguous tensor; use to_vec or contiguous() for a view".into(),
-            ));
-        }
-        // SAFETY: the storage holds `numel` elements of `T` from `src.ptr`, aligned (storage is
-        // aligned for its dtype and the offset is a whole number of elements); no one writes
-        // them while `&self` lives, since writes need `&mut Tensor` and a unique part.
-        Ok(unsafe { std::slice::from_raw_parts(src.ptr.cast(), self.numel()) })
-    }
-
-    /// The elements as a mutable slice.
-    ///
-    /// If a clone or view shares this tensor's storage, or the tensor is a non-contiguous view,
-    /// the tensor first gets its own contiguous copy (in the same kind of memory), so other
-    /// tensors never see the write. Otherwise it writes in place, also inside a block shared
-    /// with other tensors of its batch (each owns its own bytes there); if copies to a device
-    /// are still reading that block, this first waits for them, so they move the old values,
-    /// never a mix.
-    ///
-    /// # Errors
-    ///
-    /// As [`as_slice`](Self::as_slice), plus allocation errors when a private copy is made.
-    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
-        self.check_dtype::<T>()?;
-        let placement = self.placement();
-        if !placement.is_host() {
-            return Err(Error::WrongPlacement {
-                op: "as_mut_slice",
-                needs: "a host tensor (move it with `to_cpu` first)",
-                placement: placement.to_string(),
-            });
-        }
-        let external = matches!(self.storage.data, Data::External(_));
-        if external || !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
-            *self = match placement {
-                Placement::Pinned => self.to_own_block()?,
-                _ => self.contiguous_copy()?,
-            };
-        }
-        self.storage.wait_ready()?;
-        let n = self.numel();
-        let offset = self.byte_offset();
-        let storage = Arc::get_mut(&mut self.storage).expect("made unique above");
-        let base = match &mut storage.data {
-            Data::Host(h) => h.as_ptr(),
-            Data::Pinned(b) => {
-                b.wait_uses();
-                b.as_ptr()
-            }
-            Data::Device(_) | Data::External(_) => unreachable!("made private above"),
-        };
-        // SAFETY: this tensor alone refers to its storage, whose part of the buffer no other
-        // storage covers (parts of a shared block never overlap), so `&mut self` is exclusive
-        // over these `n` aligned elements of `T`; no copy still reads them.
-        Ok(unsafe { std::slice::from_raw_parts_mut(base.add(offset).cast(), n) })
-    }
-
-    fn contiguous_copy(&self) -> Result<Tensor> {
-        let src = self.host_src("contiguous")?;
-        let buf = HostBuf::zeroed(self.nbytes());
-        // SAFETY: `buf` has `nbytes` writable bytes; the source is live (held by `self`).
-        unsafe { src.gather(buf.as_ptr()) };
-        Tensor::from_storage(Storage::new(Data::Host(buf)), self.dtype, &self.shape)
     }
 
     /// The event that completes when the asynchronous copy that produced this tensor is done;

@@ -176,19 +176,6 @@ impl<'a> MoveContext<'a> {
         self.pool
     }
 
-    /// Where in the batch the current value sits.
-    pub fn path(&self) -> &FieldPath {
-        &self.path
-    }
-
-    /// An error about the current value, carrying its field path.
-    pub fn error(&self, message: impl Into<String>) -> Error {
-        Error::Field {
-            path: self.path.to_string(),
-            message: message.into(),
-        }
-    }
-
     /// Moves one tensor: takes its place in the batch's reservation and plans its copy.
     ///
     /// # Errors
@@ -447,6 +434,10 @@ fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device
 }
 
 impl Walk for MoveContext<'_> {
+    fn path(&self) -> &FieldPath {
+        &self.path
+    }
+
     fn path_mut(&mut self) -> &mut FieldPath {
         &mut self.path
     }
