@@ -49,6 +49,7 @@ for line in open(src):
     shutil.copy2(m["executable"], os.path.join(out, dest, name))
 PY
 cp bench/torch_baseline.py "$out/" 2>/dev/null || true
+cp bench/kernels/batch.cu "$out/kernels.cu"
 
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -69,6 +70,10 @@ if [ "$what" = all ] || [ "$what" = examples ]; then
   for e in examples/*; do run "$e"; done
 fi
 if [ "$what" = all ] || [ "$what" = benches ]; then
+  # The benches' kernels, compiled here to PTX when a CUDA compiler is present.
+  if command -v nvcc >/dev/null; then
+    nvcc -ptx kernels.cu -o /tmp/pinnable-kernels.ptx && export PINNABLE_KERNELS_PTX=/tmp/pinnable-kernels.ptx
+  fi
   if [ -f torch_baseline.py ] && command -v python3 >/dev/null; then
     run python3 torch_baseline.py --out "$PINNABLE_BENCH_OUT/torch.txt"
   fi

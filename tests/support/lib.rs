@@ -2,6 +2,7 @@
 //! GPU-or-skip gate. Not published.
 
 pub mod bench;
+pub mod kernels;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

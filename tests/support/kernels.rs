@@ -1,0 +1,104 @@
+//! The benches' kernels (`bench/kernels/batch.cu`), loaded from the PTX that the bundle's
+//! `run.sh` compiles on the GPU machine and names in `PINNABLE_KERNELS_PTX`.
+
+use std::ffi::{CString, c_void};
+
+use cudarc::driver::{CudaStream, result, sys};
+use pinnable::Device;
+
+/// The loaded kernels of one device.
+pub struct Kernels {
+    read_sum: sys::CUfunction,
+    spin: sys::CUfunction,
+}
+
+impl Kernels {
+    /// Loads the kernels into `dev`'s context, or `None` (printing why) when
+    /// `PINNABLE_KERNELS_PTX` is unset or the PTX does not load.
+    pub fn load(dev: &Device) -> Option<Kernels> {
+        let path = std::env::var("PINNABLE_KERNELS_PTX").ok()?;
+        let ptx = match std::fs::read(&path) {
+            Ok(mut bytes) => {
+                bytes.push(0);
+                bytes
+            }
+            Err(e) => {
+                println!("kernels: cannot read {path}: {e}");
+                return None;
+            }
+        };
+        dev.cuda_context()?.bind_to_thread().ok()?;
+        // SAFETY: `ptx` is a NUL-terminated PTX image; the module lives for the process.
+        let module = match unsafe { result::module::load_data(ptx.as_ptr().cast()) } {
+            Ok(m) => m,
+            Err(e) => {
+                println!("kernels: the PTX did not load: {:?}", e.0);
+                return None;
+            }
+        };
+        let get = |name: &str| {
+            // SAFETY: the module was just loaded and is never unloaded.
+            unsafe { result::module::get_function(module, CString::new(name).ok()?) }.ok()
+        };
+        Some(Kernels {
+            read_sum: get("read_sum")?,
+            spin: get("spin")?,
+        })
+    }
+
+    /// Enqueues a read of `n` f32 values at `x` on `stream`, summed into the f32 at `out`.
+    ///
+    /// # Panics
+    ///
+    /// If the launch fails (a bench failure).
+    pub fn read_sum(
+        &self,
+        stream: &CudaStream,
+        x: sys::CUdeviceptr,
+        n: usize,
+        out: sys::CUdeviceptr,
+    ) {
+        let (mut x, mut n, mut out) = (x, n as u64, out);
+        let mut params: [*mut c_void; 3] = [
+            (&raw mut x).cast(),
+            (&raw mut n).cast(),
+            (&raw mut out).cast(),
+        ];
+        let blocks = (n as usize).div_ceil(256 * 8).clamp(1, 132 * 8) as u32;
+        // SAFETY: the parameters match the kernel's signature and outlive the launch call; the
+        // caller passes device addresses valid for `n` reads and one write.
+        unsafe {
+            result::launch_kernel(
+                self.read_sum,
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .expect("launch read_sum");
+    }
+
+    /// Enqueues `ns` nanoseconds of busy GPU time on `stream`.
+    ///
+    /// # Panics
+    ///
+    /// If the launch fails (a bench failure).
+    pub fn spin(&self, stream: &CudaStream, ns: u64) {
+        let mut ns = ns;
+        let mut params: [*mut c_void; 1] = [(&raw mut ns).cast()];
+        // SAFETY: one u64 parameter, as the kernel declares, alive during the call.
+        unsafe {
+            result::launch_kernel(
+                self.spin,
+                (1, 1, 1),
+                (1, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .expect("launch spin");
+    }
+}
