@@ -235,6 +235,10 @@ impl<'a> MoveContext<'a> {
             staging,
         };
         for g in &self.plan.groups {
+            // Every group's block is read by this move's copies: it gets the ready event.
+            if let Data::Pinned(b) = &g.storage.data {
+                self.copies.blocks.push(b.clone());
+            }
             if let Some(at) = g.mirror {
                 self.copies.direct.push(direct_copy(
                     &g.storage,
@@ -242,9 +246,6 @@ impl<'a> MoveContext<'a> {
                     arena.at(at),
                     self.target,
                 ));
-                if let Data::Pinned(b) = &g.storage.data {
-                    self.copies.blocks.push(b.clone());
-                }
             }
         }
         self.arena = Some(arena);
@@ -358,14 +359,15 @@ impl<'a> MoveContext<'a> {
                 let (data, dst) = self.own_destination(span.len())?;
                 let copy = direct_copy(t.storage(), span, dst, self.target);
                 self.copies.direct.push(copy);
-                // No group holds this source's buffer alive until the copy is issued.
+                // No group holds this source's buffer alive until the copy is issued, nor
+                // noted its block.
                 self.copies.keep.push(t.storage().clone());
+                if let Data::Pinned(b) = &t.storage().data {
+                    self.copies.note_block(b);
+                }
                 (self.part(Some(data)), 0)
             }
         };
-        if let Data::Pinned(b) = &t.storage().data {
-            self.copies.note_block(b);
-        }
         Ok(t.placed_in(storage, at, false))
     }
 
