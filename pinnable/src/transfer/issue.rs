@@ -20,7 +20,7 @@ use crate::tensor::{DeviceBuffer, Storage};
 /// Staged bytes are sent to the device in copies of at least this many bytes (the last one
 /// excepted): a quarter of the batch's staged bytes, between 1 and 8 MiB, so a small batch's
 /// device copies also start while it is staged; or `PINNABLE_STAGE_CHUNK` bytes.
-pub(super) fn chunk(staged_bytes: usize) -> usize {
+fn chunk(staged_bytes: usize) -> usize {
     static CHUNK: OnceLock<Option<usize>> = OnceLock::new();
     let forced = *CHUNK.get_or_init(|| {
         std::env::var("PINNABLE_STAGE_CHUNK")
@@ -92,10 +92,6 @@ pub(super) struct Copies {
     /// How many of `direct` and `waits` are already issued.
     pub(super) direct_issued: usize,
     pub(super) waits_issued: usize,
-    /// Staged bytes the walk copied itself that are not sent yet.
-    landed: Option<Run>,
-    /// Whether any of those were sent already.
-    landed_sent: bool,
 }
 
 impl Copies {
@@ -107,11 +103,7 @@ impl Copies {
     }
 
     fn is_empty(&self) -> bool {
-        self.direct.is_empty() && self.staged.is_empty() && !self.has_landed()
-    }
-
-    fn has_landed(&self) -> bool {
-        self.landed_sent || self.landed.is_some()
+        self.direct.is_empty() && self.staged.is_empty()
     }
 }
 
@@ -154,47 +146,10 @@ impl MoveContext<'_> {
         issue_direct(&dev, &c.direct[from..])
     }
 
-    /// Second walk: `bytes` of staging at `stage` were written and go to `dst` in the arena.
-    /// They are sent with the runs before them once a chunk has landed.
-    pub(super) fn landed(&mut self, stage: *mut u8, dst: u64, bytes: usize) -> Result<()> {
-        let run = Run {
-            src: stage,
-            dst,
-            bytes,
-            mergeable: true,
-        };
-        let merged = self.copies.landed.as_mut().is_some_and(|r| r.absorb(&run));
-        if !merged && let Some(full) = self.copies.landed.replace(run) {
-            self.send_landed(full)?;
-        }
-        if self
-            .copies
-            .landed
-            .as_ref()
-            .is_some_and(|r| r.bytes >= chunk(self.plan.staged_bytes))
-        {
-            let full = self.copies.landed.take().expect("checked");
-            self.send_landed(full)?;
-        }
-        Ok(())
-    }
-
-    fn send_landed(&mut self, run: Run) -> Result<()> {
-        let dev = self.target.cuda_device("to_device")?.clone();
-        if !self.copies.landed_sent {
-            dev.ctx
-                .bind_to_thread()
-                .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        }
-        self.copies.landed_sent = true;
-        send_run(&dev, run)
-    }
-
     /// After an error once copies were launched: records their completion on every block they
     /// read or write, so the pool neither reuses nor hands out those blocks while they run.
     pub(super) fn fence_launched(&self) {
-        let c = &self.copies;
-        if c.direct_issued == 0 && c.staged.is_empty() && !c.landed_sent {
+        if self.copies.direct_issued == 0 && self.copies.staged.is_empty() {
             return;
         }
         let Ok(Some(dev)) = self.stream_device() else {
@@ -220,12 +175,6 @@ impl MoveContext<'_> {
             return Ok(());
         }
         if let Err(e) = self.launch() {
-            self.fence_launched();
-            return Err(e);
-        }
-        if let Some(run) = self.copies.landed.take()
-            && let Err(e) = self.send_landed(run)
-        {
             self.fence_launched();
             return Err(e);
         }
@@ -315,7 +264,7 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
 }
 
 /// A run of staged bytes to send to the device in one copy.
-pub(super) struct Run {
+struct Run {
     src: *const u8,
     dst: u64,
     bytes: usize,
@@ -359,6 +308,7 @@ fn stage_and_send(
     staged: &[HostCopy],
     staged_dst: &[(u64, bool)],
 ) -> Result<()> {
+    let stream = &dev.copy_stream;
     let pieces = copy::plan(staged);
     let chunk = chunk(staged.iter().map(|c| c.src.bytes()).sum());
     let frontier = Mutex::new(Frontier {
@@ -366,7 +316,14 @@ fn stage_and_send(
         next: 0,
         pending: None,
     });
-    let send = |run: Run| send_run(dev, run);
+    let send = |run: Run| -> Result<()> {
+        // SAFETY: the run's staging bytes were written by finished pieces (and are guarded by the
+        // ready event from here on); its device range lies in a live allocation.
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(run.dst, run.src.cast(), run.bytes, stream.cu_stream())
+        };
+        check_cu(r, "cuMemcpyHtoDAsync")
+    };
     let on_piece = |i: usize| -> Result<()> {
         dev.ctx
             .bind_to_thread()
@@ -405,21 +362,6 @@ fn stage_and_send(
     // SAFETY: sources are held by the move; each destination is a staging block written by
     // nothing else.
     unsafe { copy::run_pieces(staged, &pieces, copy::Share::ThreeQuarters, Some(&on_piece)) }
-}
-
-/// Sends a run of landed staging bytes to the device on `dev`'s copy stream.
-fn send_run(dev: &CudaDevice, run: Run) -> Result<()> {
-    // SAFETY: the run's staging bytes were written before this call (and are guarded by the
-    // ready event from here on); its device range lies in the move's live arena.
-    let r = unsafe {
-        sys::cuMemcpyHtoDAsync_v2(
-            run.dst,
-            run.src.cast(),
-            run.bytes,
-            dev.copy_stream.cu_stream(),
-        )
-    };
-    check_cu(r, "cuMemcpyHtoDAsync")
 }
 
 fn check_cu(r: sys::CUresult, call: &'static str) -> Result<()> {

@@ -390,16 +390,6 @@ impl<'a> MoveContext<'a> {
             Some((at, unsafe { stage.add(at) }, arena.at(at)))
         });
         let out = match slot {
-            Some((at, stage, dst)) if bytes <= INLINE_STAGE_MAX => {
-                // A small source: copied here, while it is warm, and sent with its neighbours
-                // as soon as a chunk has landed, while the walk goes on. No copy thread is
-                // woken for it.
-                // SAFETY: the source is live (held by `t`) and the destination is this tensor's
-                // own place in the fresh staging block, `bytes` long.
-                unsafe { src.gather(stage) };
-                self.landed(stage, dst, bytes)?;
-                return Ok(t.placed_in(self.part(None), at, true));
-            }
             Some((at, stage, dst)) => {
                 self.copies.staged.push(HostCopy { src, dst: stage });
                 self.copies.staged_dst.push((dst, true));
@@ -421,9 +411,6 @@ impl<'a> MoveContext<'a> {
         Ok(out)
     }
 }
-
-/// Staged sources up to this size are copied by the walk itself rather than the copy threads.
-const INLINE_STAGE_MAX: usize = 64 << 10;
 
 /// A copy of `span` of `src`'s buffer to `dst` on (or from) `target`.
 fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device) -> DirectCopy {
