@@ -7,7 +7,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pinnable::{DType, Device, Error, Pinnable, Placement, Tensor, ToDevice};
-use pinnable_harness::{bytes_of, cuda_or_skip, hold_stream, random_batch, random_tensor, rng};
+use pinnable_harness::{
+    bytes_of, cuda_or_skip, cuda_pair_or_skip, hold_stream, random_batch, random_tensor, rng,
+};
 use rand::Rng;
 
 /// The tests share one copy stream per device, and several hold it on purpose to race a copy;
@@ -350,17 +352,9 @@ fn a_walk_that_moves_more_than_it_measured_still_moves_right() {
 #[test]
 fn batches_move_between_two_devices() {
     let _serial = serial();
-    let Some(d0) = cuda_or_skip("batches_move_between_two_devices") else {
+    let Some((d0, d1)) = cuda_pair_or_skip("batches_move_between_two_devices") else {
         return;
     };
-    if pinnable::cuda::device_count() < 2 {
-        // A one-GPU machine cannot run this; it is not a missing GPU, so it never fails.
-        use std::io::Write;
-        let _ = std::io::stderr()
-            .write_all(b"skipped: batches_move_between_two_devices: needs two CUDA devices\n");
-        return;
-    }
-    let d1 = Device::cuda(1).unwrap();
     let mut r = rng("batches_move_between_two_devices");
     for _ in 0..20 {
         let batch = random_batch(&mut r, 6);

@@ -434,3 +434,34 @@ impl fmt::Debug for Event {
         )
     }
 }
+
+/// Whether `from` can read `to`'s memory directly (NVLink or PCIe peer to peer), enabling it the
+/// first time it is asked for a pair. Peer copies work without it, staged through the host by
+/// the driver; with it they take the direct link.
+pub(crate) fn peer_access(from: &CudaDevice, to: &CudaDevice) -> bool {
+    static ENABLED: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
+    let key = (from.ordinal, to.ordinal);
+    let mut known = ENABLED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, _, ok)) = known.iter().find(|k| (k.0, k.1) == key) {
+        return ok;
+    }
+    let mut can = 0;
+    // SAFETY: both device handles are valid for the contexts' lives; `can` outlives the call.
+    let asked =
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, from.ctx.cu_device(), to.ctx.cu_device()) };
+    let enable = || {
+        // SAFETY: `from`'s context is current (bound just before); `to`'s context is alive;
+        // the flags must be 0.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(to.ctx.cu_ctx(), 0) };
+        matches!(
+            r,
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        )
+    };
+    let ok = asked == sys::CUresult::CUDA_SUCCESS
+        && can == 1
+        && from.ctx.bind_to_thread().is_ok()
+        && enable();
+    known.push((key.0, key.1, ok));
+    ok
+}

@@ -40,6 +40,7 @@
 //! - [`alloc`]: the caching pinned host allocator;
 //! - [`copy`]: multi-threaded host copies into pinned memory;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
+//! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
 //! - [`error`]: the one [`Error`] type.
 
 #![warn(missing_docs)]
@@ -51,6 +52,7 @@ pub mod copy;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+pub mod fanout;
 mod impls;
 pub mod path;
 pub mod pin;
@@ -64,6 +66,7 @@ pub use batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
 pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use fanout::{Route, ToDevices};
 pub use path::{FieldPath, Segment, Walk};
 pub use pin::{PinContext, Pinnable};
 pub use tensor::{DeviceView, HostBytes, Placement, Tensor};

@@ -50,6 +50,26 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
     }
 }
 
+/// CUDA devices 0 and 1, or `None` after printing `skipped: <test>: <reason>` on its own line.
+/// A one-GPU machine is not a missing GPU: there, the skip never fails, even under
+/// `PINNABLE_REQUIRE_GPU=1`.
+///
+/// # Panics
+///
+/// When there is no device at all and `PINNABLE_REQUIRE_GPU=1`.
+pub fn cuda_pair_or_skip(test: &str) -> Option<(Device, Device)> {
+    let d0 = cuda_or_skip(test)?;
+    match Device::cuda(1) {
+        Ok(d1) => Some((d0, d1)),
+        Err(_) => {
+            use std::io::Write;
+            let _ = std::io::stderr()
+                .write_all(format!("skipped: {test}: needs two CUDA devices\n").as_bytes());
+            None
+        }
+    }
+}
+
 /// A tensor of `dtype` and `shape` filled with random values.
 pub fn random_tensor(rng: &mut impl Rng, dtype: DType, shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();

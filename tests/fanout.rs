@@ -1,0 +1,103 @@
+//! One batch to several devices, pinned once (`ToDevices`). The two-device tests skip on a
+//! machine with fewer GPUs (printing `skipped: …`).
+
+use pinnable::{DType, Device, Pinnable, Route, Tensor, ToDevice, ToDevices};
+use pinnable_harness::{bytes_of, cuda_pair_or_skip, random_batch, random_tensor, rng};
+use rand::Rng;
+
+/// The tests share the process-wide pool, whose counters one of them reads.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn fan_out_to_host_targets_pins_once() {
+    let _serial = serial();
+    let mut r = rng("fan_out_to_host_targets_pins_once");
+    let batch: Vec<Tensor> = (0..5)
+        .map(|_| {
+            let n = r.random_range(1..50);
+            random_tensor(&mut r, DType::I32, &[n])
+        })
+        .collect();
+    let copies = batch
+        .to_devices(&[Device::cpu(), Device::cpu()], false)
+        .unwrap();
+    assert_eq!(copies.len(), 2);
+    for copy in &copies {
+        for (src, got) in batch.iter().zip(copy) {
+            assert!(got.is_pinned());
+            assert!(
+                got.shares_block_with(&copies[0][0]),
+                "pinned once, shared by both"
+            );
+            assert_eq!(bytes_of(got), bytes_of(src));
+        }
+    }
+    assert!(batch.to_devices(&[], true).unwrap().is_empty());
+}
+
+#[test]
+fn fan_out_to_two_devices_matches_the_source_by_every_route() {
+    let _serial = serial();
+    let Some((d0, d1)) =
+        cuda_pair_or_skip("fan_out_to_two_devices_matches_the_source_by_every_route")
+    else {
+        return;
+    };
+    let mut r = rng("fan_out_to_two_devices_matches_the_source_by_every_route");
+    let devices = [d0, d1];
+    for i in 0..200 {
+        let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
+        let mut batch = random_batch(&mut r, 6);
+        let expected: Vec<Vec<u8>> = batch.iter().map(bytes_of).collect();
+        let copies = batch
+            .to_devices_by(&devices, r.random_bool(0.5), route)
+            .unwrap();
+        // Overwrite the sources at once: the copies must hold what was there at the call.
+        for t in &mut batch {
+            if t.is_contiguous() && t.dtype() == DType::U8 {
+                t.as_mut_slice::<u8>().unwrap().fill(0xAB);
+            } else {
+                *t = random_tensor(&mut r, t.dtype(), t.shape());
+            }
+        }
+        for (k, copy) in copies.iter().enumerate() {
+            for t in copy {
+                assert_eq!(t.device().ordinal(), Some(k), "{route:?}");
+            }
+            let back = copy.to_cpu(false).unwrap();
+            let got: Vec<Vec<u8>> = back.iter().map(bytes_of).collect();
+            assert_eq!(got, expected, "device {k}, {route:?}, batch {i}");
+        }
+    }
+}
+
+#[test]
+fn a_pinned_batch_fans_out_without_a_host_copy() {
+    let _serial = serial();
+    let Some((d0, d1)) = cuda_pair_or_skip("a_pinned_batch_fans_out_without_a_host_copy") else {
+        return;
+    };
+    let mut r = rng("a_pinned_batch_fans_out_without_a_host_copy");
+    let pinned = vec![random_tensor(&mut r, DType::F32, &[1 << 20])]
+        .pin_memory()
+        .unwrap();
+    let pool = pinnable::PinnedPool::global();
+    let before = pool.stats();
+    let copies = pinned.to_devices(&[d0, d1], true).unwrap();
+    let after = pool.stats();
+    assert_eq!(
+        after.hits + after.misses,
+        before.hits + before.misses,
+        "no new block"
+    );
+    for copy in copies {
+        assert_eq!(
+            bytes_of(&copy.to_cpu(false).unwrap()[0]),
+            bytes_of(&pinned[0])
+        );
+    }
+}
