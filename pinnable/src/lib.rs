@@ -39,6 +39,7 @@
 //! - [`path`]: field paths that errors name (`batch.masks[2]`);
 //! - [`alloc`]: the caching pinned host allocator;
 //! - [`copy`]: multi-threaded host copies into pinned memory;
+//! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
 //! - [`error`]: the one [`Error`] type.
@@ -54,6 +55,7 @@ pub mod dtype;
 pub mod error;
 pub mod fanout;
 mod impls;
+pub mod numa;
 pub mod path;
 pub mod pin;
 pub mod tensor;

@@ -53,6 +53,8 @@ pub(crate) struct Backends {
     choice: Source,
     /// Blocks at least this large use `cuMemHostRegister` under [`BackendChoice::Auto`].
     register_threshold: usize,
+    /// The NUMA node fresh mappings are placed on, when set.
+    node: Option<usize>,
 }
 
 #[derive(Clone, Copy)]
@@ -64,10 +66,21 @@ enum Source {
 }
 
 impl Backends {
-    pub(crate) fn new(choice: BackendChoice, register_threshold: usize) -> Self {
+    pub(crate) fn new(
+        choice: BackendChoice,
+        register_threshold: usize,
+        node: Option<usize>,
+    ) -> Self {
         Backends {
             choice: Source::Choice(choice),
-            register_threshold,
+            // The driver places `cuMemHostAlloc`'s memory where it likes: a pool bound to a
+            // node maps (and places) all of its memory itself.
+            register_threshold: if node.is_some() {
+                0
+            } else {
+                register_threshold
+            },
+            node,
         }
     }
 
@@ -78,6 +91,7 @@ impl Backends {
         Backends {
             choice: Source::Heap,
             register_threshold: usize::MAX,
+            node: None,
         }
     }
 
@@ -105,9 +119,9 @@ impl Backends {
     /// backend of kind `kind`. Makes OS and driver calls: never call it while holding a lock.
     pub(crate) fn alloc(&self, kind: BackendKind, capacity: usize) -> Result<NonNull<u8>> {
         match kind {
-            BackendKind::Mlock => mlock_alloc(capacity),
+            BackendKind::Mlock => mlock_alloc(capacity, self.node),
             BackendKind::CudaHostAlloc => cuda_host_alloc(capacity),
-            BackendKind::CudaHostRegister => cuda_host_register(capacity),
+            BackendKind::CudaHostRegister => cuda_host_register(capacity, self.node),
             BackendKind::Heap => heap_alloc(capacity),
         }
     }
@@ -271,8 +285,12 @@ fn memlock_limit_words() -> String {
     }
 }
 
-fn mlock_alloc(capacity: usize) -> Result<NonNull<u8>> {
-    let ptr = mmap_anonymous(capacity, true)?;
+fn mlock_alloc(capacity: usize, node: Option<usize>) -> Result<NonNull<u8>> {
+    // Placed on a node, the mapping is faulted in by `mlock`, after the placement.
+    let ptr = mmap_anonymous(capacity, node.is_none())?;
+    if let Some(node) = node {
+        crate::numa::place(ptr.as_ptr(), capacity, node);
+    }
     // SAFETY: the range is the mapping just made.
     if unsafe { libc::mlock(ptr.as_ptr().cast(), capacity) } != 0 {
         let err = std::io::Error::last_os_error();
@@ -338,9 +356,12 @@ fn mmap_huge(capacity: usize) -> Result<NonNull<u8>> {
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
 }
 
-fn cuda_host_register(capacity: usize) -> Result<NonNull<u8>> {
+fn cuda_host_register(capacity: usize, node: Option<usize>) -> Result<NonNull<u8>> {
     let ctx = context()?;
     let ptr = mmap_huge(capacity)?;
+    if let Some(node) = node {
+        crate::numa::place(ptr.as_ptr(), capacity, node);
+    }
     // SAFETY: the mapping was just made, is `capacity` bytes and nothing else uses it.
     unsafe { prefault_parallel(ptr, capacity) };
     ctx.bind_to_thread()

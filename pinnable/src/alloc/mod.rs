@@ -96,6 +96,12 @@ pub struct PoolConfig {
     /// Under [`BackendChoice::Auto`] with CUDA, blocks of at least this many bytes use
     /// `cuMemHostRegister`, smaller ones `cuMemHostAlloc`. Default 8 MiB.
     pub register_threshold: usize,
+    /// The NUMA node whose memory the pool's blocks should use (the node of the GPU they feed;
+    /// see [`numa`](crate::numa)); `None` (the default) leaves placement to the OS. A pool
+    /// placed on a node maps all of its memory itself (never `cuMemHostAlloc`, whose memory
+    /// the driver places) and asks the kernel to prefer that node for it; where the kernel
+    /// refuses (no NUMA support, or no such node), the memory is placed as usual.
+    pub numa_node: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -106,6 +112,7 @@ impl Default for PoolConfig {
             wait: Duration::from_secs(10),
             backend: BackendChoice::Auto,
             register_threshold: 8 << 20,
+            numa_node: None,
         }
     }
 }
@@ -144,6 +151,12 @@ impl PoolConfig {
     /// Sets the size from which [`BackendChoice::Auto`] uses `cuMemHostRegister`.
     pub fn register_threshold(mut self, bytes: usize) -> Self {
         self.register_threshold = bytes;
+        self
+    }
+
+    /// Places the pool's memory on NUMA node `node` ([`numa_node`](PoolConfig#structfield.numa_node)).
+    pub fn numa_node(mut self, node: usize) -> Self {
+        self.numa_node = Some(node);
         self
     }
 }

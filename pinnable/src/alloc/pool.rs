@@ -82,7 +82,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl PinnedPool {
     /// A new pool with its own cache.
     pub fn new(config: PoolConfig) -> PinnedPool {
-        let backends = Backends::new(config.backend, config.register_threshold);
+        let backends = Backends::new(config.backend, config.register_threshold, config.numa_node);
         Self::with_backends(config, backends)
     }
 
