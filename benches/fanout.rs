@@ -107,6 +107,15 @@ fn main() {
         );
         t.row(&what, ours, 2 * BYTES, Some(("raw to both at once", both)));
     }
+    let on0 = pinned.to_device(&d0, false).unwrap();
+    let d2d = time(3, 20, || drop(on0.to_device(&d1, false).unwrap()));
+    t.row(
+        "ours: 256 MiB cuda:0 → cuda:1, to_device(false)",
+        d2d,
+        BYTES,
+        Some(("one host copy", one)),
+    );
+    drop(on0);
     let pageable = time(2, 10, || drop(batch.to_devices(&devices, false).unwrap()));
     t.row(
         "ours: pageable 256 MiB to_devices(Auto) (pinned once) + sync",

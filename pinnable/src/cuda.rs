@@ -436,7 +436,7 @@ impl fmt::Debug for Event {
 }
 
 /// Whether `from` can read `to`'s memory directly (NVLink or PCIe peer to peer), enabling it the
-/// first time it is asked for a pair. Peer copies work without it, staged through the host by
+/// first time it is asked for a pair: for the context, and for `to`'s memory pool. Peer copies work without it, staged through the host by
 /// the driver; with it they take the direct link.
 pub(crate) fn peer_access(from: &CudaDevice, to: &CudaDevice) -> bool {
     static ENABLED: Mutex<Vec<(usize, usize, bool)>> = Mutex::new(Vec::new());
@@ -458,10 +458,28 @@ pub(crate) fn peer_access(from: &CudaDevice, to: &CudaDevice) -> bool {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
         )
     };
+    // Batch arenas come from `to`'s stream-ordered memory pool, whose memory peers may read
+    // only once the pool grants them access (the context-wide switch above does not cover it).
+    let grant_pool = || {
+        let Some(pool) = to.mem_pool() else {
+            return false;
+        };
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: from.ordinal as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the pool belongs to `to`'s device and outlives the call; one descriptor.
+        let r = unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) };
+        r == sys::CUresult::CUDA_SUCCESS
+    };
     let ok = asked == sys::CUresult::CUDA_SUCCESS
         && can == 1
         && from.ctx.bind_to_thread().is_ok()
-        && enable();
+        && enable()
+        && grant_pool();
     known.push((key.0, key.1, ok));
     ok
 }

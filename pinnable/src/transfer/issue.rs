@@ -223,6 +223,10 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
         if run.bytes == 0 {
             continue;
         }
+        if let (Dir::DtoD, Some(src)) = (run.dir, run.src_device()) {
+            // Over the direct link when there is one; the driver stages through the host else.
+            crate::cuda::peer_access(dev, src);
+        }
         // SAFETY: source and destination ranges lie within live buffers (sources are held by
         // the move until issued and then by the ready event or their owners; destinations are
         // fresh allocations of this move), and the stream waited for sources still being filled.
