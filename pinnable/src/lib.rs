@@ -39,6 +39,8 @@
 //! - [`path`]: field paths that errors name (`batch.masks[2]`);
 //! - [`alloc`]: the caching pinned host allocator;
 //! - [`copy`]: multi-threaded host copies into pinned memory;
+//! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
+//!   moved to the device by worker threads out;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`error`]: the one [`Error`] type.
 
@@ -52,6 +54,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 mod impls;
+pub mod loader;
 pub mod path;
 pub mod pin;
 pub mod tensor;
