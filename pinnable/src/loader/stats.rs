@@ -55,7 +55,9 @@ impl Counters {
         self.largest_block.fetch_max(capacity, Relaxed);
         self.bytes.fetch_add(capacity as u64, Relaxed);
         // In use + pending only grows when a block is allocated, so sampling it right after
-        // each allocation catches its peak.
+        // each allocation catches its peak. Pending blocks whose copies have completed are
+        // free memory the pool has not noticed yet: let it notice first.
+        pool.reclaim();
         let s = pool.stats();
         self.held_peak
             .fetch_max(s.in_use_bytes + s.pending_bytes, Relaxed);
