@@ -15,6 +15,8 @@
 mod layout;
 mod pinned;
 mod storage;
+#[cfg(test)]
+mod tests;
 mod view;
 
 use std::fmt;
