@@ -193,10 +193,11 @@ impl fmt::Display for EpochStats {
         )?;
         writeln!(
             f,
-            "load         {:.1} ms, collate {:.1} ms (summed over {} workers)",
+            "load         {:.1} ms, collate {:.1} ms (summed over {} worker{})",
             ms(self.load),
             ms(self.collate),
-            self.workers
+            self.workers,
+            if self.workers == 1 { "" } else { "s" }
         )?;
         writeln!(f, "transfer     {:.1} ms", ms(self.transfer))?;
         write!(
