@@ -20,6 +20,28 @@ use crate::transfer::ToDevice;
 /// Defaults: batches of 1, sequential order, the short last batch kept, half the cores as
 /// workers (at least 1), a prefetch depth of 2, the host as the device ([`Device::cpu`]), a
 /// pinned pool of the loader's own, one rank of one.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Loader, Stack};
+/// use pinnable::{Device, PinnedPool, PoolConfig, Tensor};
+///
+/// let data: Vec<Tensor> = (0..10).map(|i| Tensor::from_vec1(vec![i as f32; 2])).collect();
+/// let loader = Loader::builder(data)
+///     .batch_size(4)
+///     .shuffle(7)
+///     .drop_last(true)
+///     .workers(2)
+///     .prefetch(1)
+///     .device(Device::cpu())
+///     .pool(PinnedPool::new(PoolConfig::default().max_bytes(64 << 20)))
+///     .shard(0, 1)
+///     .build(Stack)?;
+/// assert_eq!(loader.len(), 2); // 10 samples: two full batches, the short one dropped
+/// assert_eq!(loader.bound(), 4); // prefetch + workers + 1 batches of pinned memory at most
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` or `build_with`"]
 pub struct LoaderBuilder<Src> {

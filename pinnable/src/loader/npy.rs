@@ -358,13 +358,27 @@ impl Parser<'_> {
 ///
 /// # Examples
 ///
-/// ```no_run
+/// ```
 /// use pinnable::loader::{Dataset, NpyArray};
 ///
-/// // Saved with np.save("images.npy", images) where images.shape == (50000, 3, 32, 32).
-/// let images = NpyArray::open("images.npy")?;
-/// assert_eq!(images.len(), 50000);
-/// assert_eq!(images.get(0)?.shape(), &[3, 32, 32]);
+/// // A 2×3 i32 array as `np.save` writes it: magic, version 1.0, the header padded to 64 bytes.
+/// let mut header = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }".to_string();
+/// while (10 + header.len() + 1) % 64 != 0 {
+///     header.push(' ');
+/// }
+/// header.push('\n');
+/// let mut file = b"\x93NUMPY\x01\x00".to_vec();
+/// file.extend((header.len() as u16).to_le_bytes());
+/// file.extend(header.as_bytes());
+/// file.extend([1i32, 2, 3, 4, 5, 6].iter().flat_map(|v| v.to_le_bytes()));
+/// let path = std::env::temp_dir().join(format!("npy-doc-{}.npy", std::process::id()));
+/// std::fs::write(&path, file).unwrap();
+///
+/// let array = NpyArray::open(&path)?;
+/// assert_eq!(array.len(), 2);
+/// assert_eq!(array.get(1)?.to_vec::<i32>()?, vec![4, 5, 6]); // a view of the mapped file
+/// # drop(array);
+/// # std::fs::remove_file(&path).unwrap();
 /// # Ok::<(), pinnable::Error>(())
 /// ```
 #[derive(Clone, Debug)]

@@ -121,6 +121,24 @@ impl Counters {
 /// Times summed over worker threads (`load`, `collate`) can exceed the wall time; `waited` is
 /// the consumer's own: time spent in `next()` with no batch ready, i.e. the time the training
 /// step was starved of data.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Loader, Stack};
+/// use pinnable::Tensor;
+///
+/// let data: Vec<Tensor> = (0..12).map(|i| Tensor::from_vec1(vec![i as u8; 1024])).collect();
+/// let loader = Loader::builder(data).batch_size(4).workers(2).build(Stack)?;
+/// for batch in &loader {
+///     batch?;
+/// }
+/// let stats = loader.stats().unwrap();
+/// assert_eq!((stats.batches, stats.samples), (3, 12));
+/// assert!(stats.pinned_peak_bytes <= stats.pinned_bound_bytes);
+/// println!("{stats}"); // waited / load / collate / transfer / batches/s / GB/s / pinned held
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct EpochStats {
