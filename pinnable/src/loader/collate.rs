@@ -310,7 +310,7 @@ impl Collator {
         let planned = std::mem::take(&mut self.planned);
         let mut batch = layout.allocate_in(&self.pool)?;
         if let Some(c) = &self.counters {
-            c.note_block(batch.block().capacity(), &self.pool);
+            c.note_block(batch.block().len(), batch.block().capacity(), &self.pool);
         }
         for p in &planned {
             let mut view = batch.view_mut(p.slot);

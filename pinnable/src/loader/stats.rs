@@ -50,10 +50,11 @@ impl Counters {
         }
     }
 
-    /// A batch's block of `capacity` bytes was just taken from `pool`.
-    pub(crate) fn note_block(&self, capacity: usize, pool: &PinnedPool) {
+    /// A batch's block of `len` bytes (`capacity` with its size class) was just taken from
+    /// `pool`.
+    pub(crate) fn note_block(&self, len: usize, capacity: usize, pool: &PinnedPool) {
         self.largest_block.fetch_max(capacity, Relaxed);
-        self.bytes.fetch_add(capacity as u64, Relaxed);
+        self.bytes.fetch_add(len as u64, Relaxed);
         // In use + pending only grows when a block is allocated, so sampling it right after
         // each allocation catches its peak. Pending blocks whose copies have completed are
         // free memory the pool has not noticed yet: let it notice first.
@@ -146,7 +147,8 @@ pub struct EpochStats {
     pub batches: u64,
     /// Samples in them.
     pub samples: u64,
-    /// Pinned bytes collated (the blocks' sizes), in batches the consumer took or not.
+    /// Pinned bytes collated (the batches' blocks, without size-class rounding), in batches
+    /// the consumer took or not.
     pub bytes: u64,
     /// Wall time from the epoch's start to its end (or until now, while it runs).
     pub elapsed: Duration,
