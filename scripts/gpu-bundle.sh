@@ -48,7 +48,7 @@ for line in open(src):
     seen.add((dest, name))
     shutil.copy2(m["executable"], os.path.join(out, dest, name))
 PY
-cp bench/torch_baseline.py "$out/" 2>/dev/null || true
+cp bench/torch_baseline.py bench/torch_loader.py "$out/" 2>/dev/null || true
 cp bench/kernels/batch.cu "$out/kernels.cu"
 
 cat >"$out/run.sh" <<'RUN'
@@ -76,6 +76,9 @@ if [ "$what" = all ] || [ "$what" = benches ]; then
   fi
   if [ -f torch_baseline.py ] && command -v python3 >/dev/null; then
     run python3 torch_baseline.py --out "$PINNABLE_BENCH_OUT/torch.txt"
+  fi
+  if [ -f torch_loader.py ] && command -v python3 >/dev/null; then
+    run python3 torch_loader.py --out "$PINNABLE_BENCH_OUT/torch_loader.txt"
   fi
   for b in benches/*; do run "$b"; done
 fi

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the pinned allocator's unit tests (size classes, free lists, pending fences, budget,
-# stats) under Miri, over the heap test-double backend: no OS or driver call is made.
+# Runs the host-side unit tests under Miri, over the heap test-double pool (no OS or driver
+# call): the pinned allocator (size classes, free lists, pending fences, budget, stats), the
+# loader (sampler, collation, the worker/transfer threads, shutdown), tensors and batches.
 #
-#   scripts/miri.sh            # the allocator's tests
-#   scripts/miri.sh FILTER     # another unit-test filter
+#   scripts/miri.sh              # all of them
+#   scripts/miri.sh FILTER...    # other unit-test filters, e.g. `loader::tests::collator`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,4 +15,7 @@ fi
 # Threads, condvars and timeouts are used; isolation stays on (Miri's virtual clock).
 export MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-strict-provenance"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-miri}"
-exec cargo +nightly miri test -p pinnable --lib "${1:-alloc::}"
+if [ $# -eq 0 ]; then
+    set -- alloc:: loader:: tensor:: batch::
+fi
+exec cargo +nightly miri test -p pinnable --lib -- "$@"

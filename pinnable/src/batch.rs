@@ -374,3 +374,83 @@ impl std::fmt::Debug for TensorMut<'_> {
         write!(f, "TensorMut({} {:?})", self.dtype, self.shape)
     }
 }
+
+/// Host-side unit tests over the heap test-double pool, so Miri can run them.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::PoolConfig;
+
+    fn pool() -> PinnedPool {
+        PinnedPool::heap(PoolConfig::default())
+    }
+
+    #[test]
+    fn parts_start_at_aligned_offsets_in_one_block() {
+        let mut layout = BatchLayout::new();
+        let a = layout.push(DType::U8, &[3]).unwrap();
+        let b = layout.push(DType::F64, &[2, 2]).unwrap();
+        let c = layout.push(DType::Bool, &[5]).unwrap();
+        assert_eq!((a.index(), b.index(), c.index()), (0, 1, 2));
+        assert_eq!(layout.bytes(), 2 * PART_ALIGN + 5, "the last part is not padded");
+        let pool = pool();
+        let mut batch = layout.allocate_in(&pool).unwrap();
+        assert_eq!(
+            batch.view_mut(c).as_mut_slice::<bool>().unwrap(),
+            &[false; 5]
+        );
+        batch.view_mut(a).copy_from_slice(&[1u8, 2, 3]).unwrap();
+        batch.view_mut(b).fill(2.5f64).unwrap();
+        let t = batch.finish();
+        assert_eq!(t[0].to_vec::<u8>().unwrap(), [1, 2, 3]);
+        assert_eq!(t[1].to_vec::<f64>().unwrap(), [2.5; 4]);
+        assert!(t[0].shares_block_with(&t[2]));
+        assert_eq!(pool.stats().allocations, 1);
+        drop(t);
+        assert_eq!(pool.stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn rows_and_narrow_views_write_their_own_bytes() {
+        let mut layout = BatchLayout::new();
+        let x = layout.push(DType::I32, &[3, 4]).unwrap();
+        let pool = pool();
+        let mut batch = layout.allocate_in(&pool).unwrap();
+        let mut v = batch.view_mut(x);
+        for (i, mut row) in v.rows_mut().enumerate() {
+            row.fill(i as i32).unwrap();
+        }
+        v.narrow_mut(1, 1).unwrap().fill(-1i32).unwrap();
+        assert!(v.narrow_mut(2, 2).is_err());
+        let src = Tensor::from_vec((0..8).collect::<Vec<i32>>(), &[2, 4])
+            .unwrap()
+            .narrow(0, 1, 1)
+            .unwrap();
+        v.narrow_mut(2, 1).unwrap().copy_from(&src).unwrap();
+        assert!(v.copy_from(&src).is_err(), "shapes differ");
+        let t = batch.finish().pop().unwrap();
+        assert_eq!(
+            t.to_vec::<i32>().unwrap(),
+            [0, 0, 0, 0, -1, -1, -1, -1, 4, 5, 6, 7]
+        );
+    }
+
+    #[test]
+    fn views_of_every_part_fill_side_by_side() {
+        let mut layout = BatchLayout::new();
+        for n in 1..5 {
+            layout.push(DType::U16, &[n]).unwrap();
+        }
+        let pool = pool();
+        let mut batch = layout.allocate_in(&pool).unwrap();
+        std::thread::scope(|s| {
+            for (i, mut v) in batch.views_mut().into_iter().enumerate() {
+                s.spawn(move || v.fill(i as u16).unwrap());
+            }
+        });
+        let t = batch.finish();
+        for (i, t) in t.iter().enumerate() {
+            assert_eq!(t.to_vec::<u16>().unwrap(), vec![i as u16; i + 1]);
+        }
+    }
+}

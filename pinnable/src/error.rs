@@ -131,6 +131,65 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+
+    /// A sample of a dataset could not be loaded or collated. The loader delivers it in the
+    /// place of the batch the sample belongs to, and then ends the epoch.
+    #[error("sample {index} failed while {during}: {source}")]
+    Sample {
+        /// The sample's index in the dataset (its position in the stream for a stream source).
+        index: usize,
+        /// `loading` (the dataset's `get`) or `collating` (building the batch).
+        during: &'static str,
+        /// What went wrong, with its own field path where it has one.
+        source: Box<Error>,
+    },
+
+    /// User code called by the loader (a dataset's `get`, a batcher) or one of its threads
+    /// panicked; the epoch was stopped.
+    #[error("{what} panicked: {message}")]
+    Panicked {
+        /// Which code, e.g. `the batcher (batch 3)`.
+        what: String,
+        /// The panic's message, when it was a string.
+        message: String,
+    },
+
+    /// An index past the end of a dataset.
+    #[error("index {index} is out of range for a dataset of {len} samples")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// The dataset's length.
+        len: usize,
+    },
+
+    /// A loader setting that cannot work (a batch size of 0, a rank outside the world, ...).
+    #[error("invalid loader setting `{setting}`: {problem}")]
+    Config {
+        /// The setting, e.g. `batch_size`.
+        setting: &'static str,
+        /// What is wrong with it and what to do.
+        problem: String,
+    },
+
+    /// A variable that data-parallel launchers set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`) is
+    /// missing or malformed.
+    #[error("launcher variable {variable}: {problem}")]
+    Launcher {
+        /// The variable, e.g. `WORLD_SIZE`.
+        variable: &'static str,
+        /// What is wrong with it and what to do.
+        problem: String,
+    },
+
+    /// A file that cannot be read as a `.npy` array.
+    #[error("cannot load `{path}` as a .npy array: {problem}")]
+    Npy {
+        /// The file.
+        path: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
 }
 
 fn at(path: &Option<String>) -> String {

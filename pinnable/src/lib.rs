@@ -40,6 +40,8 @@
 //! - [`alloc`]: the caching pinned host allocator;
 //! - [`copy`]: multi-threaded host copies into pinned memory;
 //! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on;
+//! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
+//!   moved to the device by worker threads out;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
 //! - [`error`]: the one [`Error`] type.
@@ -55,6 +57,7 @@ pub mod dtype;
 pub mod error;
 pub mod fanout;
 mod impls;
+pub mod loader;
 pub mod numa;
 pub mod path;
 pub mod pin;

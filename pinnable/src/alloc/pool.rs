@@ -163,6 +163,12 @@ impl PinnedPool {
             .snapshot(c.max_bytes, c.max_cached_bytes)
     }
 
+    /// Moves pending blocks whose copies completed to the cache, so the stats count them as
+    /// cached rather than pending. Skips the poll if another thread is polling.
+    pub(crate) fn reclaim(&self) {
+        self.inner.poll_pending(false);
+    }
+
     /// Frees every idle cached block (after moving pending blocks whose copies completed to the
     /// cache). Blocks still in use or still read by copies stay.
     pub fn trim(&self) {

@@ -29,6 +29,27 @@ impl Dims {
     }
 }
 
+impl Dims {
+    /// Removes dimension `i`, shifting the later ones down.
+    ///
+    /// # Panics
+    ///
+    /// If `i` is out of range (callers check it first).
+    pub(crate) fn remove(&mut self, i: usize) {
+        match self {
+            Dims::Inline { len, dims } => {
+                let n = usize::from(*len);
+                assert!(i < n, "dimension {i} out of range for {n}");
+                dims.copy_within(i + 1..n, i);
+                *len -= 1;
+            }
+            Dims::Heap(v) => {
+                v.remove(i);
+            }
+        }
+    }
+}
+
 impl From<&[usize]> for Dims {
     fn from(v: &[usize]) -> Dims {
         let mut d = Dims::zeros(v.len());

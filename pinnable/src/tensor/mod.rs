@@ -16,6 +16,8 @@ mod host;
 mod layout;
 mod pinned;
 mod storage;
+#[cfg(test)]
+mod tests;
 mod view;
 
 use std::fmt;
@@ -300,6 +302,38 @@ impl Tensor {
         if len > 0 {
             t.offset += start * self.strides[dim];
         }
+        Ok(t)
+    }
+
+    /// The elements at `index` along `dim`, without that dimension (a view; no copy), like
+    /// `torch.select`: row `i` of a dataset held in one array is `array.select(0, i)`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] if `dim` or `index` is out of bounds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::Tensor;
+    ///
+    /// let t = Tensor::from_vec((0..6).collect::<Vec<i32>>(), &[3, 2])?;
+    /// let row = t.select(0, 1)?;
+    /// assert_eq!(row.shape(), &[2]);
+    /// assert!(row.shares_storage_with(&t));
+    /// assert_eq!(row.to_vec::<i32>()?, vec![2, 3]);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn select(&self, dim: usize, index: usize) -> Result<Tensor> {
+        if self.shape.get(dim).is_some_and(|&size| index >= size) {
+            return Err(Error::Shape(format!(
+                "index {index} is out of bounds for dimension {dim} of size {}",
+                self.shape[dim]
+            )));
+        }
+        let mut t = self.narrow(dim, index, 1)?;
+        t.shape.remove(dim);
+        t.strides.remove(dim);
         Ok(t)
     }
 

@@ -1,0 +1,375 @@
+//! The loader on the issue's workload: batches of 64 × 3×224×224 f32 images + i64 labels
+//! (38.5 MB), built sample by sample from a dataset whose `get` returns a zero-copy view into
+//! one large in-memory array ("views"), or allocates a fresh `Vec` per sample ("decode").
+//!
+//! On a GPU: steady-state step time and GB/s for several worker counts, against the raw pinned
+//! ceiling (a plain `cuMemcpyHtoDAsync` of one batch from pinned memory, timed with events as
+//! `benches/transfer.rs` does) and against PyTorch's `DataLoader(pin_memory=True)` on the same
+//! workload (read from `$PINNABLE_BENCH_OUT/torch_loader.txt`, written by
+//! `bench/torch_loader.py` in the same run); then the overlap check: a per-batch "kernel"
+//! (a host function holding a compute stream) longer than the copy, step time against the
+//! kernel's own. Without a GPU it prints `skipped: ...` for that part. Always: host-side
+//! collation throughput (`Device::cpu()`).
+//!
+//! Writes the tables to `$PINNABLE_BENCH_OUT/loader.md`. Knobs: `PINNABLE_BENCH_WORKERS`
+//! (e.g. `1,2,4`), `PINNABLE_BENCH_BATCHES` (measured batches per run),
+//! `PINNABLE_BENCH_IMAGES` (images in the array).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaStream, result, sys};
+use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
+use pinnable::{DType, Device, PinnedPool, Tensor, ToDevice};
+use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
+
+const BATCH: usize = 64;
+const IMAGE: [usize; 3] = [3, 224, 224];
+const WARMUP: usize = 16;
+
+type Batch = (Tensor, Tensor);
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
+fn worker_counts() -> Vec<usize> {
+    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
+        return list
+            .split(',')
+            .filter_map(|w| w.trim().parse().ok())
+            .collect();
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    [1, 2, 4, 8, 12]
+        .into_iter()
+        .filter(|&w| w <= cores)
+        .collect()
+}
+
+fn torch_rows() -> HashMap<String, f64> {
+    let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") else {
+        return HashMap::new();
+    };
+    let Ok(text) = std::fs::read_to_string(format!("{dir}/torch_loader.txt")) else {
+        return HashMap::new();
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median device time of `copy` (enqueued on `stream`) between two events.
+fn event_time(stream: &CudaStream, iters: usize, copy: impl Fn()) -> f64 {
+    let ctx = stream.context();
+    let mut v = Vec::new();
+    for i in 0..iters + 3 {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (a, b) = (ctx.new_event(flags).unwrap(), ctx.new_event(flags).unwrap());
+        a.record(stream).unwrap();
+        copy();
+        b.record(stream).unwrap();
+        let ms = a.elapsed_ms(&b).unwrap();
+        if i >= 3 {
+            v.push(f64::from(ms) / 1e3);
+        }
+    }
+    median(v)
+}
+
+/// The datasets: `views` serves zero-copy views of `images`; `decode` a fresh `Vec` per sample.
+fn dataset(
+    images: &Rows,
+    len: usize,
+    decode: bool,
+) -> FnDataset<impl Fn(usize) -> pinnable::Result<(Tensor, i64)> + Send + Sync + 'static> {
+    let images = images.clone();
+    FnDataset::new(len, move |i| {
+        let view = images.get(i % images.len())?;
+        let label = (i % 1000) as i64;
+        if decode {
+            // A decode: the sample's bytes land in fresh memory first.
+            Ok((Tensor::from_vec(view.to_vec::<f32>()?, &IMAGE)?, label))
+        } else {
+            Ok((view, label))
+        }
+    })
+}
+
+/// One run's steady-state figures.
+struct Run {
+    step: f64,
+    wait_share: f64,
+    peak: usize,
+    bound: usize,
+}
+
+/// Runs one epoch of `warmup + batches` batches through `consume`; times the part after the
+/// warm-up (blocks allocated, pipeline full).
+fn run(
+    images: &Rows,
+    decode: bool,
+    workers: usize,
+    batches: usize,
+    device: &Device,
+    mut consume: impl FnMut(&Batch),
+) -> pinnable::Result<Run> {
+    let data = dataset(images, (WARMUP + batches) * BATCH, decode);
+    let loader = Loader::builder(data)
+        .batch_size(BATCH)
+        .workers(workers)
+        .device(device.clone())
+        .build(Stack)?;
+    let mut epoch = loader.epoch(0);
+    for b in epoch.by_ref().take(WARMUP) {
+        consume(&b?);
+    }
+    let waited = epoch.stats().waited;
+    let start = Instant::now();
+    let mut n = 0;
+    for b in epoch.by_ref() {
+        consume(&b?);
+        n += 1;
+    }
+    let elapsed = start.elapsed();
+    let stats = epoch.stats();
+    Ok(Run {
+        step: elapsed.as_secs_f64() / n.max(1) as f64,
+        wait_share: (stats.waited - waited).as_secs_f64() / elapsed.as_secs_f64(),
+        peak: stats.pinned_peak_bytes,
+        bound: stats.pinned_bound_bytes,
+    })
+}
+
+struct Report {
+    md: String,
+}
+
+impl Report {
+    fn line(&mut self, s: &str) {
+        println!("{s}");
+        self.md.push_str(s);
+        self.md.push('\n');
+    }
+}
+
+fn mib(b: usize) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+fn main() {
+    let mut r = rng("bench loader");
+    let gpu = cuda_or_skip("bench loader (GPU part)");
+    let batches =
+        env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 200 } else { 24 });
+    let count =
+        env_usize("PINNABLE_BENCH_IMAGES").unwrap_or(if gpu.is_some() { 2048 } else { 256 });
+    let images = Rows::new(random_tensor(
+        &mut r,
+        DType::F32,
+        &[count, IMAGE[0], IMAGE[1], IMAGE[2]],
+    ))
+    .expect("rows");
+    let batch_bytes = BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8;
+    let workers = worker_counts();
+    let mut rep = Report { md: String::new() };
+    rep.line(&format!(
+        "# loader bench\n\nbatch: {BATCH} × {IMAGE:?} f32 + {BATCH} i64 = {:.1} MB; array of {count} images \
+         ({:.2} GB); {batches} batches measured after {WARMUP}; cores: {}\n",
+        batch_bytes as f64 / 1e6,
+        (count * IMAGE.iter().product::<usize>() * 4) as f64 / 1e9,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+
+    // --- Host side: collation into pinned memory, consumer does nothing.
+    rep.line(
+        "## host: collation into pinned memory (Device::cpu, the consumer only takes batches)\n",
+    );
+    rep.line("| variant | workers | step | GB/s | consumer wait | pinned peak / bound |");
+    rep.line("| --- | --- | --- | --- | --- | --- |");
+    for decode in [false, true] {
+        for &w in &workers {
+            match run(&images, decode, w, batches, &Device::cpu(), |_| {}) {
+                Ok(m) => rep.line(&format!(
+                    "| {} | {w} | {:.2} ms | {:.1} | {:.0}% | {:.0} / {:.0} MiB |",
+                    if decode { "decode" } else { "views" },
+                    m.step * 1e3,
+                    batch_bytes as f64 / m.step / 1e9,
+                    100.0 * m.wait_share,
+                    mib(m.peak),
+                    mib(m.bound)
+                )),
+                Err(e) => rep.line(&format!(
+                    "| {} | {w} | error: {e} | | | |",
+                    if decode { "decode" } else { "views" }
+                )),
+            }
+        }
+    }
+
+    if let Some(dev) = gpu {
+        gpu_part(&dev, &images, &workers, batches, batch_bytes, &mut rep);
+    }
+    if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
+        std::fs::write(format!("{dir}/loader.md"), &rep.md).expect("write loader.md");
+    }
+}
+
+fn gpu_part(
+    dev: &Device,
+    images: &Rows,
+    workers: &[usize],
+    batches: usize,
+    batch_bytes: usize,
+    rep: &mut Report,
+) {
+    let torch = torch_rows();
+    let stream = dev.copy_stream().expect("copy stream").clone();
+    dev.cuda_context()
+        .expect("context")
+        .bind_to_thread()
+        .expect("bind");
+
+    // The raw ceiling: one batch's bytes from pinned memory, one copy.
+    // SAFETY: plain allocations of `batch_bytes`, freed at the end of this function.
+    let host = unsafe { result::malloc_host(batch_bytes, 0) }.expect("cuMemHostAlloc") as *mut u8;
+    // SAFETY: the block is `batch_bytes` long.
+    unsafe { std::ptr::write_bytes(host, 7, batch_bytes) };
+    // SAFETY: a device allocation of `batch_bytes`.
+    let raw_dev = unsafe { result::malloc_sync(batch_bytes) }.expect("cuMemAlloc");
+    let ceiling = event_time(&stream, 30, || {
+        // SAFETY: both buffers are `batch_bytes` long and live.
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(raw_dev, host.cast(), batch_bytes, stream.cu_stream())
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    });
+    // Ours, source already pinned: one batch moved again and again.
+    let pinned = dataset(images, BATCH, false);
+    let samples: Vec<(Tensor, i64)> = (0..BATCH).map(|i| pinned.get(i).expect("sample")).collect();
+    let one: Batch = Stack
+        .batch(samples, &mut Collator::new(PinnedPool::global()))
+        .expect("collate");
+    let mut moved = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let on = one.to_device(dev, true).expect("move");
+        on.0.ready_event()
+            .expect("event")
+            .synchronize()
+            .expect("sync");
+        moved.push(t.elapsed().as_secs_f64());
+    }
+    let pinned_move = median(moved);
+    let best_torch = ["torch_loader_w0", "torch_loader_w4", "torch_loader_w8"]
+        .iter()
+        .filter_map(|k| torch.get(*k).map(|&v| (*k, v)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    rep.line(&format!(
+        "\n## {} ({}): batches to the device, each read by a device sync after its copy\n",
+        dev.name(),
+        dev.pcie_bus_id().unwrap_or_default()
+    ));
+    rep.line(&format!(
+        "raw cuMemcpyHtoDAsync of one batch from pinned memory (the ceiling): {:.3} ms, {:.1} GB/s",
+        ceiling * 1e3,
+        batch_bytes as f64 / ceiling / 1e9
+    ));
+    rep.line(&format!(
+        "ours, one already-pinned batch to_device + sync: {:.3} ms, {:.1} GB/s",
+        pinned_move * 1e3,
+        batch_bytes as f64 / pinned_move / 1e9
+    ));
+    for (k, v) in &torch {
+        rep.line(&format!("{k}: {:.3} ms per batch", v * 1e3));
+    }
+    rep.line("\n| variant | workers | step | GB/s | / ceiling (≥ 0.85) | vs best torch (≥ 10×) | consumer wait | pinned peak / bound |");
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let sync = |b: &Batch| {
+        if let Some(e) = b.0.ready_event() {
+            e.synchronize().expect("sync");
+        }
+    };
+    for decode in [false, true] {
+        for &w in workers {
+            let name = if decode { "decode" } else { "views" };
+            match run(images, decode, w, batches, dev, sync) {
+                Ok(m) => rep.line(&format!(
+                    "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
+                    m.step * 1e3,
+                    batch_bytes as f64 / m.step / 1e9,
+                    ceiling / m.step,
+                    best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
+                    100.0 * m.wait_share,
+                    mib(m.peak),
+                    mib(m.bound)
+                )),
+                Err(e) => rep.line(&format!("| {name} | {w} | error: {e} | | | | | |")),
+            }
+        }
+    }
+
+    // Overlap: a per-batch "kernel" longer than the copy, on a compute stream that waits for
+    // the batch's ready event; the step syncs the compute stream, as a loop reading its loss
+    // would. Step time against the kernel alone.
+    let compute = dev
+        .cuda_context()
+        .expect("context")
+        .new_stream()
+        .expect("stream");
+    let kernel_ms = ((ceiling * 1e3).ceil() as u64 + 1).max(2);
+    let kernel_alone = median(
+        (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                hold_stream(&compute, kernel_ms);
+                compute.synchronize().expect("sync");
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    rep.line(&format!(
+        "\n## overlap: a {kernel_ms} ms per-batch kernel (alone: {:.3} ms per step)\n",
+        kernel_alone * 1e3
+    ));
+    rep.line("| variant | workers | step | step / kernel (≤ 1.05) | consumer wait (≤ 2%) | pinned peak / bound |");
+    rep.line("| --- | --- | --- | --- | --- | --- |");
+    let step = |b: &Batch| {
+        b.0.ready_event()
+            .expect("event")
+            .wait_on(&compute)
+            .expect("wait");
+        hold_stream(&compute, kernel_ms);
+        compute.synchronize().expect("sync");
+    };
+    for &w in workers.iter().filter(|&&w| w >= 4) {
+        let batches = batches.min(100);
+        match run(images, false, w, batches, dev, step) {
+            Ok(m) => rep.line(&format!(
+                "| views | {w} | {:.3} ms | {:.3} | {:.2}% | {:.0} / {:.0} MiB |",
+                m.step * 1e3,
+                m.step / kernel_alone,
+                100.0 * m.wait_share,
+                mib(m.peak),
+                mib(m.bound)
+            )),
+            Err(e) => rep.line(&format!("| views | {w} | error: {e} | | | |")),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    // SAFETY: allocated above, freed once; the copies that used them were synchronised.
+    unsafe {
+        stream.synchronize().expect("sync");
+        result::free_host(host.cast()).expect("free");
+        result::free_sync(raw_dev).expect("free");
+    }
+}

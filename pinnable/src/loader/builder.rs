@@ -1,0 +1,274 @@
+//! Configuring a loader: [`LoaderBuilder`], from [`Loader::builder`](super::Loader::builder).
+
+use std::sync::Arc;
+
+use super::batcher::Batcher;
+use super::collate::Collator;
+use super::dataset::Dataset;
+use super::launch::Launch;
+use super::loaders::{Loader, StreamLoader};
+use super::sampler::Sampler;
+use super::stream::IterSource;
+use crate::alloc::{PinnedPool, PoolConfig};
+use crate::cuda::Device;
+use crate::error::{Error, Result};
+use crate::transfer::ToDevice;
+
+/// The settings of a loader over a source (a [`Dataset`] or an [`IterSource`]), ending in
+/// `build` (a [`Batcher`]) or `build_with` (a closure).
+///
+/// Defaults: batches of 1, sequential order, the short last batch kept, half the cores as
+/// workers (at least 1), a prefetch depth of 2, the host as the device ([`Device::cpu`]), a
+/// pinned pool of the loader's own, one rank of one.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Loader, Stack};
+/// use pinnable::{Device, PinnedPool, PoolConfig, Tensor};
+///
+/// let data: Vec<Tensor> = (0..10).map(|i| Tensor::from_vec1(vec![i as f32; 2])).collect();
+/// let loader = Loader::builder(data)
+///     .batch_size(4)
+///     .shuffle(7)
+///     .drop_last(true)
+///     .workers(2)
+///     .prefetch(1)
+///     .device(Device::cpu())
+///     .pool(PinnedPool::new(PoolConfig::default().max_bytes(64 << 20)))
+///     .shard(0, 1)
+///     .build(Stack)?;
+/// assert_eq!(loader.len(), 2); // 10 samples: two full batches, the short one dropped
+/// assert_eq!(loader.bound(), 4); // prefetch + workers + 1 batches of pinned memory at most
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` or `build_with`"]
+pub struct LoaderBuilder<Src> {
+    pub(crate) source: Src,
+    pub(crate) batch_size: usize,
+    pub(crate) seed: Option<u64>,
+    pub(crate) drop_last: bool,
+    pub(crate) workers: usize,
+    pub(crate) prefetch: usize,
+    pub(crate) device: Device,
+    pub(crate) pool: Option<PinnedPool>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+}
+
+/// Half the cores, at least 1.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+impl<Src> LoaderBuilder<Src> {
+    pub(crate) fn new(source: Src) -> Self {
+        LoaderBuilder {
+            source,
+            batch_size: 1,
+            seed: None,
+            drop_last: false,
+            workers: default_workers(),
+            prefetch: 2,
+            device: Device::cpu(),
+            pool: None,
+            rank: 0,
+            world: 1,
+        }
+    }
+
+    /// Samples per batch.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Shuffles every epoch from `seed` and the epoch number (datasets only: a stream cannot
+    /// be shuffled).
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Drops the short last batch (and, sharded, the tail that makes ranks uneven; see
+    /// [`Sampler`]).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Worker threads that load and collate batches (at least 1).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Batches made ahead beyond the ones being collated. Pinned memory held is at most
+    /// `(prefetch + workers + 1)` batches.
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Where batches are delivered: moved to a CUDA device without blocking, or left in pinned
+    /// host memory for [`Device::cpu`].
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The pool batch blocks come from (by default a pool of the loader's own).
+    pub fn pool(mut self, pool: PinnedPool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// This process is rank `rank` of `world` in a data-parallel run: it gets its part of
+    /// every epoch (see [`Sampler`] and [`IterSource`] for how the parts are cut).
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.rank = rank;
+        self.world = world;
+        self
+    }
+
+    /// Shards by `launch` and delivers to its GPU, `cuda:LOCAL_RANK`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CudaUnavailable`] naming `LOCAL_RANK` when there is no such device.
+    pub fn launch(self, launch: Launch) -> Result<Self> {
+        let device = launch.device()?;
+        Ok(self.shard(launch.rank, launch.world).device(device))
+    }
+
+    /// Shards by the launcher's `RANK` and `WORLD_SIZE` and delivers to `cuda:LOCAL_RANK`
+    /// ([`Launch::from_env`]): one process per GPU, on any number of machines.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Launcher`] for malformed variables; as [`launch`](Self::launch).
+    pub fn launch_from_env(self) -> Result<Self> {
+        self.launch(Launch::from_env()?)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.workers == 0 {
+            return Err(Error::Config {
+                setting: "workers",
+                problem: "at least one worker thread is needed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn pool_or_own(&mut self) -> PinnedPool {
+        self.pool
+            .take()
+            .unwrap_or_else(|| PinnedPool::new(PoolConfig::default()))
+    }
+}
+
+impl<D> LoaderBuilder<D>
+where
+    D: Dataset + 'static,
+    D::Sample: 'static,
+{
+    /// The loader, batching with `batcher`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a batch size or worker count of 0, or a rank not below the world
+    /// size.
+    pub fn build<B>(mut self, batcher: B) -> Result<Loader<D, B>>
+    where
+        B: Batcher<D::Sample> + 'static,
+        B::Batch: ToDevice + 'static,
+    {
+        self.check()?;
+        let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
+            .drop_last(self.drop_last)
+            .shard(self.rank, self.world)?;
+        if let Some(seed) = self.seed {
+            sampler = sampler.shuffle(seed);
+        }
+        let pool = self.pool_or_own();
+        Ok(Loader::from_parts(
+            Arc::new(self.source),
+            Arc::new(batcher),
+            sampler,
+            self.workers,
+            self.prefetch,
+            self.device,
+            pool,
+        ))
+    }
+
+    /// The loader, batching with the closure `batch(samples, collator)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with<F, T>(self, batch: F) -> Result<Loader<D, F>>
+    where
+        F: Fn(Vec<D::Sample>, &mut Collator) -> Result<T> + Send + Sync + 'static,
+        T: ToDevice + Send + 'static,
+    {
+        self.build(batch)
+    }
+}
+
+impl<F, I, S> LoaderBuilder<IterSource<F>>
+where
+    F: Fn(u64) -> I + Send + Sync + 'static,
+    I: Iterator<Item = Result<S>> + Send + 'static,
+    S: Send + 'static,
+{
+    /// The loader over a stream, batching with `batcher`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a batch size or worker count of 0, a rank not below the world
+    /// size, or a shuffle (a stream cannot be shuffled).
+    pub fn build<B>(mut self, batcher: B) -> Result<StreamLoader<F, B>>
+    where
+        B: Batcher<S> + 'static,
+        B::Batch: ToDevice + 'static,
+    {
+        self.check()?;
+        Sampler::new(0, self.batch_size)?.shard(self.rank, self.world)?;
+        if self.seed.is_some() {
+            return Err(Error::Config {
+                setting: "shuffle",
+                problem: "a stream cannot be shuffled; shuffle inside the stream (its closure \
+                          gets the epoch number), or use a Dataset"
+                    .into(),
+            });
+        }
+        let pool = self.pool_or_own();
+        Ok(StreamLoader::from_parts(
+            Arc::new(self.source),
+            Arc::new(batcher),
+            self.batch_size,
+            self.drop_last,
+            (self.rank, self.world),
+            self.workers,
+            self.prefetch,
+            self.device,
+            pool,
+        ))
+    }
+
+    /// The loader over a stream, batching with the closure `batch(samples, collator)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with<G, T>(self, batch: G) -> Result<StreamLoader<F, G>>
+    where
+        G: Fn(Vec<S>, &mut Collator) -> Result<T> + Send + Sync + 'static,
+        T: ToDevice + Send + 'static,
+    {
+        self.build(batch)
+    }
+}

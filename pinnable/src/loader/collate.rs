@@ -1,0 +1,420 @@
+//! Collation straight into pinned memory: a batch's samples are written once, into one pinned
+//! block per batch, with no pageable intermediate.
+//!
+//! A [`Collator`] works in two phases. First the batcher *plans* each tensor of the batch
+//! ([`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
+//! [`pad`](Collator::pad), [`empty`](Collator::empty)): shapes and dtypes are checked and the
+//! tensor gets its place in the batch's [`BatchLayout`], but nothing is copied yet. Then
+//! [`finish`](Collator::finish) allocates the one block and performs every write; the
+//! [`Collated`] result hands out the batch's tensors by their [`Slot`]s. A bad sample is
+//! reported before any memory is taken, naming the sample and the tensor.
+
+use std::sync::Arc;
+
+use super::stats::Counters;
+use crate::alloc::PinnedPool;
+use crate::batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+type Fill = Box<dyn Fn(&mut TensorMut<'_>) -> Result<()> + Send>;
+
+/// What `finish` writes into one planned tensor.
+enum Write {
+    /// Row `i` is a copy of tensor `i`.
+    Rows(Vec<Tensor>),
+    /// Row `i` starts with tensor `i`; `fill` writes the rest of the row.
+    Padded { rows: Vec<Tensor>, fill: Fill },
+    /// The whole tensor is a copy of this one (scalars gathered at plan time).
+    Whole(Tensor),
+    /// Left for the caller to write ([`Collated::view_mut`]).
+    Empty,
+}
+
+struct Planned {
+    slot: Slot,
+    name: String,
+    write: Write,
+}
+
+/// Builds one batch in one pinned block: plan every tensor, then [`finish`](Self::finish).
+/// See the [module docs](self).
+///
+/// The loader hands each [`Batcher`](super::Batcher) call a fresh collator that knows the
+/// dataset indices of the batch's samples, so errors name them; a collator made with
+/// [`Collator::new`] names samples by their position in the batch instead.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::Collator;
+/// use pinnable::{PinnedPool, PoolConfig, Tensor};
+///
+/// let pool = PinnedPool::new(PoolConfig::default());
+/// let images = [Tensor::from_vec(vec![1.0f32; 6], &[2, 3])?, Tensor::from_vec(vec![2.0f32; 6], &[2, 3])?];
+/// let tokens = [Tensor::from_vec1(vec![5i64, 6, 7]), Tensor::from_vec1(vec![8i64])];
+///
+/// let mut c = Collator::new(&pool);
+/// let im = c.stack("images", &images)?;
+/// let labels = c.stack_scalars("labels", [3i64, 9])?;
+/// let (tok, lengths) = c.pad("tokens", &tokens, 0i64)?;
+/// let mut out = c.finish()?; // one allocation, then every write
+///
+/// let im = out.take(im)?;
+/// assert_eq!(im.shape(), &[2, 2, 3]);
+/// assert!(im.is_pinned());
+/// assert_eq!(out.take(labels)?.to_vec::<i64>()?, vec![3, 9]);
+/// assert_eq!(out.take(tok)?.to_vec::<i64>()?, vec![5, 6, 7, 8, 0, 0]);
+/// assert_eq!(out.take(lengths)?.to_vec::<i64>()?, vec![3, 1]);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+pub struct Collator {
+    pool: PinnedPool,
+    indices: Option<Vec<usize>>,
+    layout: BatchLayout,
+    planned: Vec<Planned>,
+    counters: Option<Arc<Counters>>,
+}
+
+impl Collator {
+    /// A collator that takes its block from `pool`.
+    pub fn new(pool: &PinnedPool) -> Self {
+        Collator {
+            pool: pool.clone(),
+            indices: None,
+            layout: BatchLayout::new(),
+            planned: Vec::new(),
+            counters: None,
+        }
+    }
+
+    /// The loader's collator for a batch of the samples at `indices`.
+    pub(crate) fn for_batch(
+        pool: &PinnedPool,
+        indices: Vec<usize>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Collator {
+            indices: Some(indices),
+            counters: Some(counters),
+            ..Collator::new(pool)
+        }
+    }
+
+    /// The dataset indices of the batch's samples, in batch order, when the loader made this
+    /// collator (positions in a stream for a stream source); empty otherwise.
+    pub fn indices(&self) -> &[usize] {
+        self.indices.as_deref().unwrap_or_default()
+    }
+
+    /// The pool the batch's block comes from.
+    pub fn pool(&self) -> &PinnedPool {
+        &self.pool
+    }
+
+    /// The bytes of the block planned so far.
+    pub fn bytes(&self) -> usize {
+        self.layout.bytes()
+    }
+
+    /// The sample at batch position `pos`, as errors name it.
+    fn index_of(&self, pos: usize) -> usize {
+        self.indices
+            .as_ref()
+            .and_then(|ix| ix.get(pos).copied())
+            .unwrap_or(pos)
+    }
+
+    fn sample_error(&self, pos: usize, name: &str, source: Error) -> Error {
+        let source = match source {
+            Error::Field { .. } => source,
+            other => Error::Field {
+                path: name.to_owned(),
+                message: other.to_string(),
+            },
+        };
+        Error::Sample {
+            index: self.index_of(pos),
+            during: "collating",
+            source: Box::new(source),
+        }
+    }
+
+    fn field_error(name: &str, message: String) -> Error {
+        Error::Field {
+            path: name.to_owned(),
+            message,
+        }
+    }
+
+    fn plan(&mut self, name: &str, dtype: DType, shape: &[usize], write: Write) -> Result<Slot> {
+        let slot = self
+            .layout
+            .push(dtype, shape)
+            .map_err(|e| Self::field_error(name, e.to_string()))?;
+        self.planned.push(Planned {
+            slot,
+            name: name.to_owned(),
+            write,
+        });
+        Ok(slot)
+    }
+
+    /// Checks that every tensor is host data of the first one's dtype and, when `same_shape`,
+    /// shape (else rank and every dimension but the first); returns them.
+    fn gather<'t>(
+        &self,
+        name: &str,
+        tensors: impl IntoIterator<Item = &'t Tensor>,
+        same_shape: bool,
+    ) -> Result<Vec<Tensor>> {
+        let tensors: Vec<Tensor> = tensors.into_iter().cloned().collect();
+        let Some(first) = tensors.first() else {
+            return Err(Self::field_error(
+                name,
+                "there are no samples to collate".into(),
+            ));
+        };
+        for (pos, t) in tensors.iter().enumerate() {
+            let problem = if !t.placement().is_host() {
+                Some(format!(
+                    "the tensor is on {}; collate host tensors (move it with `to_cpu`)",
+                    t.placement()
+                ))
+            } else if t.dtype() != first.dtype() {
+                Some(format!(
+                    "dtype {} differs from {} of the batch's first sample",
+                    t.dtype(),
+                    first.dtype()
+                ))
+            } else if same_shape && t.shape() != first.shape() {
+                Some(format!(
+                    "shape {:?} differs from {:?} of the batch's first sample",
+                    t.shape(),
+                    first.shape()
+                ))
+            } else if !same_shape && (t.rank() == 0 || t.shape()[1..] != first.shape()[1..]) {
+                Some(format!(
+                    "shape {:?} cannot be padded along its first dimension together with {:?} \
+                     of the batch's first sample: every dimension but the first must agree",
+                    t.shape(),
+                    first.shape()
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = problem {
+                return Err(self.sample_error(pos, name, Self::field_error(name, message)));
+            }
+        }
+        Ok(tensors)
+    }
+
+    /// Plans a tensor `[B, ...]` whose row `i` is tensor `i` (any strides; views are gathered):
+    /// same-shaped tensors stacked along a new first dimension, like `torch.stack`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sample`] naming the first sample whose tensor is on a device or differs in
+    /// dtype or shape from the first sample's; [`Error::Field`] for no tensors at all.
+    pub fn stack<'t>(
+        &mut self,
+        name: &str,
+        tensors: impl IntoIterator<Item = &'t Tensor>,
+    ) -> Result<Slot> {
+        let rows = self.gather(name, tensors, true)?;
+        let mut shape = vec![rows.len()];
+        shape.extend_from_slice(rows[0].shape());
+        self.plan(name, rows[0].dtype(), &shape, Write::Rows(rows))
+    }
+
+    /// Plans a 1-D tensor of the values (labels, weights, lengths): `[B]` of `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Field`] for no values at all.
+    pub fn stack_scalars<T: Element>(
+        &mut self,
+        name: &str,
+        values: impl IntoIterator<Item = T>,
+    ) -> Result<Slot> {
+        let values: Vec<T> = values.into_iter().collect();
+        if values.is_empty() {
+            return Err(Self::field_error(
+                name,
+                "there are no samples to collate".into(),
+            ));
+        }
+        let n = values.len();
+        let t = Tensor::from_vec(values, &[n])?;
+        self.plan(name, T::DTYPE, &[n], Write::Whole(t))
+    }
+
+    /// Plans variable-length tensors padded to the longest: tensor `i` of shape `[len_i, ...]`
+    /// becomes row `i` of a `[B, max_len, ...]` tensor, its tail filled with `value`; also plans
+    /// the lengths, an `i64` tensor `[B]`. Returns both slots: (padded, lengths).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sample`] naming the first sample whose tensor is rank 0, on a device, or
+    /// differs from the first sample's in dtype or in a dimension after the first;
+    /// [`Error::Field`] when `T` is not the tensors' dtype, or for no tensors at all.
+    pub fn pad<'t, T: Element>(
+        &mut self,
+        name: &str,
+        tensors: impl IntoIterator<Item = &'t Tensor>,
+        value: T,
+    ) -> Result<(Slot, Slot)> {
+        let rows = self.gather(name, tensors, false)?;
+        let dtype = rows[0].dtype();
+        if dtype != T::DTYPE {
+            return Err(Self::field_error(
+                name,
+                format!(
+                    "the padding value is {} but the tensors hold {dtype}",
+                    T::DTYPE
+                ),
+            ));
+        }
+        let lengths: Vec<i64> = rows.iter().map(|t| t.shape()[0] as i64).collect();
+        let max = rows.iter().map(|t| t.shape()[0]).max().unwrap_or(0);
+        let mut shape = vec![rows.len(), max];
+        shape.extend_from_slice(&rows[0].shape()[1..]);
+        let fill: Fill = Box::new(move |v| v.fill(value));
+        let padded = self.plan(name, dtype, &shape, Write::Padded { rows, fill })?;
+        let lengths = self.stack_scalars(&format!("{name}.lengths"), lengths)?;
+        Ok((padded, lengths))
+    }
+
+    /// Plans a tensor that the caller writes after [`finish`](Self::finish), through
+    /// [`Collated::view_mut`]: for anything the other building blocks do not cover. Its
+    /// elements are unspecified until written (`false` for `bool`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Field`] if the shape's byte count overflows.
+    pub fn empty(&mut self, name: &str, dtype: DType, shape: &[usize]) -> Result<Slot> {
+        self.plan(name, dtype, shape, Write::Empty)
+    }
+
+    /// Allocates the batch's one block and performs every planned write. The collator is then
+    /// empty, ready to plan another batch.
+    ///
+    /// # Errors
+    ///
+    /// Allocation errors from the pool ([`Error::BudgetExceeded`], ...); [`Error::Sample`] if
+    /// a sample cannot be copied.
+    pub fn finish(&mut self) -> Result<Collated> {
+        let layout = std::mem::take(&mut self.layout);
+        let planned = std::mem::take(&mut self.planned);
+        let mut batch = layout.allocate_in(&self.pool)?;
+        if let Some(c) = &self.counters {
+            c.note_block(batch.block().len(), batch.block().capacity(), &self.pool);
+        }
+        for p in &planned {
+            let mut view = batch.view_mut(p.slot);
+            let at = |pos: usize, e: Error| self.sample_error(pos, &p.name, e);
+            match &p.write {
+                Write::Rows(rows) => {
+                    for (pos, (mut row, t)) in view.rows_mut().zip(rows).enumerate() {
+                        row.copy_from(t).map_err(|e| at(pos, e))?;
+                    }
+                }
+                Write::Padded { rows, fill } => {
+                    let max = view.shape()[1];
+                    for (pos, (mut row, t)) in view.rows_mut().zip(rows).enumerate() {
+                        let len = t.shape()[0];
+                        let write = |row: &mut TensorMut<'_>| -> Result<()> {
+                            row.narrow_mut(0, len)?.copy_from(t)?;
+                            fill(&mut row.narrow_mut(len, max - len)?)
+                        };
+                        write(&mut row).map_err(|e| at(pos, e))?;
+                    }
+                }
+                Write::Whole(t) => view.copy_from(t)?,
+                Write::Empty => {}
+            }
+        }
+        Ok(Collated {
+            slots: planned.len(),
+            batch: Some(batch),
+            tensors: Vec::new(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Collator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collator")
+            .field("tensors", &self.planned.len())
+            .field("bytes", &self.layout.bytes())
+            .finish()
+    }
+}
+
+/// A collated batch: its tensors, all in one pinned block, by the [`Slot`]s the
+/// [`Collator`] returned.
+pub struct Collated {
+    slots: usize,
+    /// The block while tensors planned with [`Collator::empty`] may still be written.
+    batch: Option<PinnedBatch>,
+    tensors: Vec<Tensor>,
+}
+
+impl Collated {
+    fn check(&self, slot: Slot) -> Result<()> {
+        if slot.index() >= self.slots {
+            return Err(Error::Shape(format!(
+                "slot {} does not belong to this batch, which has {} tensors",
+                slot.index(),
+                self.slots
+            )));
+        }
+        Ok(())
+    }
+
+    /// A writable view of a tensor, for those planned with [`Collator::empty`]. Only before
+    /// the first [`take`](Self::take).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a slot of another batch, or after a `take`.
+    pub fn view_mut(&mut self, slot: Slot) -> Result<TensorMut<'_>> {
+        self.check(slot)?;
+        match &mut self.batch {
+            Some(batch) => Ok(batch.view_mut(slot)),
+            None => Err(Error::Shape(
+                "the batch's tensors were already taken; write them before the first `take`".into(),
+            )),
+        }
+    }
+
+    /// The tensor planned at `slot`. Tensors share the batch's block; taking one twice gives
+    /// two handles on the same tensor.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a slot of another batch.
+    pub fn take(&mut self, slot: Slot) -> Result<Tensor> {
+        self.check(slot)?;
+        if let Some(batch) = self.batch.take() {
+            self.tensors = batch.finish();
+        }
+        Ok(self.tensors[slot.index()].clone())
+    }
+
+    /// Every tensor, in the order they were planned.
+    pub fn into_tensors(mut self) -> Vec<Tensor> {
+        match self.batch.take() {
+            Some(batch) => batch.finish(),
+            None => self.tensors,
+        }
+    }
+}
+
+impl std::fmt::Debug for Collated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Collated({} tensors)", self.slots)
+    }
+}

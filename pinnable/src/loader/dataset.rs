@@ -1,0 +1,216 @@
+//! Random-access sources of samples: the [`Dataset`] trait, its impls for slices, vectors and
+//! shared arrays, [`FnDataset`] for closures, and [`Rows`] for the rows of one big tensor.
+//!
+//! A sample may *borrow* from its dataset: a [`Tensor`] view into an array the dataset holds
+//! (in memory, or memory-mapped as [`NpyArray`](super::NpyArray) does) costs no copy; its bytes
+//! are copied once, by collation, straight into the batch's pinned block.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// A source of samples by index, like PyTorch's map-style `Dataset`.
+///
+/// `get` is called from several worker threads at once, hence `Send + Sync`. Each call should
+/// be independent: the loader asks for indices in any interleaving across threads (each batch's
+/// samples in order on one thread), and retries nothing.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::Dataset;
+///
+/// let data = vec![10u32, 20, 30];
+/// assert_eq!(data.len(), 3);
+/// assert_eq!(Dataset::get(&data, 1)?, 20);
+/// assert!(Dataset::get(&data, 3).is_err());
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+pub trait Dataset: Send + Sync {
+    /// What one index yields: a tensor, a struct of tensors and numbers, ...
+    type Sample: Send;
+
+    /// How many samples there are; indices run over `0..len()`.
+    fn len(&self) -> usize;
+
+    /// Sample `index`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever loading the sample can fail with; [`Error::IndexOutOfRange`] past the end.
+    /// The loader wraps it in [`Error::Sample`] with the index.
+    fn get(&self, index: usize) -> Result<Self::Sample>;
+
+    /// Whether there is no sample.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn out_of_range(index: usize, len: usize) -> Error {
+    Error::IndexOutOfRange { index, len }
+}
+
+/// Element `index`, cloned. A `Tensor` clones cheaply: it shares its storage.
+impl<T: Clone + Send + Sync> Dataset for [T] {
+    type Sample = T;
+
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+
+    fn get(&self, index: usize) -> Result<T> {
+        <[T]>::get(self, index)
+            .cloned()
+            .ok_or_else(|| out_of_range(index, <[T]>::len(self)))
+    }
+}
+
+/// Element `index`, cloned.
+impl<T: Clone + Send + Sync> Dataset for Vec<T> {
+    type Sample = T;
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn get(&self, index: usize) -> Result<T> {
+        Dataset::get(self.as_slice(), index)
+    }
+}
+
+/// The shared dataset's samples (`Arc<[T]>`, `Arc<MyDataset>`).
+impl<D: Dataset + ?Sized> Dataset for Arc<D> {
+    type Sample = D::Sample;
+
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn get(&self, index: usize) -> Result<D::Sample> {
+        (**self).get(index)
+    }
+}
+
+/// The borrowed dataset's samples (`&'static [T]`, a leaked or static table).
+impl<D: Dataset + ?Sized> Dataset for &D {
+    type Sample = D::Sample;
+
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn get(&self, index: usize) -> Result<D::Sample> {
+        (**self).get(index)
+    }
+}
+
+/// A dataset whose samples a closure makes: decode a record, generate data, read a file.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Dataset, FnDataset};
+/// use pinnable::Tensor;
+///
+/// let squares = FnDataset::new(100, |i| Tensor::from_vec(vec![(i * i) as f32], &[1]));
+/// assert_eq!(squares.len(), 100);
+/// assert_eq!(squares.get(7)?.to_vec::<f32>()?, vec![49.0]);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+pub struct FnDataset<F> {
+    len: usize,
+    f: F,
+}
+
+impl<F> FnDataset<F> {
+    /// `len` samples, sample `i` being `f(i)`.
+    pub fn new<S>(len: usize, f: F) -> Self
+    where
+        F: Fn(usize) -> Result<S> + Send + Sync,
+        S: Send,
+    {
+        FnDataset { len, f }
+    }
+}
+
+impl<F, S> Dataset for FnDataset<F>
+where
+    F: Fn(usize) -> Result<S> + Send + Sync,
+    S: Send,
+{
+    type Sample = S;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, index: usize) -> Result<S> {
+        if index >= self.len {
+            return Err(out_of_range(index, self.len));
+        }
+        (self.f)(index)
+    }
+}
+
+impl<F> std::fmt::Debug for FnDataset<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FnDataset(len {})", self.len)
+    }
+}
+
+/// The rows of one tensor (its indices along the first dimension) as samples, each a view
+/// that shares the tensor's memory: a whole dataset held in one array, in memory or mapped.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Dataset, Rows};
+/// use pinnable::Tensor;
+///
+/// let images = Tensor::from_vec(vec![0.5f32; 10 * 3 * 4 * 4], &[10, 3, 4, 4])?;
+/// let rows = Rows::new(images.clone())?;
+/// let sample = rows.get(9)?;
+/// assert_eq!(sample.shape(), &[3, 4, 4]);
+/// assert!(sample.shares_storage_with(&images)); // no copy
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Rows {
+    tensor: Tensor,
+}
+
+impl Rows {
+    /// The rows of `tensor`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a rank-0 tensor, which has no rows.
+    pub fn new(tensor: Tensor) -> Result<Self> {
+        if tensor.rank() == 0 {
+            return Err(Error::Shape("a rank-0 tensor has no rows".into()));
+        }
+        Ok(Rows { tensor })
+    }
+
+    /// The whole tensor.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+impl Dataset for Rows {
+    type Sample = Tensor;
+
+    fn len(&self) -> usize {
+        self.tensor.shape()[0]
+    }
+
+    fn get(&self, index: usize) -> Result<Tensor> {
+        if index >= self.len() {
+            return Err(out_of_range(index, self.len()));
+        }
+        self.tensor.select(0, index)
+    }
+}

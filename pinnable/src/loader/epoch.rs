@@ -1,0 +1,128 @@
+//! The iterators of one epoch: [`Epoch`] over a dataset (its length is known) and
+//! [`StreamEpoch`] over a stream.
+
+use std::sync::Arc;
+
+use super::pipeline::Pipeline;
+use super::stats::{Counters, EpochStats};
+use crate::error::Result;
+
+/// One epoch of a [`Loader`](super::Loader): its batches in order, each an `Ok(batch)` or, in
+/// place of a batch that could not be made, the `Err` that ended the epoch.
+///
+/// An `ExactSizeIterator`: [`len`](ExactSizeIterator::len) is the batches still to come (so a
+/// progress bar can wrap it); after an error it is 0 and the iterator ends.
+///
+/// The epoch's threads run while it lives. Dropping it — after its last batch, or at any point
+/// before — stops and joins them and drops every batch in flight, whose blocks go back to the
+/// pool; the batches already taken stay valid.
+pub struct Epoch<T> {
+    pipeline: Pipeline<T>,
+    remaining: usize,
+    epoch: u64,
+}
+
+impl<T> Epoch<T> {
+    pub(crate) fn new(pipeline: Pipeline<T>, batches: usize, epoch: u64) -> Self {
+        Epoch {
+            pipeline,
+            remaining: batches,
+            epoch,
+        }
+    }
+
+    /// The epoch number (which decided the shuffle).
+    pub fn number(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The figures so far (see [`EpochStats`]).
+    pub fn stats(&self) -> EpochStats {
+        self.pipeline.counters().snapshot()
+    }
+
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.pipeline.counters().clone()
+    }
+}
+
+impl<T> Iterator for Epoch<T> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        if self.remaining == 0 {
+            if let Some(e) = self.pipeline.shutdown() {
+                return Some(Err(e));
+            }
+            return None;
+        }
+        let item = self.pipeline.next();
+        match &item {
+            Some(Ok(_)) => self.remaining -= 1,
+            Some(Err(_)) | None => self.remaining = 0,
+        }
+        if self.remaining == 0 {
+            // The last batch: join the threads now rather than at the next call.
+            let _ = self.pipeline.shutdown();
+        }
+        item
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl<T> ExactSizeIterator for Epoch<T> {}
+
+impl<T> std::fmt::Debug for Epoch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoch")
+            .field("number", &self.epoch)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
+
+/// One epoch of a [`StreamLoader`](super::StreamLoader): as [`Epoch`], but a plain
+/// `Iterator`, since a stream's length is not known until it ends.
+pub struct StreamEpoch<T> {
+    pipeline: Pipeline<T>,
+    epoch: u64,
+}
+
+impl<T> StreamEpoch<T> {
+    pub(crate) fn new(pipeline: Pipeline<T>, epoch: u64) -> Self {
+        StreamEpoch { pipeline, epoch }
+    }
+
+    /// The epoch number (passed to the stream's closure).
+    pub fn number(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The figures so far (see [`EpochStats`]).
+    pub fn stats(&self) -> EpochStats {
+        self.pipeline.counters().snapshot()
+    }
+
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.pipeline.counters().clone()
+    }
+}
+
+impl<T> Iterator for StreamEpoch<T> {
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        self.pipeline.next()
+    }
+}
+
+impl<T> std::fmt::Debug for StreamEpoch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamEpoch")
+            .field("number", &self.epoch)
+            .finish()
+    }
+}

@@ -1,0 +1,104 @@
+//! A prefetching loader: samples in, batches out — collated straight into pinned memory by
+//! worker threads and moved to the device without blocking, overlapped with the training step.
+//!
+//! ```text
+//!  Sampler ──► worker threads ──────────────► transfer thread ──────────► consumer
+//!  (order,      get(i) for each sample,        in order: to_device on      `for batch in &loader`
+//!   shard)      the Batcher writes the batch   the copy stream (identity
+//!               into ONE pinned block          for Device::cpu())
+//! ```
+//!
+//! - **Sources** ([`dataset`]): the [`Dataset`] trait (implemented for slices, `Vec`s, `Arc`s,
+//!   references), [`FnDataset`] for closures, [`Rows`] for the rows of one big tensor,
+//!   [`NpyArray`] for a memory-mapped `.npy` file ([`npy`]), and [`IterSource`] for streams that
+//!   cannot be indexed ([`stream`]). Samples may be zero-copy views of the dataset's memory.
+//! - **Collation** ([`collate`], [`batcher`]): a [`Batcher`] (any closure
+//!   `Fn(Vec<Sample>, &mut Collator) -> Result<Batch>`) plans the batch's tensors with the
+//!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
+//!   [`pad`](Collator::pad), [`empty`](Collator::empty) — and [`finish`](Collator::finish)
+//!   writes every sample's bytes once, into one pinned block per batch, reused from the pool.
+//! - **Order** ([`sampler`]): sequential or shuffled from a seed and the epoch number (our own
+//!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
+//!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`
+//!   ([`launch`]).
+//! - **The pipeline**: batches arrive in sampler order whatever the number of workers; at most
+//!   `prefetch + workers + 1` batches' pinned memory is held; an error in a sample arrives in
+//!   its batch's place, naming the sample, and ends the epoch; a panic becomes an
+//!   [`Error::Panicked`](crate::Error::Panicked); dropping an [`Epoch`] stops and joins its
+//!   threads and returns its blocks.
+//! - **Figures** ([`stats`]): [`EpochStats`] — time the consumer waited, time loading,
+//!   collating and moving, batches/s, GB/s, pinned memory held against the bound.
+//!
+//! # Examples
+//!
+//! ```
+//! use pinnable::loader::{FnDataset, Loader};
+//! use pinnable::{Device, Tensor, ToDevice};
+//!
+//! struct Sample { image: Tensor, tokens: Tensor, label: i64 }
+//!
+//! #[derive(ToDevice)]
+//! struct Batch { images: Tensor, tokens: Tensor, lengths: Tensor, labels: Tensor }
+//!
+//! let dataset = FnDataset::new(10, |i| {
+//!     Ok(Sample {
+//!         image: Tensor::from_vec(vec![i as f32; 3 * 4 * 4], &[3, 4, 4])?,
+//!         tokens: Tensor::from_vec1(vec![i as i64; 1 + i % 3]),
+//!         label: i as i64,
+//!     })
+//! });
+//! let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
+//! let loader = Loader::builder(dataset)
+//!     .batch_size(4)
+//!     .shuffle(1234)
+//!     .device(device)
+//!     .build_with(|samples, c| {
+//!         let images = c.stack("images", samples.iter().map(|s| &s.image))?;
+//!         let (tokens, lengths) = c.pad("tokens", samples.iter().map(|s| &s.tokens), 0i64)?;
+//!         let labels = c.stack_scalars("labels", samples.iter().map(|s| s.label))?;
+//!         let mut out = c.finish()?;
+//!         Ok(Batch {
+//!             images: out.take(images)?,
+//!             tokens: out.take(tokens)?,
+//!             lengths: out.take(lengths)?,
+//!             labels: out.take(labels)?,
+//!         })
+//!     })?;
+//!
+//! for epoch in 0..2 {
+//!     loader.set_epoch(epoch);
+//!     for batch in &loader {
+//!         let batch = batch?;
+//!         assert_eq!(batch.tokens.shape()[0], batch.labels.shape()[0]);
+//!     }
+//!     println!("{}", loader.stats().unwrap());
+//! }
+//! # Ok::<(), pinnable::Error>(())
+//! ```
+
+pub mod batcher;
+mod builder;
+pub mod collate;
+pub mod dataset;
+mod epoch;
+pub mod launch;
+mod loaders;
+pub mod npy;
+mod pipeline;
+pub mod sampler;
+pub mod stats;
+pub mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use batcher::{Batcher, Stack};
+pub use builder::LoaderBuilder;
+pub use collate::{Collated, Collator};
+pub use dataset::{Dataset, FnDataset, Rows};
+pub use epoch::{Epoch, StreamEpoch};
+pub use launch::Launch;
+pub use loaders::{Loader, StreamLoader};
+pub use npy::NpyArray;
+pub use sampler::{Sampler, SplitMix64, permutation};
+pub use stats::EpochStats;
+pub use stream::IterSource;

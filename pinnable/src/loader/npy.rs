@@ -1,0 +1,437 @@
+//! `.npy` files as datasets, memory-mapped: an array saved from NumPy (`np.save`) or PyTorch
+//! (`np.save(path, t.numpy())`) loads with no conversion step, and its rows are samples that
+//! view the mapping without a copy.
+//!
+//! The format (NumPy's `format.py` documents it): the magic `\x93NUMPY`, a major and minor
+//! version byte (1.0, 2.0 or 3.0), the header's length (2 bytes little-endian in version 1, 4
+//! in versions 2 and 3), and the header: a Python dict literal such as
+//! `{'descr': '<f4', 'fortran_order': False, 'shape': (1000, 3, 32, 32), }`, padded with
+//! spaces and a newline so the data starts at a multiple of 64 bytes. The data follows, in
+//! C order.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::dataset::{Dataset, Rows};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::{HostBytes, Tensor};
+
+/// A read-only, private memory mapping of a whole file.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only memory owned by this value; any thread may read it, and it
+// is unmapped once, on drop.
+unsafe impl Send for Mapping {}
+// SAFETY: as for Send: shared access only reads.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the file `path` read-only; an error names the OS's reason.
+    fn open(path: &Path) -> std::result::Result<Mapping, String> {
+        let c = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| "the path contains a NUL byte".to_owned())?;
+        // SAFETY: `c` is a NUL-terminated path; the flags open read-only.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        let mapped = Mapping::map_fd(fd);
+        // SAFETY: `fd` was opened above and is closed once; the mapping outlives it.
+        unsafe { libc::close(fd) };
+        mapped
+    }
+
+    fn map_fd(fd: libc::c_int) -> std::result::Result<Mapping, String> {
+        // SAFETY: an all-zero `stat` is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open; `st` is a valid out-pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error().to_string());
+        }
+        let len = usize::try_from(st.st_size).map_err(|_| "the file size is invalid")?;
+        if len == 0 {
+            return Err("the file is empty".into());
+        }
+        // SAFETY: a read-only private mapping of an open file, no address hint.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "cannot map it: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let ptr = NonNull::new(p.cast()).ok_or("mmap returned null")?;
+        Ok(Mapping { ptr, len })
+    }
+}
+
+impl HostBytes for Mapping {
+    fn host_bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `map_fd` with this length and is unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A parsed `.npy` header: element type, shape, and where the data starts.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) data_offset: usize,
+}
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Parses the header at the start of `bytes`. Errors say what is wrong and what to do.
+pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
+    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+        return Err(
+            "it does not start with the .npy magic `\\x93NUMPY`; is it a .npy file \
+                    (np.save), not .npz or raw bytes?"
+                .into(),
+        );
+    }
+    let (major, minor) = (bytes[6], bytes[7]);
+    let (len, start) = match major {
+        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 if bytes.len() >= 12 => {
+            let n = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+            (
+                usize::try_from(n).map_err(|_| "the header length is invalid")?,
+                12,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "format version {major}.{minor} is not one of 1.0, 2.0, 3.0"
+            ));
+        }
+    };
+    let end = start + len;
+    let text = bytes
+        .get(start..end)
+        .ok_or("the file ends inside its header")?;
+    let text = std::str::from_utf8(text).map_err(|_| "the header is not text")?;
+    let dict = parse_dict(text)?;
+    let field = |key: &str| -> std::result::Result<&Value, String> {
+        dict.iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .ok_or_else(|| format!("the header has no '{key}' entry"))
+    };
+    let Value::Str(descr) = field("descr")? else {
+        return Err(
+            "the header's 'descr' is not a string: structured (record) arrays are not \
+                    supported; save each field as its own array"
+                .into(),
+        );
+    };
+    let dtype = parse_descr(descr)?;
+    match field("fortran_order")? {
+        Value::Bool(false) => {}
+        Value::Bool(true) => {
+            return Err(
+                "the array is stored in Fortran (column-major) order; save a C-order \
+                        copy: np.save(path, np.ascontiguousarray(a))"
+                    .into(),
+            );
+        }
+        _ => return Err("the header's 'fortran_order' is not True or False".into()),
+    }
+    let Value::Tuple(shape) = field("shape")? else {
+        return Err("the header's 'shape' is not a tuple".into());
+    };
+    Ok(Header {
+        dtype,
+        shape: shape.clone(),
+        data_offset: end,
+    })
+}
+
+/// A NumPy dtype string (`<f4`, `|b1`, `<i8`, ...) as a [`DType`].
+fn parse_descr(descr: &str) -> std::result::Result<DType, String> {
+    let (order, kind) = descr.split_at(descr.len().min(1));
+    let dtype = match kind {
+        "b1" => DType::Bool,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        _ => {
+            return Err(format!(
+                "dtype '{descr}' is not supported (bool, u8–u64, i8–i64, f16, f32 and f64 \
+                 are); convert it first, e.g. np.save(path, a.astype(np.float32))"
+            ));
+        }
+    };
+    let native_little = cfg!(target_endian = "little");
+    let little = match order {
+        "<" => true,
+        ">" => false,
+        "=" => native_little,
+        "|" => dtype.size() == 1 || native_little,
+        _ => {
+            return Err(format!(
+                "dtype '{descr}' has an unknown byte order '{order}'"
+            ));
+        }
+    };
+    if dtype.size() > 1 && little != native_little {
+        return Err(format!(
+            "dtype '{descr}' is {}-endian and this machine is not; save a native-order copy: \
+             np.save(path, a.astype(a.dtype.newbyteorder('=')))",
+            if little { "little" } else { "big" }
+        ));
+    }
+    Ok(dtype)
+}
+
+/// A value in a `.npy` header dict.
+#[derive(Debug, PartialEq, Eq)]
+enum Value {
+    Str(String),
+    Bool(bool),
+    Tuple(Vec<usize>),
+    /// Anything else (a list, for structured dtypes).
+    Other,
+}
+
+/// Parses the header's dict literal: string keys; string, `True`/`False`, int-tuple values.
+fn parse_dict(text: &str) -> std::result::Result<Vec<(String, Value)>, String> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    let bad = || format!("the header {:?} is not a dict literal", text.trim_end());
+    p.skip_ws();
+    if !p.eat(b'{') {
+        return Err(bad());
+    }
+    let mut out = Vec::new();
+    loop {
+        p.skip_ws();
+        if p.eat(b'}') {
+            return Ok(out);
+        }
+        let key = p.string().ok_or_else(bad)?;
+        p.skip_ws();
+        if !p.eat(b':') {
+            return Err(bad());
+        }
+        p.skip_ws();
+        let value = p.value().ok_or_else(bad)?;
+        out.push((key, value));
+        p.skip_ws();
+        if !p.eat(b',') {
+            p.skip_ws();
+            return if p.eat(b'}') { Ok(out) } else { Err(bad()) };
+        }
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        let hit = self.peek() == Some(c);
+        self.i += usize::from(hit);
+        hit
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            self.i += 1;
+        }
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let quote = self.peek().filter(|&c| c == b'\'' || c == b'"')?;
+        self.i += 1;
+        let start = self.i;
+        while self.peek()? != quote {
+            self.i += 1;
+        }
+        let s = std::str::from_utf8(&self.s[start..self.i]).ok()?.to_owned();
+        self.i += 1;
+        Some(s)
+    }
+
+    fn word(&mut self) -> &[u8] {
+        let start = self.i;
+        while self
+            .peek()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_')
+        {
+            self.i += 1;
+        }
+        &self.s[start..self.i]
+    }
+
+    fn value(&mut self) -> Option<Value> {
+        match self.peek()? {
+            b'\'' | b'"' => self.string().map(Value::Str),
+            b'(' => {
+                self.i += 1;
+                let mut dims = Vec::new();
+                loop {
+                    self.skip_ws();
+                    if self.eat(b')') {
+                        return Some(Value::Tuple(dims));
+                    }
+                    let digits = self.word();
+                    // Old files may write `3L`.
+                    let digits = digits.strip_suffix(b"L").unwrap_or(digits);
+                    dims.push(std::str::from_utf8(digits).ok()?.parse().ok()?);
+                    self.skip_ws();
+                    if !self.eat(b',') {
+                        self.skip_ws();
+                        return self.eat(b')').then_some(Value::Tuple(dims));
+                    }
+                }
+            }
+            b'[' => {
+                // A structured dtype's field list: skip it, brackets balanced.
+                let mut depth = 0usize;
+                loop {
+                    match self.peek()? {
+                        b'[' => depth += 1,
+                        b']' => depth -= 1,
+                        _ => {}
+                    }
+                    self.i += 1;
+                    if depth == 0 {
+                        return Some(Value::Other);
+                    }
+                }
+            }
+            _ => match self.word() {
+                b"True" => Some(Value::Bool(true)),
+                b"False" => Some(Value::Bool(false)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A `.npy` file, memory-mapped, as a dataset of its rows (indices along the first dimension);
+/// each sample a zero-copy view of the mapping, copied once, by collation.
+///
+/// The file must not be modified or truncated while the array (or any tensor viewing it) lives:
+/// the mapping reads it in place.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Dataset, NpyArray};
+///
+/// // A 2×3 i32 array as `np.save` writes it: magic, version 1.0, the header padded to 64 bytes.
+/// let mut header = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }".to_string();
+/// while (10 + header.len() + 1) % 64 != 0 {
+///     header.push(' ');
+/// }
+/// header.push('\n');
+/// let mut file = b"\x93NUMPY\x01\x00".to_vec();
+/// file.extend((header.len() as u16).to_le_bytes());
+/// file.extend(header.as_bytes());
+/// file.extend([1i32, 2, 3, 4, 5, 6].iter().flat_map(|v| v.to_le_bytes()));
+/// let path = std::env::temp_dir().join(format!("npy-doc-{}.npy", std::process::id()));
+/// std::fs::write(&path, file).unwrap();
+///
+/// let array = NpyArray::open(&path)?;
+/// assert_eq!(array.len(), 2);
+/// assert_eq!(array.get(1)?.to_vec::<i32>()?, vec![4, 5, 6]); // a view of the mapped file
+/// # drop(array);
+/// # std::fs::remove_file(&path).unwrap();
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct NpyArray {
+    tensor: Tensor,
+    rows: Option<Rows>,
+}
+
+impl NpyArray {
+    /// Maps the `.npy` file at `path` and checks its header.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Npy`] naming the file and what to do: it cannot be opened, is not `.npy`, is
+    /// Fortran-ordered, big-endian, of a dtype without a counterpart here, or shorter than its
+    /// header says.
+    pub fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
+        let path = path.as_ref();
+        let err = |problem: String| Error::Npy {
+            path: path.display().to_string(),
+            problem,
+        };
+        let mapping = Arc::new(Mapping::open(path).map_err(err)?);
+        let header = parse_header(mapping.host_bytes()).map_err(err)?;
+        let tensor =
+            Tensor::from_host_bytes(mapping, header.dtype, &header.shape, header.data_offset)
+                .map_err(|e| {
+                    err(format!(
+                        "the data does not match the header ({e}); the file may be truncated"
+                    ))
+                })?;
+        let rows = Rows::new(tensor.clone()).ok();
+        Ok(NpyArray { tensor, rows })
+    }
+
+    /// The whole array, viewing the mapping.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+/// Row `index` of the array (a rank-0 array has no rows: its length is 0).
+impl Dataset for NpyArray {
+    type Sample = Tensor;
+
+    fn len(&self) -> usize {
+        self.rows.as_ref().map_or(0, Dataset::len)
+    }
+
+    fn get(&self, index: usize) -> Result<Tensor> {
+        match &self.rows {
+            Some(rows) => rows.get(index),
+            None => Err(Error::IndexOutOfRange { index, len: 0 }),
+        }
+    }
+}

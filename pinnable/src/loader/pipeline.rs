@@ -1,0 +1,478 @@
+//! The threads of one epoch: workers load and collate batches into pinned memory, one transfer
+//! thread puts them back in order and moves them to the device, and the consumer takes them.
+//!
+//! ```text
+//!  jobs (in order) ──► worker × N ──► reorder + transfer ──► bounded channel ──► consumer
+//!        ▲ a permit per batch, taken before its job, given back when the consumer takes it
+//!          (and, on a device, once its copy has finished)
+//! ```
+//!
+//! **Bound.** `prefetch + workers` permits exist. A worker takes one before it takes the next
+//! job, so at most that many batches hold pinned memory between collation and the consumer;
+//! the consumer holds the one it took last. Permits are taken in job order, so the oldest
+//! unfinished batch always holds one and the reorder buffer cannot starve it.
+//!
+//! **Shutdown.** Stopping wakes every waiting worker and drops the consumer's end of the channel;
+//! workers finish the sample they are loading, the transfer thread returns, and every thread is
+//! joined before [`Pipeline::shutdown`] returns, with every batch in flight dropped (its block
+//! back in the pool).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::batcher::Batcher;
+use super::collate::Collator;
+use super::dataset::Dataset;
+use super::stats::Counters;
+use crate::alloc::PinnedPool;
+use crate::cuda::{Device, Event};
+use crate::error::{Error, Result};
+use crate::transfer::ToDevice;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_owned()
+    }
+}
+
+/// Runs `f`, turning a panic into [`Error::Panicked`] naming `what`.
+fn guarded<R>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Error::Panicked {
+            what: what(),
+            message: panic_message(&*p),
+        })
+    })
+}
+
+/// The epoch's jobs, in batch order.
+pub(crate) type Jobs<S> = Box<dyn Iterator<Item = Job<S>> + Send>;
+
+/// One batch's work, handed out in batch order.
+pub(crate) enum Job<S> {
+    /// Load the samples at these dataset indices.
+    Indices(Vec<usize>),
+    /// Samples already read from a stream, with their positions in it.
+    Read(Vec<(usize, Result<S>)>),
+}
+
+/// The permits that bound the batches in flight.
+struct Gate {
+    free: Mutex<usize>,
+    cv: Condvar,
+    stopped: AtomicBool,
+}
+
+impl Gate {
+    /// A permit, or `None` once stopped.
+    fn acquire(self: &Arc<Self>) -> Option<Permit> {
+        let mut free = lock(&self.free);
+        loop {
+            if self.is_stopped() {
+                return None;
+            }
+            if *free > 0 {
+                *free -= 1;
+                return Some(Permit {
+                    _held: Arc::new(PermitInner { gate: self.clone() }),
+                });
+            }
+            free = self.cv.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _guard = lock(&self.free);
+        self.cv.notify_all();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// One batch's place in the bound; given back when the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct Permit {
+    _held: Arc<PermitInner>,
+}
+
+struct PermitInner {
+    gate: Arc<Gate>,
+}
+
+impl Drop for PermitInner {
+    fn drop(&mut self) {
+        *lock(&self.gate.free) += 1;
+        self.gate.cv.notify_one();
+    }
+}
+
+/// A worker's result, in whatever order workers finish.
+struct Done<T> {
+    batch: usize,
+    result: Result<T>,
+    samples: usize,
+    permit: Permit,
+}
+
+/// What the consumer receives, in batch order.
+struct Ready<T> {
+    result: Result<T>,
+    samples: usize,
+    _permit: Option<Permit>,
+}
+
+/// Everything an epoch's threads need.
+pub(crate) struct Spec<S, T> {
+    pub(crate) jobs: Jobs<S>,
+    pub(crate) dataset: Option<Arc<dyn Dataset<Sample = S>>>,
+    pub(crate) batcher: Arc<dyn Batcher<S, Batch = T>>,
+    pub(crate) workers: usize,
+    pub(crate) prefetch: usize,
+    pub(crate) device: Device,
+    pub(crate) pool: PinnedPool,
+}
+
+/// What the workers share.
+struct Work<S, T> {
+    /// The next batch's number and the jobs.
+    jobs: Mutex<(usize, Jobs<S>)>,
+    dataset: Option<Arc<dyn Dataset<Sample = S>>>,
+    batcher: Arc<dyn Batcher<S, Batch = T>>,
+    pool: PinnedPool,
+    gate: Arc<Gate>,
+    counters: Arc<Counters>,
+}
+
+/// The running threads of one epoch, and the consumer's end.
+pub(crate) struct Pipeline<T> {
+    rx: Option<Receiver<Ready<T>>>,
+    gate: Arc<Gate>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Arc<Counters>,
+    /// An error to deliver before anything else (a thread that could not start).
+    pending: Option<Error>,
+    finished: bool,
+}
+
+impl<T: ToDevice + Send + 'static> Pipeline<T> {
+    /// Starts the epoch's threads.
+    pub(crate) fn start<S: Send + 'static>(spec: Spec<S, T>) -> Pipeline<T> {
+        let slots = spec.prefetch + spec.workers;
+        let gate = Arc::new(Gate {
+            free: Mutex::new(slots),
+            cv: Condvar::new(),
+            stopped: AtomicBool::new(false),
+        });
+        let counters = Arc::new(Counters::new(spec.workers, slots));
+        let work = Arc::new(Work {
+            jobs: Mutex::new((0, spec.jobs)),
+            dataset: spec.dataset,
+            batcher: spec.batcher,
+            pool: spec.pool,
+            gate: gate.clone(),
+            counters: counters.clone(),
+        });
+        let (done_tx, done_rx) = mpsc::channel::<Done<T>>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Ready<T>>(slots);
+        let mut pipeline = Pipeline {
+            rx: Some(ready_rx),
+            gate: gate.clone(),
+            threads: Vec::with_capacity(spec.workers + 1),
+            counters: counters.clone(),
+            pending: None,
+            finished: false,
+        };
+        let (device, transfer_gate) = (spec.device, gate.clone());
+        let spawned = std::thread::Builder::new()
+            .name("loader-transfer".into())
+            .spawn(move || transfer(done_rx, ready_tx, device, transfer_gate, counters));
+        let mut result = spawned.map(|h| pipeline.threads.push(h));
+        for i in 0..spec.workers {
+            if result.is_err() {
+                break;
+            }
+            let (work, tx) = (work.clone(), done_tx.clone());
+            result = std::thread::Builder::new()
+                .name(format!("loader-w{i}"))
+                .spawn(move || worker(&work, &tx))
+                .map(|h| pipeline.threads.push(h));
+        }
+        if let Err(e) = result {
+            pipeline.pending = Some(Error::Config {
+                setting: "workers",
+                problem: format!("cannot start a loader thread ({e}); use fewer workers"),
+            });
+            pipeline.shutdown();
+        }
+        pipeline
+    }
+}
+
+impl<T> Pipeline<T> {
+    /// The next batch in order, `None` at the end of the epoch. After an error the epoch is
+    /// over: its threads are stopped and joined, and `next` returns `None`.
+    pub(crate) fn next(&mut self) -> Option<Result<T>> {
+        if let Some(e) = self.pending.take() {
+            self.finished = true;
+            return Some(Err(e));
+        }
+        if self.finished {
+            return None;
+        }
+        let rx = self.rx.as_ref()?;
+        let start = Instant::now();
+        match rx.recv() {
+            Ok(Ready {
+                result: Ok(batch),
+                samples,
+                _permit,
+            }) => {
+                self.counters.took(samples, start.elapsed());
+                Some(Ok(batch))
+            }
+            Ok(Ready { result: Err(e), .. }) => {
+                self.shutdown();
+                Some(Err(e))
+            }
+            Err(_) => self.shutdown().map(Err),
+        }
+    }
+
+    /// The live counters.
+    pub(crate) fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Stops every thread, drops every batch in flight and joins the threads. Returns an error
+    /// if a thread died of a panic outside the code paths that report one.
+    pub(crate) fn shutdown(&mut self) -> Option<Error> {
+        self.finished = true;
+        self.counters.finish();
+        self.gate.stop();
+        drop(self.rx.take());
+        let mut died = None;
+        for h in self.threads.drain(..) {
+            if let Err(p) = h.join() {
+                died.get_or_insert(Error::Panicked {
+                    what: "a loader thread".into(),
+                    message: panic_message(&*p),
+                });
+            }
+        }
+        died
+    }
+}
+
+impl<T> Drop for Pipeline<T> {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// A worker: take a permit, then the next job; load and collate it; hand it on.
+fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
+    loop {
+        let Some(permit) = work.gate.acquire() else {
+            return;
+        };
+        let next = {
+            let mut jobs = lock(&work.jobs);
+            let batch = jobs.0;
+            let job = guarded(|| "the stream source".into(), || Ok(jobs.1.next()));
+            match job {
+                Ok(None) => None,
+                Ok(Some(job)) => Some((batch, Ok(job))),
+                Err(e) => Some((batch, Err(e))),
+            }
+            .inspect(|_| jobs.0 += 1)
+        };
+        let Some((batch, job)) = next else {
+            return; // the epoch's jobs are all taken
+        };
+        let (result, samples) = match job {
+            Ok(job) => run(work, batch, job),
+            Err(e) => (Err(e), 0),
+        };
+        let done = Done {
+            batch,
+            result,
+            samples,
+            permit,
+        };
+        if tx.send(done).is_err() {
+            return;
+        }
+    }
+}
+
+/// Loads and collates one batch; returns it with its sample count.
+fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Result<T>, usize) {
+    let start = Instant::now();
+    let loaded = load(work, job);
+    work.counters.add_load(start.elapsed());
+    let (indices, samples) = match loaded {
+        Ok(v) => v,
+        Err(e) => return (Err(e), 0),
+    };
+    let n = samples.len();
+    let start = Instant::now();
+    let mut c = Collator::for_batch(&work.pool, indices, work.counters.clone());
+    let result = guarded(
+        || format!("the batcher (batch {batch})"),
+        || work.batcher.batch(samples, &mut c),
+    );
+    work.counters.add_collate(start.elapsed());
+    (result, n)
+}
+
+/// A batch's samples and their indices (dataset indices, or stream positions).
+fn load<S: Send, T: Send>(work: &Work<S, T>, job: Job<S>) -> Result<(Vec<usize>, Vec<S>)> {
+    let failed = |index: usize, e: Error| Error::Sample {
+        index,
+        during: "loading",
+        source: Box::new(e),
+    };
+    match job {
+        Job::Indices(indices) => {
+            let dataset = work.dataset.as_ref().ok_or_else(|| Error::Config {
+                setting: "source",
+                problem: "an indexed job without a dataset".into(),
+            })?;
+            let mut samples = Vec::with_capacity(indices.len());
+            for &i in &indices {
+                if work.gate.is_stopped() {
+                    // The epoch is over and this batch is never delivered: skip the rest.
+                    return Err(Error::Config {
+                        setting: "epoch",
+                        problem: "stopped".into(),
+                    });
+                }
+                let sample = guarded(|| "the dataset's `get`".into(), || dataset.get(i));
+                samples.push(sample.map_err(|e| failed(i, e))?);
+            }
+            Ok((indices, samples))
+        }
+        Job::Read(items) => items
+            .into_iter()
+            .map(|(pos, r)| r.map(|s| (pos, s)).map_err(|e| failed(pos, e)))
+            .collect::<Result<Vec<_>>>()
+            .map(|v| v.into_iter().unzip()),
+    }
+}
+
+/// The transfer thread: reorders finished batches, moves each to the device (non-blocking,
+/// on its copy stream) and hands it to the consumer.
+fn transfer<T: ToDevice>(
+    rx: Receiver<Done<T>>,
+    tx: SyncSender<Ready<T>>,
+    device: Device,
+    gate: Arc<Gate>,
+    counters: Arc<Counters>,
+) {
+    let mut next = 0;
+    let mut waiting: BTreeMap<usize, Done<T>> = BTreeMap::new();
+    // Batches handed on whose copies may still run, with their permits.
+    let mut copying: VecDeque<(Event, Permit)> = VecDeque::new();
+    loop {
+        while copying.front().is_some_and(|(e, _)| e.is_complete()) {
+            copying.pop_front();
+        }
+        while let Some(done) = waiting.remove(&next) {
+            next += 1;
+            let Done {
+                result,
+                samples,
+                permit,
+                ..
+            } = done;
+            let result = result.and_then(|batch| {
+                let start = Instant::now();
+                let moved = move_batch(batch, &device, &permit, &mut copying);
+                counters.add_transfer(start.elapsed());
+                moved
+            });
+            let failed = result.is_err();
+            let ready = Ready {
+                result,
+                samples,
+                _permit: Some(permit),
+            };
+            if tx.send(ready).is_err() || failed {
+                gate.stop();
+                return;
+            }
+        }
+        let done = match copying.front() {
+            None => rx.recv().ok(),
+            Some((event, _)) => match rx.try_recv() {
+                Ok(done) => Some(done),
+                Err(TryRecvError::Empty) => {
+                    // Nothing to move: wait for the oldest copy, which frees its permit.
+                    let _ = event.synchronize();
+                    copying.pop_front();
+                    continue;
+                }
+                Err(TryRecvError::Disconnected) => None,
+            },
+        };
+        match done {
+            Some(done) => {
+                waiting.insert(done.batch, done);
+            }
+            None => {
+                // Every worker has returned. Batches still missing mean one died undelivered.
+                if !waiting.is_empty() && !gate.is_stopped() {
+                    let _ = tx.send(Ready {
+                        result: Err(Error::Panicked {
+                            what: "a loader worker".into(),
+                            message: format!("batch {next} was never delivered"),
+                        }),
+                        samples: 0,
+                        _permit: None,
+                    });
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// `batch` on `device`: itself on the host; otherwise moved without blocking, with an event
+/// recorded after its copy that keeps the batch's permit until the copy has finished.
+fn move_batch<T: ToDevice>(
+    batch: T,
+    device: &Device,
+    permit: &Permit,
+    copying: &mut VecDeque<(Event, Permit)>,
+) -> Result<T> {
+    if device.is_cpu() {
+        return Ok(batch);
+    }
+    let moved = guarded(
+        || "moving a batch to the device".into(),
+        || batch.to_device(device, true),
+    )?;
+    // The source batch goes back to the pool here; the pool holds its block until the copy
+    // recorded on it completes.
+    drop(batch);
+    let event = device.cuda_device("loader")?.record()?;
+    copying.push_back((event, permit.clone()));
+    Ok(moved)
+}

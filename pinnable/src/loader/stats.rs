@@ -1,0 +1,231 @@
+//! Per-epoch figures: where the time went (the consumer waiting for data, loading, collating,
+//! moving) and how much pinned memory the loader held against its bound.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use crate::alloc::PinnedPool;
+
+/// The live counters of one epoch, shared by its threads.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    started: Instant,
+    finished_ns: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    samples: AtomicU64,
+    bytes: AtomicU64,
+    wait_ns: AtomicU64,
+    load_ns: AtomicU64,
+    collate_ns: AtomicU64,
+    transfer_ns: AtomicU64,
+    largest_block: AtomicUsize,
+    held_peak: AtomicUsize,
+    workers: usize,
+    slots: usize,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Counters {
+    /// Counters for an epoch run by `workers` threads holding at most `slots` batches in
+    /// flight.
+    pub(crate) fn new(workers: usize, slots: usize) -> Self {
+        Counters {
+            started: Instant::now(),
+            finished_ns: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+            load_ns: AtomicU64::new(0),
+            collate_ns: AtomicU64::new(0),
+            transfer_ns: AtomicU64::new(0),
+            largest_block: AtomicUsize::new(0),
+            held_peak: AtomicUsize::new(0),
+            workers,
+            slots,
+        }
+    }
+
+    /// A batch's block of `len` bytes (`capacity` with its size class) was just taken from
+    /// `pool`.
+    pub(crate) fn note_block(&self, len: usize, capacity: usize, pool: &PinnedPool) {
+        self.largest_block.fetch_max(capacity, Relaxed);
+        self.bytes.fetch_add(len as u64, Relaxed);
+        // In use + pending only grows when a block is allocated, so sampling it right after
+        // each allocation catches its peak. Pending blocks whose copies have completed are
+        // free memory the pool has not noticed yet: let it notice first.
+        pool.reclaim();
+        let s = pool.stats();
+        self.held_peak
+            .fetch_max(s.in_use_bytes + s.pending_bytes, Relaxed);
+    }
+
+    pub(crate) fn add_load(&self, d: Duration) {
+        self.load_ns.fetch_add(nanos(d), Relaxed);
+    }
+
+    pub(crate) fn add_collate(&self, d: Duration) {
+        self.collate_ns.fetch_add(nanos(d), Relaxed);
+    }
+
+    pub(crate) fn add_transfer(&self, d: Duration) {
+        self.transfer_ns.fetch_add(nanos(d), Relaxed);
+    }
+
+    /// The consumer took a batch of `samples` samples after waiting `waited` for it.
+    pub(crate) fn took(&self, samples: usize, waited: Duration) {
+        self.wait_ns.fetch_add(nanos(waited), Relaxed);
+        self.batches.fetch_add(1, Relaxed);
+        self.samples.fetch_add(samples as u64, Relaxed);
+    }
+
+    /// The consumer has seen the epoch's end (or its error).
+    pub(crate) fn finish(&self) {
+        let _ = self.finished_ns.compare_exchange(
+            0,
+            nanos(self.started.elapsed()).max(1),
+            Relaxed,
+            Relaxed,
+        );
+    }
+
+    pub(crate) fn snapshot(&self) -> EpochStats {
+        let elapsed = match self.finished_ns.load(Relaxed) {
+            0 => self.started.elapsed(),
+            ns => Duration::from_nanos(ns),
+        };
+        let largest = self.largest_block.load(Relaxed);
+        EpochStats {
+            batches: self.batches.load(Relaxed),
+            samples: self.samples.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            elapsed,
+            waited: Duration::from_nanos(self.wait_ns.load(Relaxed)),
+            load: Duration::from_nanos(self.load_ns.load(Relaxed)),
+            collate: Duration::from_nanos(self.collate_ns.load(Relaxed)),
+            transfer: Duration::from_nanos(self.transfer_ns.load(Relaxed)),
+            workers: self.workers,
+            pinned_peak_bytes: self.held_peak.load(Relaxed),
+            pinned_bound_bytes: (self.slots + 1) * largest,
+            batch_bytes: largest,
+        }
+    }
+}
+
+/// What one epoch of a loader did, so a user can tell whether the input pipeline keeps up.
+/// `Display` prints a short table.
+///
+/// Times summed over worker threads (`load`, `collate`) can exceed the wall time; `waited` is
+/// the consumer's own: time spent in `next()` with no batch ready, i.e. the time the training
+/// step was starved of data.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Loader, Stack};
+/// use pinnable::Tensor;
+///
+/// let data: Vec<Tensor> = (0..12).map(|i| Tensor::from_vec1(vec![i as u8; 1024])).collect();
+/// let loader = Loader::builder(data).batch_size(4).workers(2).build(Stack)?;
+/// for batch in &loader {
+///     batch?;
+/// }
+/// let stats = loader.stats().unwrap();
+/// assert_eq!((stats.batches, stats.samples), (3, 12));
+/// assert!(stats.pinned_peak_bytes <= stats.pinned_bound_bytes);
+/// println!("{stats}"); // waited / load / collate / transfer / batches/s / GB/s / pinned held
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct EpochStats {
+    /// Batches the consumer took.
+    pub batches: u64,
+    /// Samples in them.
+    pub samples: u64,
+    /// Pinned bytes collated (the batches' blocks, without size-class rounding), in batches
+    /// the consumer took or not.
+    pub bytes: u64,
+    /// Wall time from the epoch's start to its end (or until now, while it runs).
+    pub elapsed: Duration,
+    /// Time the consumer waited for data.
+    pub waited: Duration,
+    /// Time in the dataset's `get`, summed over the workers.
+    pub load: Duration,
+    /// Time collating (planning, writing the pinned block), summed over the workers.
+    pub collate: Duration,
+    /// Time issuing moves to the device (`to_device`, non-blocking) on the transfer thread.
+    pub transfer: Duration,
+    /// Worker threads.
+    pub workers: usize,
+    /// The most pinned memory the loader's pool held in use or pending (blocks whose copies
+    /// still run), sampled at each allocation. Counts the pool's other users too, if it has
+    /// any.
+    pub pinned_peak_bytes: usize,
+    /// The stated bound: (prefetch + workers + 1) × the largest batch block.
+    pub pinned_bound_bytes: usize,
+    /// The largest batch block (its size-class capacity).
+    pub batch_bytes: usize,
+}
+
+impl EpochStats {
+    /// Batches per second of wall time.
+    pub fn batches_per_second(&self) -> f64 {
+        self.batches as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Pinned bytes collated per second of wall time, in GB/s (10^9 bytes).
+    pub fn gigabytes_per_second(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
+    }
+
+    /// The share of the epoch the consumer spent waiting for data, 0 to 1.
+    pub fn wait_share(&self) -> f64 {
+        self.waited.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+impl fmt::Display for EpochStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        writeln!(
+            f,
+            "batches      {} ({} samples) in {:.1} ms: {:.1} batches/s, {:.2} GB/s",
+            self.batches,
+            self.samples,
+            ms(self.elapsed),
+            self.batches_per_second(),
+            self.gigabytes_per_second()
+        )?;
+        writeln!(
+            f,
+            "waited       {:.1} ms ({:.1}% of the epoch: the consumer starved of data)",
+            ms(self.waited),
+            100.0 * self.wait_share()
+        )?;
+        writeln!(
+            f,
+            "load         {:.1} ms, collate {:.1} ms (summed over {} worker{})",
+            ms(self.load),
+            ms(self.collate),
+            self.workers,
+            if self.workers == 1 { "" } else { "s" }
+        )?;
+        writeln!(f, "transfer     {:.1} ms", ms(self.transfer))?;
+        write!(
+            f,
+            "pinned held  peak {:.1} MiB of a bound of {:.1} MiB (batch block {:.2} MiB)",
+            mib(self.pinned_peak_bytes),
+            mib(self.pinned_bound_bytes),
+            mib(self.batch_bytes)
+        )
+    }
+}
