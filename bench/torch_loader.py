@@ -2,7 +2,8 @@
 
 Batches of 64 x 3x224x224 f32 images + i64 labels. The dataset's __getitem__ returns a view of
 one large tensor (no clone), the way a memory-mapped dataset serves samples. Each batch is moved
-with .to('cuda', non_blocking=True) and read by a device sync, as benches/loader.rs does. Epochs
+with .to('cuda', non_blocking=True) and read by one kernel (a sum of the images), then the
+stream is synchronised, as benches/loader.rs does. Epochs
 are long (the dataset wraps around the array) so the timing starts after the prefetched backlog.
 
 Writes `torch_loader_w<workers> <seconds per batch>` lines (medians of steady-state runs) to
@@ -44,12 +45,14 @@ def seconds_per_batch(images, labels, workers, warmup, measured, dev):
     it = iter(DataLoader(ds, **kw))
     for _ in range(warmup):
         x, y = next(it)
-        x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        x.sum()
         torch.cuda.current_stream().synchronize()
     t0 = time.perf_counter()
     n = 0
     for x, y in it:
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        x.sum()
         torch.cuda.current_stream().synchronize()
         n += 1
     return (time.perf_counter() - t0) / n

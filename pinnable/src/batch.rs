@@ -392,7 +392,11 @@ mod tests {
         let b = layout.push(DType::F64, &[2, 2]).unwrap();
         let c = layout.push(DType::Bool, &[5]).unwrap();
         assert_eq!((a.index(), b.index(), c.index()), (0, 1, 2));
-        assert_eq!(layout.bytes(), 2 * PART_ALIGN + 5, "the last part is not padded");
+        assert_eq!(
+            layout.bytes(),
+            2 * PART_ALIGN + 5,
+            "the last part is not padded"
+        );
         let pool = pool();
         let mut batch = layout.allocate_in(&pool).unwrap();
         assert_eq!(
