@@ -8,7 +8,10 @@
 //! - a pool with [`PoolConfig::numa_node`](crate::PoolConfig::numa_node) places its fresh
 //!   blocks on that node (the kernel's preferred-node policy on each mapping, before it is
 //!   faulted in);
-//! - [`bind_current_thread`] keeps a thread (a loader's worker, say) on the node's CPUs.
+//! - [`bind_current_thread`] keeps a thread on the node's CPUs.
+//!
+//! The [loader](crate::loader) does both for the device it feeds ([`device_affinity`]): its own
+//! pool is placed on the device's node and its threads run on that node's CPUs.
 //!
 //! On a host with one node (every machine these figures were taken on), there is nothing to
 //! place and all of this is skipped. On a two-socket host, memory a GPU's DMA reads from the
@@ -143,6 +146,12 @@ pub fn affinity_for(topology: &dyn Topology, bus_id: &str) -> Option<HostAffinit
     let node = topology.node_of_pci(bus_id)?;
     let cpus = topology.cpus_of(node);
     (!cpus.is_empty()).then_some(HostAffinity { node, cpus })
+}
+
+/// Where `device`'s host-side work belongs on this machine (read from sysfs): `None` for the
+/// host, on a one-node machine, or where the kernel does not know the device's node.
+pub fn device_affinity(device: &crate::Device) -> Option<HostAffinity> {
+    affinity_for(&Sysfs::new(), &device.pcie_bus_id()?)
 }
 
 /// Keeps the calling thread on `cpus` from now on.

@@ -162,10 +162,16 @@ impl<Src> LoaderBuilder<Src> {
         Ok(())
     }
 
+    /// The pool given, or one of the loader's own, placed on the device's NUMA node when the
+    /// host has several.
     fn pool_or_own(&mut self) -> PinnedPool {
-        self.pool
-            .take()
-            .unwrap_or_else(|| PinnedPool::new(PoolConfig::default()))
+        self.pool.take().unwrap_or_else(|| {
+            let config = PoolConfig::default();
+            PinnedPool::new(match crate::numa::device_affinity(&self.device) {
+                Some(a) => config.numa_node(a.node),
+                None => config,
+            })
+        })
     }
 }
 

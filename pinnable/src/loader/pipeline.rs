@@ -199,19 +199,33 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             pending: None,
             finished: false,
         };
-        let (device, transfer_gate) = (spec.device, gate.clone());
+        // On a host with several memory nodes, every thread runs on the device's node.
+        let cpus = crate::numa::device_affinity(&spec.device).map(|a| a.cpus);
+        let on_node = move |cpus: &Option<Vec<usize>>| {
+            if let Some(cpus) = cpus {
+                // Best effort: an unbound thread still works, only farther from the device.
+                let _ = crate::numa::bind_current_thread(cpus);
+            }
+        };
+        let (device, transfer_gate, node) = (spec.device, gate.clone(), cpus.clone());
         let spawned = std::thread::Builder::new()
             .name("loader-transfer".into())
-            .spawn(move || transfer(done_rx, ready_tx, device, transfer_gate, counters));
+            .spawn(move || {
+                on_node(&node);
+                transfer(done_rx, ready_tx, device, transfer_gate, counters)
+            });
         let mut result = spawned.map(|h| pipeline.threads.push(h));
         for i in 0..spec.workers {
             if result.is_err() {
                 break;
             }
-            let (work, tx) = (work.clone(), done_tx.clone());
+            let (work, tx, node) = (work.clone(), done_tx.clone(), cpus.clone());
             result = std::thread::Builder::new()
                 .name(format!("loader-w{i}"))
-                .spawn(move || worker(&work, &tx))
+                .spawn(move || {
+                    on_node(&node);
+                    worker(&work, &tx)
+                })
                 .map(|h| pipeline.threads.push(h));
         }
         if let Err(e) = result {
