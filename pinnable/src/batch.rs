@@ -331,7 +331,7 @@ impl<'a> TensorMut<'a> {
         // SAFETY: the source is live (held by `src`) and, being another storage's bytes or
         // read-only shared bytes, does not overlap this exclusively borrowed view, which has
         // room for exactly `gather.bytes()` bytes of the same dtype.
-        unsafe { gather.gather(self.ptr) };
+        unsafe { gather.gather_streaming(self.ptr) };
         Ok(())
     }
 

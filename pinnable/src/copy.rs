@@ -75,11 +75,13 @@ impl Piece {
     unsafe fn gather(&self, copies: &[HostCopy]) {
         match &self.part {
             // SAFETY: forwarded from the caller; the part lies within the copy's destination.
-            Some((src, dst)) => unsafe { src.gather(copies[self.copies.start].dst.add(dst.start)) },
+            Some((src, dst)) => unsafe {
+                src.gather_streaming(copies[self.copies.start].dst.add(dst.start))
+            },
             None => {
                 for c in &copies[self.copies.clone()] {
                     // SAFETY: forwarded from the caller.
-                    unsafe { c.src.gather(c.dst) };
+                    unsafe { c.src.gather_streaming(c.dst) };
                 }
             }
         }

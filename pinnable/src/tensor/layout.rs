@@ -210,6 +210,27 @@ impl HostSrc {
     /// 1. The source bytes are live and not written during the call.
     /// 2. `dst` is valid for [`bytes`](Self::bytes) bytes of writes and does not overlap them.
     pub(crate) unsafe fn gather(&self, dst: *mut u8) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.gather_with(dst, |s, d, n| std::ptr::copy_nonoverlapping(s, d, n)) }
+    }
+
+    /// As [`gather`](Self::gather), for bytes the CPU will not read next (pinned memory that a
+    /// device copy reads): long runs are written with non-temporal stores, which go to memory
+    /// without first reading each destination line into the cache, a quarter less memory
+    /// traffic for a host copy feeding a device copy.
+    ///
+    /// # Safety
+    ///
+    /// As [`gather`](Self::gather).
+    pub(crate) unsafe fn gather_streaming(&self, dst: *mut u8) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.gather_with(dst, copy_streaming) }
+    }
+
+    /// # Safety
+    ///
+    /// As [`gather`](Self::gather); `copy` copies `n` bytes between non-overlapping ranges.
+    unsafe fn gather_with(&self, dst: *mut u8, copy: unsafe fn(*const u8, *mut u8, usize)) {
         if self.run == 0 {
             return;
         }
@@ -218,7 +239,7 @@ impl HostSrc {
         let mut src = self.ptr;
         for k in 0..total {
             // SAFETY: each run lies within the source (caller) and `dst` has room (caller).
-            unsafe { std::ptr::copy_nonoverlapping(src, dst.add(k * self.run), self.run) };
+            unsafe { copy(src, dst.add(k * self.run), self.run) };
             // Advance the odometer over the outer dimensions.
             let mut d = self.dims.len();
             while d > 0 {
@@ -234,6 +255,101 @@ impl HostSrc {
                 src = unsafe { src.sub((size - 1) * stride) };
                 idx[d] = 0;
             }
+        }
+    }
+}
+
+/// Runs at least this long are written with non-temporal stores by
+/// [`HostSrc::gather_streaming`]; shorter ones are cheaper through the cache.
+const STREAM_MIN: usize = 64 << 10;
+
+/// Copies `n` bytes from `src` to `dst`, with non-temporal stores when the run is long.
+///
+/// # Safety
+///
+/// 1. `src` is valid for `n` bytes of reads and `dst` for `n` bytes of writes; they do not
+///    overlap.
+unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if n >= STREAM_MIN {
+        // SAFETY: forwarded from the caller.
+        unsafe { stream_x86_64(src, dst, n) };
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// # Safety
+///
+/// As [`copy_streaming`].
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+unsafe fn stream_x86_64(src: *const u8, dst: *mut u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // Plain copies up to the first 16-byte-aligned destination byte, and of the tail.
+    let head = dst.align_offset(16).min(n);
+    // SAFETY: within both ranges (caller).
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut i = head;
+    while i + 64 <= n {
+        // SAFETY: SSE2 is part of every x86-64 CPU; the 64 bytes at `i` lie within both ranges
+        // (caller), the loads are unaligned loads, and `dst + i` is 16-byte aligned.
+        unsafe {
+            for k in (0..64).step_by(16) {
+                let v = _mm_loadu_si128(src.add(i + k).cast::<__m128i>());
+                _mm_stream_si128(dst.add(i + k).cast::<__m128i>(), v);
+            }
+        }
+        i += 64;
+    }
+    // SAFETY: the tail lies within both ranges (caller); the fence orders the streaming stores
+    // before any later store, so whoever is told the copy finished sees every byte.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i);
+        _mm_sfence();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_copies_are_exact_at_any_alignment_and_length() {
+        // A fixed-seed generator: these lengths and offsets exercise the head, the 64-byte
+        // body and the tail at every alignment.
+        let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let max = if cfg!(miri) {
+            2 * STREAM_MIN + 100
+        } else {
+            4 * STREAM_MIN
+        };
+        let src: Vec<u8> = (0..max + 64).map(|_| next() as u8).collect();
+        for _ in 0..if cfg!(miri) { 3 } else { 40 } {
+            let n = (STREAM_MIN - 100) + (next() as usize % (max - STREAM_MIN));
+            let (so, d_off) = (next() as usize % 64, next() as usize % 64);
+            let mut dst = vec![0u8; n + 128];
+            // SAFETY: both ranges are inside their vectors and do not overlap.
+            unsafe { copy_streaming(src.as_ptr().add(so), dst.as_mut_ptr().add(d_off), n) };
+            assert_eq!(
+                &dst[d_off..d_off + n],
+                &src[so..so + n],
+                "n={n} so={so} do={d_off}"
+            );
+            assert!(
+                dst[..d_off].iter().all(|&b| b == 0),
+                "wrote before the range"
+            );
+            assert!(
+                dst[d_off + n..].iter().all(|&b| b == 0),
+                "wrote past the range"
+            );
         }
     }
 }
