@@ -1,6 +1,6 @@
 //! The dense, strided, dtype-tagged tensor that batches are made of.
 //!
-//! A tensor is a view (shape, strides, offset) over [storage](Storage). Pageable storage belongs
+//! A tensor is a view (shape, strides, offset) over storage. Pageable storage belongs
 //! to one tensor and its views. Pinned and device storage is a *part* of a shared buffer: every
 //! tensor of a pinned batch is a part of one pinned block, every tensor of a moved batch a part
 //! of one device allocation, so a batch moves with one copy.
