@@ -40,7 +40,8 @@
 //! - [`alloc`]: the caching pinned host allocator;
 //! - [`copy`]: multi-threaded host copies into pinned memory;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
-//! - [`error`]: the one [`Error`] type.
+//! - [`error`]: the one [`Error`] type;
+//! - [`interop`]: ndarray, DLPack and burn, each behind its own cargo feature.
 
 #![warn(missing_docs)]
 
@@ -52,6 +53,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 mod impls;
+pub mod interop;
 pub mod path;
 pub mod pin;
 pub mod tensor;

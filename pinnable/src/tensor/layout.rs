@@ -27,6 +27,34 @@ pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+/// Whether no two indices of `shape` reach the same element through `strides`: true when,
+/// taking the dimensions longer than one by increasing stride, each stride passes every
+/// element the shorter-stride dimensions reach (what every transpose and narrow of a
+/// row-major layout satisfies).
+pub(crate) fn non_overlapping(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|(d, _)| **d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    dims.sort_unstable();
+    let mut reach: usize = 0;
+    for (s, d) in dims {
+        if s <= reach {
+            return false;
+        }
+        match (d - 1).checked_mul(s).and_then(|r| r.checked_add(reach)) {
+            Some(r) => reach = r,
+            None => return false,
+        }
+    }
+    true
+}
+
 /// The element range `[first, last + 1)` a view at `offset` touches.
 pub(crate) fn span(shape: &[usize], strides: &[usize], offset: usize) -> (usize, usize) {
     if shape.contains(&0) {
