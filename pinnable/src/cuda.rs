@@ -362,6 +362,39 @@ pub struct Event {
 }
 
 impl Event {
+    /// Records `stream`'s current work (a stream of `device`'s context) twice: as an `Event`
+    /// for readers to wait on, and as a plain event for a buffer's reader list.
+    pub(crate) fn record_on(
+        device: &Arc<CudaDevice>,
+        stream: &CudaStream,
+    ) -> Result<(Event, CudaEvent)> {
+        let pooled = device
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let event = match pooled {
+            Some(e) => e,
+            None => device
+                .ctx
+                .new_event(None)
+                .map_err(|e| Error::driver("cuEventCreate", e))?,
+        };
+        event
+            .record(stream)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        let reader = stream
+            .record_event(None)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        Ok((
+            Event {
+                event: Some(event),
+                device: device.clone(),
+            },
+            reader,
+        ))
+    }
+
     /// Whether the work recorded before this event has finished. A driver error reads as not
     /// finished: memory guarded by the event is held back rather than reused while a copy may
     /// still touch it, and the next synchronising call reports the error.

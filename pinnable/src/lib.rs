@@ -68,7 +68,7 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use path::{FieldPath, Segment, Walk};
 pub use pin::{PinContext, Pinnable};
-pub use tensor::{DeviceView, HostBytes, Placement, Tensor};
+pub use tensor::{DeviceView, DeviceViewMut, HostBytes, Placement, Tensor};
 pub use transfer::{MoveContext, ToDevice};
 
 /// `#[derive(Pinnable)]`: see the `pinnable-derive` crate.

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 pub(crate) use layout::{HostSrc, contiguous_strides};
 pub use storage::HostBytes;
 pub(crate) use storage::{Data, DeviceBuffer, HostBuf, Ready, Storage};
-pub use view::DeviceView;
+pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -197,6 +197,18 @@ impl DeviceBuffer {
         self.slice.device_ptr(&self.device.copy_stream).0
     }
 
+    /// Makes `stream` wait for every consumer recorded as reading this buffer.
+    pub(crate) fn wait_readers_on(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.retain(|r| !r.is_complete());
+        for r in readers.iter() {
+            stream
+                .wait(r)
+                .map_err(|e| crate::error::Error::driver("cuStreamWaitEvent", e))?;
+        }
+        Ok(())
+    }
+
     /// Records work on another stream that reads this buffer; the buffer is freed only after it.
     pub(crate) fn add_reader(&self, event: CudaEvent) {
         let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
