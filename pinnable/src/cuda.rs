@@ -318,6 +318,26 @@ impl CudaDevice {
         self.ctx.attribute(attr).ok()
     }
 
+    /// An event recording a raw stream's current work (a stream another library owns).
+    ///
+    /// # Safety
+    ///
+    /// 1. As for [`Event::wait_on_raw`].
+    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    pub(crate) unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<CudaEvent> {
+        let event = self
+            .ctx
+            .new_event(None)
+            .map_err(|e| Error::driver("cuEventCreate", e))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the event is live and of this context; the stream is valid (caller).
+        unsafe { result::event::record(event.cu_event(), stream) }
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        Ok(event)
+    }
+
     /// Records the copy stream's current work into a pooled event.
     pub(crate) fn record(self: &Arc<Self>) -> Result<Event> {
         let pooled = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -393,6 +413,30 @@ impl Event {
             },
             reader,
         ))
+    }
+
+    /// Makes a raw stream wait for the recorded work (for streams another library owns).
+    ///
+    /// # Safety
+    ///
+    /// 1. `stream` is a live stream of this event's device (or one of the special handles
+    ///    `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, or null for the legacy default stream).
+    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    pub(crate) unsafe fn wait_on_raw(&self, stream: sys::CUstream) -> Result<()> {
+        let Some(e) = &self.event else { return Ok(()) };
+        self.device
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the event is live (owned by `self`); the stream is valid (caller).
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                e.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| Error::driver("cuStreamWaitEvent", e))
     }
 
     /// Whether the work recorded before this event has finished. A driver error reads as not

@@ -138,6 +138,16 @@ pub enum Error {
         placement: String,
     },
 
+    /// A value of another library (an ndarray, a DLPack tensor, burn's `TensorData`) has no
+    /// counterpart here, or ours none there.
+    #[error("{library}: {message}")]
+    Interop {
+        /// The other side: `dlpack`, `burn`, ...
+        library: &'static str,
+        /// What has no counterpart and what to do instead.
+        message: String,
+    },
+
     /// An error raised by a user's or a library author's own impl, with the field path.
     #[error("`{path}`: {message}")]
     Field {

@@ -13,5 +13,7 @@
 //! [`HostBytes`](crate::HostBytes) owner, then [`PinContext::pin_tensor`](crate::PinContext::pin_tensor)
 //! and [`MoveContext::move_tensor`](crate::MoveContext::move_tensor) inside the batch's walk.
 
+#[cfg(feature = "dlpack")]
+pub mod dlpack;
 #[cfg(feature = "ndarray")]
 pub mod ndarray;

@@ -525,7 +525,7 @@ impl Tensor {
     }
 
     /// A tensor over `storage` with an explicit layout, in elements.
-    #[cfg_attr(not(feature = "ndarray"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "ndarray", feature = "dlpack")), allow(dead_code))]
     pub(crate) fn from_parts(
         storage: Arc<Storage>,
         dtype: DType,
