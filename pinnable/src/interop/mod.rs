@@ -13,6 +13,8 @@
 //! [`HostBytes`](crate::HostBytes) owner, then [`PinContext::pin_tensor`](crate::PinContext::pin_tensor)
 //! and [`MoveContext::move_tensor`](crate::MoveContext::move_tensor) inside the batch's walk.
 
+#[cfg(feature = "burn")]
+pub mod burn;
 #[cfg(feature = "dlpack")]
 pub mod dlpack;
 #[cfg(feature = "ndarray")]
