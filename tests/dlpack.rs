@@ -42,6 +42,12 @@ struct Spec {
 
 /// A foreign DLPack tensor over a copy of `spec.bytes` (8-byte aligned), and its deleter count.
 fn produce(spec: Spec) -> (DlpackTensor, Arc<AtomicUsize>) {
+    let (dl, deleted) = try_produce(spec);
+    (dl.unwrap(), deleted)
+}
+
+/// As `produce`, with the result of taking the tensor in.
+fn try_produce(spec: Spec) -> (pinnable::Result<DlpackTensor>, Arc<AtomicUsize>) {
     let mut data = vec![0u64; spec.bytes.len().div_ceil(8) + 1];
     // SAFETY: `data` has at least `bytes.len()` bytes.
     unsafe {
@@ -87,7 +93,7 @@ fn produce(spec: Spec) -> (DlpackTensor, Arc<AtomicUsize>) {
     // SAFETY: `p` is live; the deleter frees it; nothing writes the data.
     let dl = unsafe {
         (*p).managed.manager_ctx = p.cast();
-        DlpackTensor::from_raw_versioned(&raw mut (*p).managed).unwrap()
+        DlpackTensor::from_raw_versioned(&raw mut (*p).managed)
     };
     (dl, deleted)
 }
@@ -305,14 +311,6 @@ fn unsupported_imports_are_clear_errors_and_return_the_memory() {
         "dlpack: negative strides [-1] are not supported; make the tensor contiguous on the \
          producer's side first"
     );
-    let v2 = Spec {
-        major: 2,
-        ..spec(vec![0; 4], DType::U8, &[4])
-    };
-    assert_eq!(
-        import_error(v2),
-        "dlpack: DLPack 2.1 is not supported; only 1.x is"
-    );
     let opencl = Spec {
         device_type: 4,
         ..spec(vec![0; 4], DType::U8, &[4])
@@ -331,6 +329,20 @@ fn unsupported_imports_are_clear_errors_and_return_the_memory() {
     assert_eq!(import_error(bools), "dlpack: bool elements must be 0 or 1");
     let negative_size = spec(vec![0; 4], DType::U8, &[-4]);
     assert_eq!(import_error(negative_size), "dlpack: negative size in [-4]");
+}
+
+#[test]
+fn another_major_version_is_refused_when_taken_in_and_returned() {
+    let v2 = Spec {
+        major: 2,
+        ..spec(vec![0; 4], DType::U8, &[4])
+    };
+    let (dl, deleted) = try_produce(v2);
+    assert_eq!(
+        dl.unwrap_err().to_string(),
+        "dlpack: DLPack 2.1 is not supported; only 1.x is"
+    );
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
 }
 
 #[test]

@@ -233,7 +233,9 @@ impl DlpackTensor {
     ///
     /// # Errors
     ///
-    /// [`Error::Interop`] for a null pointer.
+    /// [`Error::Interop`] for a null pointer, or for a major version other than
+    /// [`ffi::DLPACK_MAJOR_VERSION`], whose layout past `flags` is unknown: its deleter is
+    /// called then, as the DLPack spec asks.
     ///
     /// # Safety
     ///
@@ -245,12 +247,25 @@ impl DlpackTensor {
     ///    lives; for device memory, the same on its device.
     /// 3. Nobody writes the data while the result, or a tensor made from it, lives.
     pub unsafe fn from_raw_versioned(managed: *mut DLManagedTensorVersioned) -> Result<Self> {
-        NonNull::new(managed)
-            .map(|p| DlpackTensor {
-                raw: Raw::Versioned(p),
-                ours: None,
-            })
-            .ok_or_else(|| error("a null DLManagedTensorVersioned pointer"))
+        let p = NonNull::new(managed)
+            .ok_or_else(|| error("a null DLManagedTensorVersioned pointer"))?;
+        // SAFETY: a valid managed tensor (caller); `version` and `deleter` sit before `flags`,
+        // which every version keeps in place.
+        let version = unsafe { p.as_ref() }.version;
+        let dl = DlpackTensor {
+            raw: Raw::Versioned(p),
+            ours: None,
+        };
+        if version.major != ffi::DLPACK_MAJOR_VERSION {
+            drop(dl); // calls the deleter
+            return Err(error(format!(
+                "DLPack {}.{} is not supported; only {}.x is",
+                version.major,
+                version.minor,
+                ffi::DLPACK_MAJOR_VERSION
+            )));
+        }
+        Ok(dl)
     }
 
     /// Takes ownership of a legacy, unversioned managed tensor.
@@ -333,8 +348,7 @@ impl DlpackTensor {
         }
     }
 
-    /// The tensor description. Only meaningful for a versioned tensor whose major version is
-    /// [`ffi::DLPACK_MAJOR_VERSION`] (or a legacy one).
+    /// The tensor description.
     pub fn dl_tensor(&self) -> &DLTensor {
         // SAFETY: valid while `self` owns it.
         unsafe {
@@ -563,22 +577,13 @@ impl Tensor {
     ///
     /// # Errors
     ///
-    /// [`Error::Interop`] for a major version other than 1, a dtype without a counterpart,
+    /// [`Error::Interop`] for a dtype without a counterpart,
     /// vector lanes, negative strides or sizes, a null data pointer for a non-empty tensor,
     /// data not aligned for its dtype, `bool` bytes other than 0 and 1, or a device type other
     /// than CPU, CUDA host and CUDA; [`Error::CudaUnavailable`] for a CUDA tensor without the
     /// device. The producer's deleter is called on every error.
     pub fn from_dlpack(dl: DlpackTensor) -> Result<Tensor> {
-        if let Some(v) = dl.version()
-            && v.major != ffi::DLPACK_MAJOR_VERSION
-        {
-            return Err(error(format!(
-                "DLPack {}.{} is not supported; only {}.x is",
-                v.major,
-                v.minor,
-                ffi::DLPACK_MAJOR_VERSION
-            )));
-        }
+        // A versioned tensor's major version was checked when it was taken in.
         let t = dl.dl_tensor();
         let dtype = from_dl_dtype(t.dtype)?;
         // SAFETY: `from_raw_*`'s callers promise `ndim` entries.
