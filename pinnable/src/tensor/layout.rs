@@ -183,3 +183,21 @@ impl HostSrc {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::non_overlapping;
+
+    #[test]
+    fn non_overlapping_accepts_permuted_and_narrowed_layouts_and_rejects_aliases() {
+        assert!(non_overlapping(&[2, 3, 4], &[12, 4, 1]));
+        assert!(non_overlapping(&[4, 3, 2], &[1, 4, 12])); // reversed axes
+        assert!(non_overlapping(&[2, 2, 4], &[12, 4, 1])); // narrowed: gaps, no aliases
+        assert!(non_overlapping(&[1, 5], &[0, 1])); // a length-1 axis's stride is never used
+        assert!(non_overlapping(&[0, 3], &[0, 0])); // nothing to alias
+        assert!(!non_overlapping(&[3, 2], &[1, 2])); // (2, 0) and (0, 1) meet
+        assert!(!non_overlapping(&[2, 2], &[1, 1]));
+        assert!(!non_overlapping(&[4], &[0])); // a broadcast
+        assert!(!non_overlapping(&[3, usize::MAX], &[usize::MAX, 2])); // overflow is refused
+    }
+}
