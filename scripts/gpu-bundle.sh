@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the tests, benches and examples as release binaries into one folder with a run.sh, so
 # they can be copied to a CUDA machine and run there without a Rust toolchain. The CUDA driver
-# library is loaded at run time, so nothing here needs CUDA installed.
+# library is loaded at run time, so nothing here needs CUDA installed. Every feature is on, so
+# the integrations' GPU tests and examples are in the bundle too.
 #
 #   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle
 #   DIR/run.sh [tests|examples|benches|all] (default: all)
@@ -13,9 +14,9 @@ mkdir -p "$out/tests" "$out/benches" "$out/examples"
 
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test --workspace --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
-cargo bench --workspace --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
-cargo build --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
+cargo test --workspace --all-features --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
+cargo bench --workspace --all-features --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
+cargo build --all-features --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
 
 python3 - "$json" "$out" <<'PY'
 import json, shutil, sys, os

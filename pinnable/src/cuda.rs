@@ -318,6 +318,26 @@ impl CudaDevice {
         self.ctx.attribute(attr).ok()
     }
 
+    /// An event recording a raw stream's current work (a stream another library owns).
+    ///
+    /// # Safety
+    ///
+    /// 1. As for [`Event::wait_on_raw`].
+    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    pub(crate) unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<CudaEvent> {
+        let event = self
+            .ctx
+            .new_event(None)
+            .map_err(|e| Error::driver("cuEventCreate", e))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the event is live and of this context; the stream is valid (caller).
+        unsafe { result::event::record(event.cu_event(), stream) }
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        Ok(event)
+    }
+
     /// Records the copy stream's current work into a pooled event.
     pub(crate) fn record(self: &Arc<Self>) -> Result<Event> {
         let pooled = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -362,6 +382,63 @@ pub struct Event {
 }
 
 impl Event {
+    /// Records `stream`'s current work (a stream of `device`'s context) twice: as an `Event`
+    /// for readers to wait on, and as a plain event for a buffer's reader list.
+    pub(crate) fn record_on(
+        device: &Arc<CudaDevice>,
+        stream: &CudaStream,
+    ) -> Result<(Event, CudaEvent)> {
+        let pooled = device
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let event = match pooled {
+            Some(e) => e,
+            None => device
+                .ctx
+                .new_event(None)
+                .map_err(|e| Error::driver("cuEventCreate", e))?,
+        };
+        event
+            .record(stream)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        let reader = stream
+            .record_event(None)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        Ok((
+            Event {
+                event: Some(event),
+                device: device.clone(),
+            },
+            reader,
+        ))
+    }
+
+    /// Makes a raw stream wait for the recorded work (for streams another library owns).
+    ///
+    /// # Safety
+    ///
+    /// 1. `stream` is a live stream of this event's device (or one of the special handles
+    ///    `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, or null for the legacy default stream).
+    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    pub(crate) unsafe fn wait_on_raw(&self, stream: sys::CUstream) -> Result<()> {
+        let Some(e) = &self.event else { return Ok(()) };
+        self.device
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the event is live (owned by `self`); the stream is valid (caller).
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                e.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| Error::driver("cuStreamWaitEvent", e))
+    }
+
     /// Whether the work recorded before this event has finished. A driver error reads as not
     /// finished: memory guarded by the event is held back rather than reused while a copy may
     /// still touch it, and the next synchronising call reports the error.

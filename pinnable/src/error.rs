@@ -123,6 +123,31 @@ pub enum Error {
         placement: String,
     },
 
+    /// The operation writes a tensor in place, but a clone or view shares its storage and would
+    /// see the write.
+    #[error(
+        "`{op}` writes in place, but {tensors} tensors share this {placement} tensor's storage \
+         (clones or views of it); drop the others first, or write into a tensor of its own"
+    )]
+    Shared {
+        /// The operation, e.g. `cuda_view_mut`.
+        op: &'static str,
+        /// How many tensors share the storage, this one included.
+        tensors: usize,
+        /// Where the tensor is, e.g. `cuda:0`.
+        placement: String,
+    },
+
+    /// A value of another library (an ndarray, a DLPack tensor, burn's `TensorData`) has no
+    /// counterpart here, or ours none there.
+    #[error("{library}: {message}")]
+    Interop {
+        /// The other side: `dlpack`, `burn`, ...
+        library: &'static str,
+        /// What has no counterpart and what to do instead.
+        message: String,
+    },
+
     /// An error raised by a user's or a library author's own impl, with the field path.
     #[error("`{path}`: {message}")]
     Field {

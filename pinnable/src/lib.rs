@@ -44,7 +44,8 @@
 //!   moved to the device by worker threads out;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
-//! - [`error`]: the one [`Error`] type.
+//! - [`error`]: the one [`Error`] type;
+//! - [`interop`]: ndarray, DLPack and burn, each behind its own cargo feature.
 
 #![warn(missing_docs)]
 
@@ -57,6 +58,7 @@ pub mod dtype;
 pub mod error;
 pub mod fanout;
 mod impls;
+pub mod interop;
 pub mod loader;
 pub mod numa;
 pub mod path;
@@ -74,7 +76,7 @@ pub use error::{Error, Result};
 pub use fanout::{Route, ToDevices};
 pub use path::{FieldPath, Segment, Walk};
 pub use pin::{PinContext, Pinnable};
-pub use tensor::{DeviceView, HostBytes, Placement, Tensor};
+pub use tensor::{DeviceView, DeviceViewMut, HostBytes, Placement, Tensor};
 pub use transfer::{MoveContext, ToDevice};
 
 /// `#[derive(Pinnable)]`: see the `pinnable-derive` crate.

@@ -155,23 +155,43 @@ impl Tensor {
     /// As [`as_slice`](Self::as_slice), plus allocation errors when a private copy is made.
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
         self.check_dtype::<T>()?;
+        let first = self.writable("as_mut_slice", false)?;
+        // SAFETY: `writable` made this tensor the only one referring to its storage and
+        // contiguous, whose part of the buffer no other storage covers (parts of a shared block
+        // never overlap), so `&mut self` is exclusive over these `numel` aligned elements of
+        // `T`; no copy still reads them.
+        Ok(unsafe { std::slice::from_raw_parts_mut(first.cast(), self.numel()) })
+    }
+
+    /// Makes the tensor writable in place and returns the address of its first element: if a
+    /// clone or view shares the storage, the bytes are owned elsewhere, or (unless
+    /// `keep_strides`) the view is not contiguous, the tensor first gets its own contiguous copy
+    /// in the same kind of memory. Then waits for the copy that fills the tensor and for copies
+    /// still reading its block. Afterwards this tensor alone refers to its storage, so the
+    /// elements its view reaches (and the gaps between them, inside its own part) are
+    /// exclusively `&mut self`'s.
+    pub(crate) fn writable(&mut self, op: &'static str, keep_strides: bool) -> Result<*mut u8> {
         let placement = self.placement();
         if !placement.is_host() {
             return Err(Error::WrongPlacement {
-                op: "as_mut_slice",
+                op,
                 needs: "a host tensor (move it with `to_cpu` first)",
                 placement: placement.to_string(),
             });
         }
         let external = matches!(self.storage.data, Data::External(_));
-        if external || !self.is_contiguous() || Arc::get_mut(&mut self.storage).is_none() {
+        let strided_ok = if keep_strides {
+            super::layout::non_overlapping(&self.shape, &self.strides)
+        } else {
+            self.is_contiguous()
+        };
+        if external || !strided_ok || Arc::get_mut(&mut self.storage).is_none() {
             *self = match placement {
                 Placement::Pinned => self.to_own_block()?,
                 _ => self.contiguous_copy()?,
             };
         }
         self.storage.wait_ready()?;
-        let n = self.numel();
         let offset = self.byte_offset();
         let storage = Arc::get_mut(&mut self.storage).expect("made unique above");
         let base = match &mut storage.data {
@@ -182,10 +202,8 @@ impl Tensor {
             }
             Data::Device(_) | Data::External(_) => unreachable!("made private above"),
         };
-        // SAFETY: this tensor alone refers to its storage, whose part of the buffer no other
-        // storage covers (parts of a shared block never overlap), so `&mut self` is exclusive
-        // over these `n` aligned elements of `T`; no copy still reads them.
-        Ok(unsafe { std::slice::from_raw_parts_mut(base.add(offset).cast(), n) })
+        // SAFETY: the offset lies within the storage (views are checked when made).
+        Ok(unsafe { base.add(offset) })
     }
 
     fn contiguous_copy(&self) -> Result<Tensor> {

@@ -109,6 +109,34 @@ pub(crate) fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+/// Whether no two indices of `shape` reach the same element through `strides`: true when,
+/// taking the dimensions longer than one by increasing stride, each stride passes every
+/// element the shorter-stride dimensions reach (what every transpose and narrow of a
+/// row-major layout satisfies).
+pub(crate) fn non_overlapping(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|(d, _)| **d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    dims.sort_unstable();
+    let mut reach: usize = 0;
+    for (s, d) in dims {
+        if s <= reach {
+            return false;
+        }
+        match (d - 1).checked_mul(s).and_then(|r| r.checked_add(reach)) {
+            Some(r) => reach = r,
+            None => return false,
+        }
+    }
+    true
+}
+
 /// The element range `[first, last + 1)` a view at `offset` touches.
 pub(crate) fn span(shape: &[usize], strides: &[usize], offset: usize) -> (usize, usize) {
     if shape.contains(&0) {
@@ -313,6 +341,19 @@ unsafe fn stream_x86_64(src: *const u8, dst: *mut u8, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_overlapping_accepts_permuted_and_narrowed_layouts_and_rejects_aliases() {
+        assert!(non_overlapping(&[2, 3, 4], &[12, 4, 1]));
+        assert!(non_overlapping(&[4, 3, 2], &[1, 4, 12])); // reversed axes
+        assert!(non_overlapping(&[2, 2, 4], &[12, 4, 1])); // narrowed: gaps, no aliases
+        assert!(non_overlapping(&[1, 5], &[0, 1])); // a length-1 axis's stride is never used
+        assert!(non_overlapping(&[0, 3], &[0, 0])); // nothing to alias
+        assert!(!non_overlapping(&[3, 2], &[1, 2])); // (2, 0) and (0, 1) meet
+        assert!(!non_overlapping(&[2, 2], &[1, 1]));
+        assert!(!non_overlapping(&[4], &[0])); // a broadcast
+        assert!(!non_overlapping(&[3, usize::MAX], &[usize::MAX, 2])); // overflow is refused
+    }
 
     #[test]
     fn streaming_copies_are_exact_at_any_alignment_and_length() {

@@ -32,7 +32,7 @@ use layout::Dims;
 pub(crate) use layout::{HostSrc, contiguous_strides};
 pub use storage::HostBytes;
 pub(crate) use storage::{Data, DeviceBuffer, HostBuf, Ready, Storage};
-pub use view::DeviceView;
+pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -171,6 +171,25 @@ impl Tensor {
             dtype: self.dtype,
             shape: self.shape.clone(),
             strides,
+            offset,
+        }
+    }
+
+    /// A tensor over `storage` with an explicit layout, in elements.
+    #[cfg_attr(not(any(feature = "ndarray", feature = "dlpack")), allow(dead_code))]
+    pub(crate) fn from_parts(
+        storage: Arc<Storage>,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Tensor {
+        debug_assert_eq!(shape.len(), strides.len());
+        Tensor {
+            storage,
+            dtype,
+            shape: Dims::from(shape),
+            strides: Dims::from(strides),
             offset,
         }
     }

@@ -180,6 +180,8 @@ pub(crate) struct DeviceBuffer {
     slice: ManuallyDrop<CudaSlice<u8>>,
     pub(crate) device: Arc<CudaDevice>,
     readers: Mutex<Vec<CudaEvent>>,
+    /// For memory another library allocated: what returns it (dropped instead of freeing).
+    foreign: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl DeviceBuffer {
@@ -188,6 +190,31 @@ impl DeviceBuffer {
             slice: ManuallyDrop::new(slice),
             device,
             readers: Mutex::new(Vec::new()),
+            foreign: None,
+        }
+    }
+
+    /// `bytes` of device memory at `ptr` that another library allocated; `owner` keeps it
+    /// alive and returns it when dropped, after every recorded reader has finished.
+    ///
+    /// # Safety
+    ///
+    /// 1. `ptr` addresses `bytes` bytes of `device`'s memory, live until `owner` is dropped.
+    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    pub(crate) unsafe fn foreign(
+        ptr: cudarc::driver::sys::CUdeviceptr,
+        bytes: usize,
+        device: Arc<CudaDevice>,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> DeviceBuffer {
+        // SAFETY: the memory is valid for `bytes` bytes (caller); the slice never frees it:
+        // `drop` gives the pointer back with `leak`.
+        let slice = unsafe { device.copy_stream.upgrade_device_ptr::<u8>(ptr, bytes) };
+        DeviceBuffer {
+            slice: ManuallyDrop::new(slice),
+            device,
+            readers: Mutex::new(Vec::new()),
+            foreign: Some(owner),
         }
     }
 
@@ -201,6 +228,18 @@ impl DeviceBuffer {
         self.slice.device_ptr(&self.device.copy_stream).0
     }
 
+    /// Makes `stream` wait for every consumer recorded as reading this buffer.
+    pub(crate) fn wait_readers_on(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.retain(|r| !r.is_complete());
+        for r in readers.iter() {
+            stream
+                .wait(r)
+                .map_err(|e| crate::error::Error::driver("cuStreamWaitEvent", e))?;
+        }
+        Ok(())
+    }
+
     /// Records work on another stream that reads this buffer; the buffer is freed only after it.
     pub(crate) fn add_reader(&self, event: CudaEvent) {
         let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,6 +250,19 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if let Some(owner) = self.foreign.take() {
+            // Memory another library owns cannot be freed in stream order: wait here for
+            // everything that reads it, then hand it back.
+            let readers =
+                std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));
+            for r in &readers {
+                let _ = r.synchronize();
+            }
+            // SAFETY: dropped exactly once, here; `leak` does not free the memory.
+            let _ = unsafe { ManuallyDrop::take(&mut self.slice) }.leak();
+            drop(owner);
+            return;
+        }
         // The buffer is freed on the copy stream (stream-ordered); make that stream wait for
         // every consumer that read it on another stream first.
         let readers = std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));

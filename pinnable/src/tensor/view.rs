@@ -1,10 +1,14 @@
 //! Typed views of device tensors for kernels on any stream, ordered after the copy that fills
-//! them.
+//! them: read-only ([`Tensor::cuda_view`]) and writable ([`Tensor::cuda_view_mut`]).
 
-use cudarc::driver::{CudaStream, CudaView, DeviceRepr};
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr};
 
 use super::Tensor;
 use super::storage::{Data, DeviceBuffer};
+use crate::cuda::Event;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 
@@ -50,6 +54,151 @@ impl Tensor {
             stream,
             buffer: buf,
         })
+    }
+}
+
+impl Tensor {
+    /// A typed, writable view of a contiguous device tensor for kernels on `stream` that write
+    /// it in place.
+    ///
+    /// Ordered like [`cuda_view`](Self::cuda_view), and more: `stream` first waits for the copy
+    /// that fills the tensor and for every consumer recorded as reading its buffer (views on
+    /// other streams, copies to other devices or to the host), so the kernels overwrite nothing
+    /// still being read. When the view is dropped, an event is recorded on `stream` that becomes
+    /// the tensor's ready event, so whatever reads the tensor next (a view on any stream, a copy
+    /// to the host or another device, a host read after `to_cpu`) waits for the kernels' writes;
+    /// the same event keeps the memory from being freed before they finish.
+    ///
+    /// A device tensor shared by a clone or a view cannot be written in place (the others would
+    /// see the write), and this does not copy it on the device behind the caller's back: it
+    /// returns an error instead. Drop the other handles first, or write into a tensor of its
+    /// own.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DTypeMismatch`], [`Error::WrongPlacement`] for a host tensor, [`Error::Shape`]
+    /// for a non-contiguous view, [`Error::Shared`] when a clone or view shares the tensor,
+    /// [`Error::Driver`] if a wait cannot be enqueued.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::{Device, Tensor, ToDevice};
+    ///
+    /// let Ok(device) = Device::cuda(0) else { return Ok(()) };
+    /// let ctx = device.cuda_context().unwrap();
+    /// let stream = ctx.new_stream().map_err(|e| pinnable::Error::Shape(e.to_string()))?;
+    /// let mut t = Tensor::from_vec(vec![1.0f32; 4], &[4])?.to_device(&device, true)?;
+    /// {
+    ///     let mut view = t.cuda_view_mut::<f32>(&stream)?;
+    ///     // A kernel would take `&mut view.as_view_mut()` as an argument; a memset will do here.
+    ///     stream
+    ///         .memset_zeros(&mut view.as_view_mut())
+    ///         .map_err(|e| pinnable::Error::Shape(e.to_string()))?;
+    /// } // the write is now the tensor's ready event
+    /// assert_eq!(t.to_cpu(false)?.to_vec::<f32>()?, vec![0.0; 4]);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn cuda_view_mut<'a, T: Element + DeviceRepr>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> Result<DeviceViewMut<'a, T>> {
+        self.check_dtype::<T>()?;
+        let placement = self.placement();
+        if !matches!(self.storage.data, Data::Device(_)) {
+            return Err(Error::WrongPlacement {
+                op: "cuda_view_mut",
+                needs: "a CUDA tensor (move it with `to_device` first)",
+                placement: placement.to_string(),
+            });
+        }
+        if !self.is_contiguous() {
+            return Err(Error::Shape(
+                "cuda_view_mut needs a contiguous tensor; this view is strided".into(),
+            ));
+        }
+        let sharers = Arc::strong_count(&self.storage);
+        let (n, offset, nbytes) = (self.numel(), self.byte_offset(), self.nbytes());
+        let Some(storage) = Arc::get_mut(&mut self.storage) else {
+            return Err(Error::Shared {
+                op: "cuda_view_mut",
+                tensors: sharers,
+                placement: placement.to_string(),
+            });
+        };
+        let Data::Device(buf) = &storage.data else {
+            unreachable!("checked above")
+        };
+        if let Some(event) = storage.ready.as_ref().and_then(|r| r.get()) {
+            event.wait_on(stream)?;
+        }
+        buf.wait_readers_on(stream)?;
+        let ptr = buf.device_ptr() + offset as u64;
+        // SAFETY: `ptr` addresses `nbytes` bytes of this tensor's part of a live device
+        // allocation (held by `storage` for the view's life), which hold `n` elements of `T`
+        // (dtype checked) written by our copy or by earlier kernels, aligned (allocations are
+        // 256-byte aligned and parts start at multiples of their element size). The slice never
+        // frees it: `DeviceViewMut::drop` gives the pointer back with `leak`.
+        let slice = unsafe { buf.device.copy_stream.upgrade_device_ptr::<T>(ptr, n) };
+        debug_assert_eq!(n * size_of::<T>(), nbytes);
+        let buffer = buf.clone();
+        Ok(DeviceViewMut {
+            slice: ManuallyDrop::new(slice),
+            stream,
+            buffer,
+            ready: &mut storage.ready,
+        })
+    }
+}
+
+/// A typed, writable view of a device tensor, ordered on one stream; see
+/// [`Tensor::cuda_view_mut`]. Hand [`as_view_mut`](Self::as_view_mut) to kernels.
+pub struct DeviceViewMut<'a, T> {
+    /// Borrows the tensor's memory; never frees it.
+    slice: ManuallyDrop<CudaSlice<T>>,
+    stream: &'a CudaStream,
+    buffer: Arc<DeviceBuffer>,
+    ready: &'a mut Option<super::Ready>,
+}
+
+impl<T> DeviceViewMut<'_, T> {
+    /// The elements, writable, for a kernel argument or a cudarc copy.
+    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.slice.as_view_mut()
+    }
+
+    /// The elements, read-only.
+    pub fn as_view(&self) -> CudaView<'_, T> {
+        self.slice.as_view()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+impl<T> Drop for DeviceViewMut<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; `leak` hands the pointer back without freeing it.
+        let _ = unsafe { ManuallyDrop::take(&mut self.slice) }.leak();
+        match Event::record_on(&self.buffer.device, self.stream) {
+            Ok((event, reader)) => {
+                self.buffer.add_reader(reader);
+                let ready = OnceLock::new();
+                let _ = ready.set(Arc::new(event));
+                *self.ready = Some(Arc::new(ready));
+            }
+            // Nothing can be recorded: wait here, so later readers find the writes done.
+            Err(_) => {
+                let _ = self.stream.synchronize();
+            }
+        }
     }
 }
 

@@ -255,9 +255,9 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
             }
         };
         check_cu(r, "cuMemcpyAsync")?;
-        if let Some(src) = &run.src_buffer
-            && !Arc::ptr_eq(&src.device, dev)
-        {
+        // Any device source is recorded as read until this point: on another device so its
+        // free waits, and on this one so a later in-place write (`cuda_view_mut`) waits too.
+        if let Some(src) = &run.src_buffer {
             let read = stream
                 .record_event(None)
                 .map_err(|e| Error::driver("cuEventRecord", e))?;

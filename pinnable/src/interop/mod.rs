@@ -1,0 +1,21 @@
+//! Conversions to and from the libraries users already have, each behind its own cargo
+//! feature (off by default; a feature that is off costs nothing):
+//!
+//! - `ndarray`: zero-copy [`ArrayViewD`](::ndarray::ArrayViewD) and
+//!   [`ArrayViewMutD`](::ndarray::ArrayViewMutD) of host tensors (views included), writable
+//!   arrays over a pinned batch being built, and tensors from owned arrays without a copy;
+//! - `dlpack`: export to and import from DLPack, the C ABI PyTorch, JAX, CuPy and NumPy
+//!   exchange tensors through, with the ready event honoured;
+//! - `burn`: conversions between host tensors and burn's `TensorData`.
+//!
+//! Memory owned elsewhere is pinned and moved with the same building blocks every batch uses:
+//! [`Tensor::from_host_bytes`](crate::Tensor::from_host_bytes) over a
+//! [`HostBytes`](crate::HostBytes) owner, then [`PinContext::pin_tensor`](crate::PinContext::pin_tensor)
+//! and [`MoveContext::move_tensor`](crate::MoveContext::move_tensor) inside the batch's walk.
+
+#[cfg(feature = "burn")]
+pub mod burn;
+#[cfg(feature = "dlpack")]
+pub mod dlpack;
+#[cfg(feature = "ndarray")]
+pub mod ndarray;

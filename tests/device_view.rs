@@ -1,0 +1,128 @@
+//! Writable device views: ordering against the copy that fills the tensor and the readers
+//! after the write, and the uniqueness rule. Every test skips (printing `skipped: …`) without a
+//! GPU, and fails instead under `PINNABLE_REQUIRE_GPU=1`.
+
+use std::sync::{Mutex, MutexGuard};
+
+use pinnable::{DType, Error, Pinnable, Tensor, ToDevice};
+use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
+use rand::Rng;
+
+/// Some tests hold a stream on purpose to race a copy; they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn cuda_view_mut_writes_in_place_after_the_copy_and_before_later_readers() {
+    let _serial = serial();
+    let Some(dev) =
+        cuda_or_skip("cuda_view_mut_writes_in_place_after_the_copy_and_before_later_readers")
+    else {
+        return;
+    };
+    let mut r = rng("cuda_view_mut_writes_in_place_after_the_copy_and_before_later_readers");
+    let stream = dev.cuda_context().unwrap().new_stream().unwrap();
+    let copy = dev.copy_stream().unwrap().clone();
+    for _ in 0..20 {
+        let n = r.random_range(1..200_000);
+        let src = random_tensor(&mut r, DType::F32, &[n])
+            .pin_memory()
+            .unwrap();
+        let new: Vec<f32> = (0..n).map(|_| r.random()).collect();
+        // Keep the copy in flight, so the write must wait for it ...
+        hold_stream(&copy, 20);
+        let mut on = src.to_device(&dev, true).unwrap();
+        {
+            let mut view = on.cuda_view_mut::<f32>(&stream).unwrap();
+            assert_eq!(view.len(), n);
+            // ... and the write itself late, so the read below must wait for it.
+            hold_stream(&stream, 20);
+            stream.memcpy_htod(&new, &mut view.as_view_mut()).unwrap();
+        }
+        let back = on.to_cpu(true).unwrap();
+        assert_eq!(back.to_vec::<f32>().unwrap(), new);
+        // A read-only view on a third stream sees the write too.
+        let other = dev.cuda_context().unwrap().new_stream().unwrap();
+        let view = on.cuda_view::<f32>(&other).unwrap();
+        assert_eq!(other.clone_dtoh(&*view).unwrap(), new);
+    }
+}
+
+#[test]
+fn cuda_view_mut_waits_for_readers_of_the_old_values() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("cuda_view_mut_waits_for_readers_of_the_old_values") else {
+        return;
+    };
+    let mut r = rng("cuda_view_mut_waits_for_readers_of_the_old_values");
+    let stream = dev.cuda_context().unwrap().new_stream().unwrap();
+    let copy = dev.copy_stream().unwrap().clone();
+    for _ in 0..10 {
+        let n = r.random_range(1..100_000);
+        let src = random_tensor(&mut r, DType::I32, &[n]);
+        let mut on = src.to_device(&dev, false).unwrap();
+        hold_stream(&copy, 20);
+        let back = on.to_cpu(true).unwrap(); // reads the old values, late
+        {
+            let mut view = on.cuda_view_mut::<i32>(&stream).unwrap();
+            stream.memset_zeros(&mut view.as_view_mut()).unwrap();
+        }
+        assert_eq!(back.to_vec::<i32>().unwrap(), src.to_vec::<i32>().unwrap());
+        assert!(
+            on.to_cpu(false)
+                .unwrap()
+                .to_vec::<i32>()
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0)
+        );
+    }
+}
+
+#[test]
+fn cuda_view_mut_refuses_shared_strided_host_and_mistyped_tensors() {
+    let _serial = serial();
+    let Some(dev) = cuda_or_skip("cuda_view_mut_refuses_shared_strided_host_and_mistyped_tensors")
+    else {
+        return;
+    };
+    let stream = dev.cuda_context().unwrap().new_stream().unwrap();
+    let mut on = Tensor::from_vec(vec![1.5f32; 12], &[3, 4])
+        .unwrap()
+        .to_device(&dev, true)
+        .unwrap();
+
+    let clone = on.clone();
+    let err = on.cuda_view_mut::<f32>(&stream).err().unwrap();
+    assert!(matches!(err, Error::Shared { tensors: 2, .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "`cuda_view_mut` writes in place, but 2 tensors share this cuda:0 tensor's storage \
+         (clones or views of it); drop the others first, or write into a tensor of its own"
+    );
+    drop(clone);
+
+    let err = on.cuda_view_mut::<i32>(&stream).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "dtype mismatch: the tensor holds f32, not i32"
+    );
+
+    let mut strided = on.transpose(0, 1).unwrap();
+    drop(on);
+    let err = strided.cuda_view_mut::<f32>(&stream).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid shape: cuda_view_mut needs a contiguous tensor; this view is strided"
+    );
+
+    let mut host = Tensor::from_vec(vec![1u8; 3], &[3]).unwrap();
+    let err = host.cuda_view_mut::<u8>(&stream).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "`cuda_view_mut` needs a CUDA tensor (move it with `to_device` first), but the tensor is on cpu"
+    );
+}
