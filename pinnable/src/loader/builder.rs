@@ -57,6 +57,15 @@ pub struct LoaderBuilder<Src> {
     pub(crate) world: usize,
 }
 
+/// A loader's own pool for `device`, placed on its NUMA node when the host has several.
+fn own_pool(device: &Device) -> PinnedPool {
+    let config = PoolConfig::default();
+    PinnedPool::new(match crate::numa::device_affinity(device) {
+        Some(a) => config.numa_node(a.node),
+        None => config,
+    })
+}
+
 /// Half the cores, at least 1.
 fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
@@ -165,13 +174,8 @@ impl<Src> LoaderBuilder<Src> {
     /// The pool given, or one of the loader's own, placed on the device's NUMA node when the
     /// host has several.
     fn pool_or_own(&mut self) -> PinnedPool {
-        self.pool.take().unwrap_or_else(|| {
-            let config = PoolConfig::default();
-            PinnedPool::new(match crate::numa::device_affinity(&self.device) {
-                Some(a) => config.numa_node(a.node),
-                None => config,
-            })
-        })
+        let device = self.device.clone();
+        self.pool.take().unwrap_or_else(|| own_pool(&device))
     }
 }
 
@@ -208,6 +212,73 @@ where
             self.device,
             pool,
         ))
+    }
+
+    /// One loader per device in `devices`, for one process feeding several GPUs: loader `k`
+    /// delivers to `devices[k]` from shard `k` of `devices.len()` (within this process's own
+    /// shard, when a launcher or [`shard`](Self::shard) set one), with its own worker threads,
+    /// its own pinned pool (on the device's NUMA node, unless [`pool`](Self::pool) gave one to
+    /// share), and its device's copy stream. The dataset and the batcher are shared. Worker
+    /// and prefetch settings apply to each loader. Run each loader's epochs on a thread of its
+    /// own, as each GPU's training step does.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), and [`Error::Config`] for an empty `devices`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::{Loader, Stack};
+    /// use pinnable::{Device, Tensor};
+    ///
+    /// let data: Vec<Tensor> = (0..12).map(|i| Tensor::from_vec1(vec![i as f32; 2])).collect();
+    /// let devices = [Device::cpu(), Device::cpu()]; // CUDA devices in a real run
+    /// let loaders = Loader::builder(data).batch_size(3).workers(1).build_per_device(&devices, Stack)?;
+    /// assert_eq!(loaders.iter().map(|l| l.len()).sum::<usize>(), 4); // 12 samples, 6 a device
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn build_per_device<B>(
+        mut self,
+        devices: &[Device],
+        batcher: B,
+    ) -> Result<Vec<Loader<D, B>>>
+    where
+        B: Batcher<D::Sample> + 'static,
+        B::Batch: ToDevice + 'static,
+    {
+        self.check()?;
+        if devices.is_empty() {
+            return Err(Error::Config {
+                setting: "devices",
+                problem: "no device to build a loader for; pass at least one".into(),
+            });
+        }
+        let n = devices.len();
+        let shared_pool = self.pool.take();
+        let (dataset, batcher) = (Arc::new(self.source), Arc::new(batcher));
+        devices
+            .iter()
+            .enumerate()
+            .map(|(k, device)| {
+                let mut sampler = Sampler::new(dataset.len(), self.batch_size)?
+                    .drop_last(self.drop_last)
+                    .shard(self.rank * n + k, self.world * n)?;
+                if let Some(seed) = self.seed {
+                    sampler = sampler.shuffle(seed);
+                }
+                let pool = shared_pool.clone().unwrap_or_else(|| own_pool(device));
+                Ok(Loader::from_parts(
+                    dataset.clone(),
+                    batcher.clone(),
+                    sampler,
+                    self.workers,
+                    self.prefetch,
+                    device.clone(),
+                    pool,
+                ))
+            })
+            .collect()
     }
 
     /// The loader, batching with the closure `batch(samples, collator)`.

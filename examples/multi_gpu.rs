@@ -1,0 +1,240 @@
+//! Many GPUs, both ways a training job runs them:
+//! - one process feeding every GPU: a loader per device (`build_per_device`), each epoch on a
+//!   thread of its own, as each GPU's training step runs;
+//! - one process per GPU, told its rank by the launcher (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`):
+//!   this example plays the launcher and starts those processes itself, so the same binary runs
+//!   a multi-node job under any launcher that sets the three variables.
+//!
+//! Each form prints every device's throughput and the total against one GPU fed alone. Without
+//! CUDA it runs both forms on the host (two "devices" that are `Device::cpu()`), smaller.
+//!
+//!     cargo run --release --example multi_gpu
+
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use pinnable::loader::{Dataset, Launch, Loader, Stack};
+use pinnable::{Device, Tensor};
+
+const BATCH: usize = 64;
+const IMAGE: [usize; 3] = [3, 224, 224];
+/// Images in the in-memory array the samples are views of.
+const IMAGES: usize = 512;
+/// Set in the processes this example starts as the launcher.
+const CHILD: &str = "PINNABLE_MULTI_GPU_CHILD";
+/// Batches timed per device, after the warm-up.
+const WARMUP: usize = 8;
+
+struct Setup {
+    devices: Vec<Device>,
+    batches: usize,
+    workers: usize,
+}
+
+fn setup() -> Setup {
+    let gpus = pinnable::cuda::device_count();
+    let devices: Vec<Device> = if gpus > 0 {
+        (0..gpus).filter_map(|k| Device::cuda(k).ok()).collect()
+    } else {
+        vec![Device::cpu(), Device::cpu()]
+    };
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Setup {
+        batches: if gpus > 0 { 150 } else { 12 },
+        // Leave each device's transfer thread and consumer a core.
+        workers: (cores / devices.len()).saturating_sub(2).max(1),
+        devices,
+    }
+}
+
+/// `len` samples: zero-copy views of one pinned array of images, and a label.
+struct Images {
+    images: Tensor,
+    len: usize,
+}
+
+impl Dataset for Images {
+    type Sample = (Tensor, i64);
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, i: usize) -> pinnable::Result<(Tensor, i64)> {
+        let k = i % IMAGES;
+        Ok((
+            self.images.narrow(0, k, 1)?.reshape(&IMAGE)?,
+            (i % 1000) as i64,
+        ))
+    }
+}
+
+fn dataset(len: usize) -> pinnable::Result<Images> {
+    let images = Tensor::pinned_from_fn(&[IMAGES, IMAGE[0], IMAGE[1], IMAGE[2]], |i| {
+        ((i * 2_654_435_761) % 1000) as f32 / 1000.0
+    })?;
+    Ok(Images { images, len })
+}
+
+fn batch_bytes() -> usize {
+    BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8
+}
+
+/// Runs one epoch of `loader`, each batch read when its copy is done; returns the batches and
+/// seconds after the warm-up.
+fn drive(
+    loader: &Loader<impl pinnable::loader::Dataset<Sample = (Tensor, i64)> + 'static, Stack>,
+) -> pinnable::Result<(usize, f64)> {
+    let mut epoch = loader.epoch(0);
+    for b in epoch.by_ref().take(WARMUP) {
+        b?;
+    }
+    let start = Instant::now();
+    let mut n = 0;
+    for b in epoch {
+        let (images, _labels) = b?;
+        if let Some(e) = images.ready_event() {
+            e.synchronize()?;
+        }
+        n += 1;
+    }
+    Ok((n, start.elapsed().as_secs_f64()))
+}
+
+fn gbs(batches: usize, seconds: f64) -> f64 {
+    (batches * batch_bytes()) as f64 / seconds / 1e9
+}
+
+/// A process started as rank `RANK` of `WORLD_SIZE` on `cuda:LOCAL_RANK`.
+fn child() -> pinnable::Result<()> {
+    let s = setup();
+    let launch = Launch::from_env()?;
+    let (rank, world) = (launch.rank, launch.world);
+    let loader = Loader::builder(dataset(world * (WARMUP + s.batches) * BATCH)?)
+        .batch_size(BATCH)
+        .workers(s.workers)
+        .launch(launch)?
+        .build(Stack)?;
+    let (batches, secs) = drive(&loader)?;
+    println!("rank {rank} {batches} {secs}");
+    Ok(())
+}
+
+fn main() -> pinnable::Result<()> {
+    if std::env::var_os(CHILD).is_some() {
+        return child();
+    }
+    let s = setup();
+    let n = s.devices.len();
+    println!(
+        "{n} device(s): {}; {} workers a device; batches of {:.1} MB, {} timed a device",
+        s.devices
+            .iter()
+            .map(|d| format!("{d} ({})", d.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        s.workers,
+        batch_bytes() as f64 / 1e6,
+        s.batches
+    );
+
+    // One GPU alone: the baseline.
+    let alone = Loader::builder(dataset((WARMUP + s.batches) * BATCH)?)
+        .batch_size(BATCH)
+        .workers(s.workers)
+        .device(s.devices[0].clone())
+        .build(Stack)?;
+    let (b1, t1) = drive(&alone)?;
+    drop(alone);
+    println!(
+        "one device alone: {b1} batches in {t1:.3} s, {:.1} GB/s",
+        gbs(b1, t1)
+    );
+
+    // One process, every device.
+    let loaders = Loader::builder(dataset(n * (WARMUP + s.batches) * BATCH)?)
+        .batch_size(BATCH)
+        .workers(s.workers)
+        .build_per_device(&s.devices, Stack)?;
+    let runs: Vec<pinnable::Result<(usize, f64)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = loaders
+            .iter()
+            .map(|l| scope.spawn(move || drive(l)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a device's thread panicked"))
+            .collect()
+    });
+    let mut total = 0.0;
+    for (k, run) in runs.into_iter().enumerate() {
+        let (b, t) = run?;
+        total += gbs(b, t);
+        println!(
+            "one process, device {k}: {b} batches in {t:.3} s, {:.1} GB/s",
+            gbs(b, t)
+        );
+    }
+    println!(
+        "one process, {n} devices: {total:.1} GB/s together, {:.2}× one device alone",
+        total / gbs(b1, t1)
+    );
+    drop(loaders);
+
+    // One process per device, as a launcher starts them.
+    if s.devices.iter().all(Device::is_cpu) {
+        println!("one process a device: skipped, it needs CUDA devices to give each rank its own");
+        return Ok(());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| failed(format!("cannot find this program to start its ranks: {e}")))?;
+    let started: Vec<_> = (0..n)
+        .map(|k| {
+            Command::new(&exe)
+                .env(CHILD, "1")
+                .env("RANK", k.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", k.to_string())
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| failed(format!("cannot start a rank: {e}")))?;
+    let mut total = 0.0;
+    for (k, rank) in started.into_iter().enumerate() {
+        let out = rank
+            .wait_with_output()
+            .map_err(|e| failed(format!("rank {k} did not finish: {e}")))?;
+        let line = String::from_utf8_lossy(&out.stdout);
+        let figures: Vec<&str> = line.split_whitespace().collect();
+        let (Some(b), Some(t)) = (
+            figures
+                .as_slice()
+                .get(2)
+                .and_then(|b| b.parse::<usize>().ok()),
+            figures
+                .as_slice()
+                .get(3)
+                .and_then(|t| t.parse::<f64>().ok()),
+        ) else {
+            return Err(failed(format!("rank {k} failed ({}): {line}", out.status)));
+        };
+        total += gbs(b, t);
+        println!(
+            "one process a device, rank {k} on cuda:{k}: {b} batches in {t:.3} s, {:.1} GB/s",
+            gbs(b, t)
+        );
+    }
+    println!(
+        "one process a device, {n} ranks: {total:.1} GB/s together, {:.2}× one device alone",
+        total / gbs(b1, t1)
+    );
+    Ok(())
+}
+
+fn failed(message: String) -> pinnable::Error {
+    pinnable::Error::Field {
+        path: "multi_gpu".into(),
+        message,
+    }
+}
