@@ -9,6 +9,8 @@
 //! CUDA it runs both forms on the host (two "devices" that are `Device::cpu()`), smaller.
 //!
 //!     cargo run --release --example multi_gpu
+//!
+//! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA).
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -40,7 +42,10 @@ fn setup() -> Setup {
     };
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     Setup {
-        batches: if gpus > 0 { 150 } else { 12 },
+        batches: std::env::var("PINNABLE_MULTI_GPU_BATCHES")
+            .ok()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(if gpus > 0 { 150 } else { 12 }),
         // Leave each device's transfer thread and consumer a core.
         workers: (cores / devices.len()).saturating_sub(2).max(1),
         devices,
