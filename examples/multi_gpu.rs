@@ -10,7 +10,8 @@
 //!
 //!     cargo run --release --example multi_gpu
 //!
-//! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA).
+//! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA), and
+//! `PINNABLE_MULTI_GPU_WORKERS` the workers a device (the cores a device, less two).
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -47,7 +48,10 @@ fn setup() -> Setup {
             .and_then(|b| b.parse().ok())
             .unwrap_or(if gpus > 0 { 150 } else { 12 }),
         // Leave each device's transfer thread and consumer a core.
-        workers: (cores / devices.len()).saturating_sub(2).max(1),
+        workers: std::env::var("PINNABLE_MULTI_GPU_WORKERS")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or((cores / devices.len()).saturating_sub(2).max(1)),
         devices,
     }
 }
