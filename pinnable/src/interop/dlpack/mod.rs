@@ -1,7 +1,7 @@
 //! DLPack: hand tensors to PyTorch, JAX, CuPy, NumPy or C++ code without a copy, and take
 //! theirs.
 //!
-//! **Export.** [`Tensor::to_dlpack`] wraps a host tensor (pageable or pinned, exported as
+//! **Export.** [`Tensor::to_dlpack`](crate::Tensor::to_dlpack) wraps a host tensor (pageable or pinned, exported as
 //! `kDLCPU`, what PyTorch does for its own pinned tensors) or a device tensor (`kDLCUDA`) in a
 //! [`DlpackTensor`], strided views with their strides. The result holds a clone of the tensor,
 //! so the memory stays alive until the consumer calls the deleter. The export is marked
@@ -10,9 +10,9 @@
 //! share the memory anyway; write through this crate's own API instead).
 //!
 //! **The ready event.** Nobody reads half-copied data:
-//! - a host export, and a device export through [`Tensor::to_dlpack`], first wait on the host
+//! - a host export, and a device export through [`Tensor::to_dlpack`](crate::Tensor::to_dlpack), first wait on the host
 //!   for the copy that fills the tensor;
-//! - a device export through [`Tensor::to_dlpack_on`] (or [`Tensor::to_dlpack_on_raw`], for the
+//! - a device export through [`Tensor::to_dlpack_on`](crate::Tensor::to_dlpack_on) (or [`Tensor::to_dlpack_on_raw`](crate::Tensor::to_dlpack_on_raw), for the
 //!   `stream` argument of Python's `__dlpack__`) does not block: it makes the *consumer's*
 //!   stream wait for the copy, and when the consumer calls the deleter it records that stream's
 //!   work as a reader, so the memory is not reused before the kernels the consumer queued on
@@ -21,12 +21,12 @@
 //! The consumer must call the deleter only once it no longer uses the memory (the DLPack
 //! contract); work it queued on streams other than the one named at export is not tracked.
 //!
-//! **Import.** [`Tensor::from_dlpack`] takes a [`DlpackTensor`] another library produced:
+//! **Import.** [`Tensor::from_dlpack`](crate::Tensor::from_dlpack) takes a [`DlpackTensor`] another library produced:
 //! - host memory (`kDLCPU`, `kDLCUDAHost`) becomes a read-only host tensor over it, without a
-//!   copy (through [`HostBytes`]), strided when the producer's strides are;
+//!   copy (through [`HostBytes`](crate::HostBytes)), strided when the producer's strides are;
 //!   it pins and moves like any tensor, and a write goes to a private copy;
 //! - CUDA memory (`kDLCUDA`) becomes a device tensor over it, without a copy. The producer's
-//!   pending work must be ordered before the device's copy stream ([`Device::copy_stream`]):
+//!   pending work must be ordered before the device's copy stream ([`Device::copy_stream`](crate::Device::copy_stream)):
 //!   pass that stream as the consumer stream when asking the producer for the tensor (Python:
 //!   `x.__dlpack__(stream=...)`), or synchronize the producer first. The import records the copy
 //!   stream as the tensor's ready event, so every later reader waits for that point. When the
@@ -50,19 +50,16 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 
+mod export;
 pub mod ffi;
+mod import;
 
-use std::any::Any;
-use std::ffi::c_void;
+use export::Holder;
+
 use std::ptr::NonNull;
-use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaStream, sys};
-
-use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::{Data, DeviceBuffer, HostBuf, HostBytes, Storage, Tensor, contiguous_strides};
 use ffi::{
     DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor,
 };
@@ -141,75 +138,13 @@ pub fn from_dl_dtype(t: DLDataType) -> Result<DType> {
     })
 }
 
-/// The consumer's stream that a device export is ordered on.
-enum Consumer {
-    /// The export waited on the host; nothing to record at the end.
-    Host,
-    Stream(Arc<CudaStream>),
-    /// A stream another library owns (kept valid by the caller of `to_dlpack_on_raw`).
-    Raw(sys::CUstream),
-}
-
-/// What one export keeps alive: both managed structs (the consumer gets one), the shape and
-/// strides they point at, and the tensor.
-struct Holder {
-    versioned: DLManagedTensorVersioned,
-    legacy: DLManagedTensor,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
-    tensor: Tensor,
-    consumer: Consumer,
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let Data::Device(buf) = &self.tensor.storage().data else {
-            return;
-        };
-        // The consumer is done: its stream's work so far is the last use of the memory.
-        let reader = match &self.consumer {
-            Consumer::Host => return,
-            Consumer::Stream(s) => s.record_event(None).ok(),
-            // SAFETY: the caller of `to_dlpack_on_raw` keeps the stream alive until the
-            // deleter runs.
-            Consumer::Raw(s) => unsafe { buf.device.record_raw(*s) }.ok(),
-        };
-        match reader {
-            Some(r) => buf.add_reader(r),
-            // Nothing could be recorded: wait for the device instead of risking a reuse.
-            None => {
-                let _ = buf.device.ctx.synchronize();
-            }
-        }
-    }
-}
-
-unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
-    // SAFETY: the consumer passes back the pointer we handed out, once: `manager_ctx` is the
-    // holder we leaked from a box.
-    let holder = unsafe { (*managed).manager_ctx }.cast::<Holder>();
-    // Unwinding out of an `extern "C"` function aborts; a panic here is swallowed instead.
-    // SAFETY: as above; the box is rebuilt exactly once.
-    // The holder is dropped whole or not at all, so no broken state is observed after a panic.
-    let drop_it = std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(holder) }));
-    let _ = std::panic::catch_unwind(drop_it);
-}
-
-unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
-    // SAFETY: as in `delete_versioned`.
-    let holder = unsafe { (*managed).manager_ctx }.cast::<Holder>();
-    // SAFETY: as in `delete_versioned`.
-    let drop_it = std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(holder) }));
-    let _ = std::panic::catch_unwind(drop_it);
-}
-
 /// An owned DLPack managed tensor: one this crate exported, or one another library produced.
 /// Dropping it calls the producer's deleter.
 ///
 /// Hand it to a consumer with [`into_raw_versioned`](Self::into_raw_versioned) (DLPack 1.x,
 /// the Python capsule named `dltensor_versioned`) or [`into_raw_legacy`](Self::into_raw_legacy)
 /// (the unversioned `dltensor`); take one in with [`from_raw_versioned`](Self::from_raw_versioned)
-/// or [`from_raw_legacy`](Self::from_raw_legacy), then [`Tensor::from_dlpack`].
+/// or [`from_raw_legacy`](Self::from_raw_legacy), then [`Tensor::from_dlpack`](crate::Tensor::from_dlpack).
 pub struct DlpackTensor {
     raw: Raw,
     /// Set for our own exports, which carry both forms.
@@ -422,301 +357,5 @@ impl std::fmt::Debug for DlpackTensor {
             .field("shape", &self.shape())
             .field("strides", &self.strides())
             .finish()
-    }
-}
-
-impl Tensor {
-    /// Exports the tensor as DLPack, without a copy. Waits on the host for a pending copy
-    /// into the tensor first, so any consumer, on any stream, reads complete data.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Driver`] if the pending copy failed.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use pinnable::{Pinnable, Tensor};
-    ///
-    /// let t = Tensor::from_vec(vec![1.5f32, 2.5], &[2])?.pin_memory()?;
-    /// let dl = t.to_dlpack()?;
-    /// assert_eq!(dl.device().device_type, pinnable::interop::dlpack::ffi::KDL_CPU);
-    /// assert_eq!(dl.shape(), &[2]);
-    /// # Ok::<(), pinnable::Error>(())
-    /// ```
-    pub fn to_dlpack(&self) -> Result<DlpackTensor> {
-        self.storage().wait_ready()?;
-        self.export(Consumer::Host)
-    }
-
-    /// Exports a device tensor for a consumer that works on `stream`, without blocking:
-    /// `stream` is made to wait for the copy that fills the tensor, and when the consumer calls
-    /// the deleter, `stream`'s work is recorded as a reader so the memory outlives it. A host
-    /// tensor is exported as by [`to_dlpack`](Self::to_dlpack).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Driver`] if the wait cannot be enqueued.
-    pub fn to_dlpack_on(&self, stream: &Arc<CudaStream>) -> Result<DlpackTensor> {
-        if !matches!(self.storage().data, Data::Device(_)) {
-            return self.to_dlpack();
-        }
-        if let Some(e) = self.storage().ready_event() {
-            e.wait_on(stream)?;
-        }
-        self.export(Consumer::Stream(stream.clone()))
-    }
-
-    /// As [`to_dlpack_on`](Self::to_dlpack_on), for a stream another library owns, given as
-    /// its raw handle (the `stream` integer of Python's `__dlpack__`: `1` is the legacy default
-    /// stream, `2` the per-thread default stream, other values `cudaStream_t` handles).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Driver`] if the wait cannot be enqueued.
-    ///
-    /// # Safety
-    ///
-    /// 1. `stream` is a stream of the tensor's device (or a special handle above), and stays
-    ///    alive until the consumer calls the deleter.
-    pub unsafe fn to_dlpack_on_raw(&self, stream: sys::CUstream) -> Result<DlpackTensor> {
-        if !matches!(self.storage().data, Data::Device(_)) {
-            return self.to_dlpack();
-        }
-        if let Some(e) = self.storage().ready_event() {
-            // SAFETY: a stream of this device (caller).
-            unsafe { e.wait_on_raw(stream)? };
-        }
-        self.export(Consumer::Raw(stream))
-    }
-
-    fn export(&self, consumer: Consumer) -> Result<DlpackTensor> {
-        let (device, first) = match &self.storage().data {
-            Data::Device(buf) => (
-                DLDevice {
-                    device_type: ffi::KDL_CUDA,
-                    device_id: i32::try_from(buf.device.ordinal).unwrap_or(i32::MAX),
-                },
-                (buf.device_ptr() + self.byte_offset() as u64) as *mut c_void,
-            ),
-            _ => (
-                DLDevice {
-                    device_type: ffi::KDL_CPU,
-                    device_id: 0,
-                },
-                self.host_src("to_dlpack")?.ptr.cast_mut().cast(),
-            ),
-        };
-        let to_i64 = |v: &[usize]| -> Result<Vec<i64>> {
-            v.iter()
-                .map(|&x| i64::try_from(x).map_err(|_| error(format!("{x} does not fit in i64"))))
-                .collect()
-        };
-        let shape = to_i64(self.shape())?;
-        let strides = to_i64(self.strides())?;
-        let ndim = i32::try_from(self.rank()).map_err(|_| error("too many dimensions"))?;
-        let data = if self.numel() == 0 {
-            std::ptr::null_mut()
-        } else {
-            first
-        };
-        let dl_tensor = |shape: *mut i64, strides: *mut i64| DLTensor {
-            data,
-            device,
-            ndim,
-            dtype: to_dl_dtype(self.dtype()),
-            shape,
-            strides,
-            byte_offset: 0,
-        };
-        let mut holder = Box::new(Holder {
-            versioned: DLManagedTensorVersioned {
-                version: DLPackVersion {
-                    major: ffi::DLPACK_MAJOR_VERSION,
-                    minor: ffi::DLPACK_MINOR_VERSION,
-                },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: ffi::FLAG_READ_ONLY,
-                dl_tensor: dl_tensor(std::ptr::null_mut(), std::ptr::null_mut()),
-            },
-            legacy: DLManagedTensor {
-                dl_tensor: dl_tensor(std::ptr::null_mut(), std::ptr::null_mut()),
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            shape,
-            strides,
-            tensor: self.clone(),
-            consumer,
-        });
-        // The vectors' buffers do not move when the box does.
-        let (shape, strides) = (holder.shape.as_mut_ptr(), holder.strides.as_mut_ptr());
-        for t in [
-            &mut holder.versioned.dl_tensor,
-            &mut holder.legacy.dl_tensor,
-        ] {
-            t.shape = shape;
-            t.strides = strides;
-        }
-        let holder = Box::into_raw(holder);
-        // SAFETY: `holder` is a live box we just leaked; its address is the managers' context
-        // and the deleters rebuild the box from it once.
-        unsafe {
-            (*holder).versioned.manager_ctx = holder.cast();
-            (*holder).legacy.manager_ctx = holder.cast();
-            Ok(DlpackTensor {
-                raw: Raw::Versioned(NonNull::new_unchecked(&raw mut (*holder).versioned)),
-                ours: Some(NonNull::new_unchecked(holder)),
-            })
-        }
-    }
-
-    /// A tensor over a DLPack tensor's memory, without a copy; see the [module docs](self) for
-    /// host and device memory and the stream the producer must order its work before.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Interop`] for a dtype without a counterpart,
-    /// vector lanes, negative strides or sizes, a null data pointer for a non-empty tensor,
-    /// data not aligned for its dtype, `bool` bytes other than 0 and 1, or a device type other
-    /// than CPU, CUDA host and CUDA; [`Error::CudaUnavailable`] for a CUDA tensor without the
-    /// device. The producer's deleter is called on every error.
-    pub fn from_dlpack(dl: DlpackTensor) -> Result<Tensor> {
-        // A versioned tensor's major version was checked when it was taken in.
-        let t = dl.dl_tensor();
-        let dtype = from_dl_dtype(t.dtype)?;
-        // SAFETY: `from_raw_*`'s callers promise `ndim` entries.
-        let dims = unsafe { raw_slice(t.shape, t.ndim) }
-            .ok_or_else(|| error(format!("ndim {} with no shape", t.ndim)))?;
-        let shape = dims
-            .iter()
-            .map(|&d| usize::try_from(d).map_err(|_| error(format!("negative size in {dims:?}"))))
-            .collect::<Result<Vec<usize>>>()?;
-        let (row_major, numel) = contiguous_strides(&shape)?;
-        // SAFETY: as above.
-        let strides = match unsafe { raw_slice(t.strides, t.ndim) } {
-            None => row_major.to_vec(),
-            Some(s) => s
-                .iter()
-                .map(|&x| {
-                    usize::try_from(x).map_err(|_| {
-                        error(format!(
-                            "negative strides {s:?} are not supported; make the tensor \
-                             contiguous on the producer's side first"
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<usize>>>()?,
-        };
-        let elem = dtype.size();
-        let span = if numel == 0 {
-            0
-        } else {
-            shape
-                .iter()
-                .zip(&strides)
-                .try_fold(1usize, |acc, (&d, &s)| {
-                    (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
-                })
-                .and_then(|n| n.checked_mul(elem))
-                .ok_or_else(|| error("the tensor's byte span overflows"))?
-        };
-        let device = t.device;
-        if numel > 0 && t.data.is_null() {
-            return Err(error("a null data pointer for a non-empty tensor"));
-        }
-        let first = (t.data as usize)
-            .checked_add(usize::try_from(t.byte_offset).unwrap_or(usize::MAX))
-            .ok_or_else(|| error("data + byte_offset overflows"))?;
-        if numel > 0 && !first.is_multiple_of(elem) {
-            return Err(error(format!(
-                "{dtype} data at {first:#x} is not aligned to {elem} bytes"
-            )));
-        }
-        match device.device_type {
-            ffi::KDL_CPU | ffi::KDL_CUDA_HOST => {
-                if numel == 0 {
-                    let storage = Storage::new(Data::Host(HostBuf::zeroed(0)));
-                    return Tensor::from_storage(storage, dtype, &shape);
-                }
-                let owner = ForeignHost {
-                    ptr: first as *const u8,
-                    len: span,
-                    _dl: dl,
-                };
-                if dtype == DType::Bool {
-                    check_bools(owner.host_bytes(), &shape, &strides)?;
-                }
-                let storage = Arc::new(Storage::new(Data::External(Arc::new(owner))));
-                Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
-            }
-            ffi::KDL_CUDA => {
-                let ordinal = usize::try_from(device.device_id)
-                    .map_err(|_| error(format!("device id {}", device.device_id)))?;
-                let target = Device::cuda(ordinal)?;
-                let dev = target.cuda_device("from_dlpack")?.clone();
-                let ready = Arc::new(OnceLock::new());
-                let _ = ready.set(Arc::new(dev.record()?));
-                let owner: Box<dyn Any + Send + Sync> = Box::new(dl);
-                // SAFETY: `first` addresses `span` bytes of the device's memory, alive until
-                // the DLPack tensor's deleter runs, which dropping `owner` does
-                // (`from_raw_*`'s callers).
-                let buf = unsafe { DeviceBuffer::foreign(first as u64, span, dev, owner) };
-                let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
-                Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
-            }
-            other => Err(error(format!(
-                "device type {other} is not supported; only CPU (1), CUDA (2) and CUDA host (3) \
-                 memory can be imported"
-            ))),
-        }
-    }
-}
-
-/// Host bytes a DLPack producer owns: from the first element to the last.
-struct ForeignHost {
-    ptr: *const u8,
-    len: usize,
-    /// Calls the producer's deleter when the last tensor over the bytes is dropped.
-    _dl: DlpackTensor,
-}
-
-// SAFETY: the bytes are only read (`from_raw_*`'s callers promise nobody writes them) and the
-// deleter may run on any thread.
-unsafe impl Send for ForeignHost {}
-// SAFETY: as for Send.
-unsafe impl Sync for ForeignHost {}
-
-impl HostBytes for ForeignHost {
-    fn host_bytes(&self) -> &[u8] {
-        // SAFETY: `from_raw_*`'s callers promise these bytes are readable and unchanging while
-        // the DLPack tensor is held, which `self` does.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-/// Checks that every element a bool view reaches is 0 or 1.
-fn check_bools(bytes: &[u8], shape: &[usize], strides: &[usize]) -> Result<()> {
-    let mut idx = vec![0usize; shape.len()];
-    let mut at = 0usize;
-    loop {
-        if bytes.get(at).is_none_or(|&b| b > 1) {
-            return Err(error("bool elements must be 0 or 1"));
-        }
-        let mut d = shape.len();
-        loop {
-            if d == 0 {
-                return Ok(());
-            }
-            d -= 1;
-            idx[d] += 1;
-            at += strides[d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            at -= shape[d] * strides[d];
-            idx[d] = 0;
-        }
     }
 }

@@ -1,0 +1,160 @@
+//! Importing DLPack tensors another library produced, without a copy.
+
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
+
+use super::*;
+use crate::cuda::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::{Data, DeviceBuffer, HostBuf, HostBytes, Storage, Tensor, contiguous_strides};
+
+impl Tensor {
+    /// A tensor over a DLPack tensor's memory, without a copy; see the [module docs](crate::interop::dlpack) for
+    /// host and device memory and the stream the producer must order its work before.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Interop`] for a dtype without a counterpart,
+    /// vector lanes, negative strides or sizes, a null data pointer for a non-empty tensor,
+    /// data not aligned for its dtype, `bool` bytes other than 0 and 1, or a device type other
+    /// than CPU, CUDA host and CUDA; [`Error::CudaUnavailable`] for a CUDA tensor without the
+    /// device. The producer's deleter is called on every error.
+    pub fn from_dlpack(dl: DlpackTensor) -> Result<Tensor> {
+        // A versioned tensor's major version was checked when it was taken in.
+        let t = dl.dl_tensor();
+        let dtype = from_dl_dtype(t.dtype)?;
+        // SAFETY: `from_raw_*`'s callers promise `ndim` entries.
+        let dims = unsafe { raw_slice(t.shape, t.ndim) }
+            .ok_or_else(|| error(format!("ndim {} with no shape", t.ndim)))?;
+        let shape = dims
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| error(format!("negative size in {dims:?}"))))
+            .collect::<Result<Vec<usize>>>()?;
+        let (row_major, numel) = contiguous_strides(&shape)?;
+        // SAFETY: as above.
+        let strides = match unsafe { raw_slice(t.strides, t.ndim) } {
+            None => row_major.to_vec(),
+            Some(s) => s
+                .iter()
+                .map(|&x| {
+                    usize::try_from(x).map_err(|_| {
+                        error(format!(
+                            "negative strides {s:?} are not supported; make the tensor \
+                             contiguous on the producer's side first"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()?,
+        };
+        let elem = dtype.size();
+        let span = if numel == 0 {
+            0
+        } else {
+            shape
+                .iter()
+                .zip(&strides)
+                .try_fold(1usize, |acc, (&d, &s)| {
+                    (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
+                })
+                .and_then(|n| n.checked_mul(elem))
+                .ok_or_else(|| error("the tensor's byte span overflows"))?
+        };
+        let device = t.device;
+        if numel > 0 && t.data.is_null() {
+            return Err(error("a null data pointer for a non-empty tensor"));
+        }
+        let first = (t.data as usize)
+            .checked_add(usize::try_from(t.byte_offset).unwrap_or(usize::MAX))
+            .ok_or_else(|| error("data + byte_offset overflows"))?;
+        if numel > 0 && !first.is_multiple_of(elem) {
+            return Err(error(format!(
+                "{dtype} data at {first:#x} is not aligned to {elem} bytes"
+            )));
+        }
+        match device.device_type {
+            ffi::KDL_CPU | ffi::KDL_CUDA_HOST => {
+                if numel == 0 {
+                    let storage = Storage::new(Data::Host(HostBuf::zeroed(0)));
+                    return Tensor::from_storage(storage, dtype, &shape);
+                }
+                let owner = ForeignHost {
+                    ptr: first as *const u8,
+                    len: span,
+                    _dl: dl,
+                };
+                if dtype == DType::Bool {
+                    check_bools(owner.host_bytes(), &shape, &strides)?;
+                }
+                let storage = Arc::new(Storage::new(Data::External(Arc::new(owner))));
+                Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
+            }
+            ffi::KDL_CUDA => {
+                let ordinal = usize::try_from(device.device_id)
+                    .map_err(|_| error(format!("device id {}", device.device_id)))?;
+                let target = Device::cuda(ordinal)?;
+                let dev = target.cuda_device("from_dlpack")?.clone();
+                let ready = Arc::new(OnceLock::new());
+                let _ = ready.set(Arc::new(dev.record()?));
+                let owner: Box<dyn Any + Send + Sync> = Box::new(dl);
+                // SAFETY: `first` addresses `span` bytes of the device's memory, alive until
+                // the DLPack tensor's deleter runs, which dropping `owner` does
+                // (`from_raw_*`'s callers).
+                let buf = unsafe { DeviceBuffer::foreign(first as u64, span, dev, owner) };
+                let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
+                Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
+            }
+            other => Err(error(format!(
+                "device type {other} is not supported; only CPU (1), CUDA (2) and CUDA host (3) \
+                 memory can be imported"
+            ))),
+        }
+    }
+}
+
+/// Host bytes a DLPack producer owns: from the first element to the last.
+struct ForeignHost {
+    ptr: *const u8,
+    len: usize,
+    /// Calls the producer's deleter when the last tensor over the bytes is dropped.
+    _dl: DlpackTensor,
+}
+
+// SAFETY: the bytes are only read (`from_raw_*`'s callers promise nobody writes them) and the
+// deleter may run on any thread.
+unsafe impl Send for ForeignHost {}
+// SAFETY: as for Send.
+unsafe impl Sync for ForeignHost {}
+
+impl HostBytes for ForeignHost {
+    fn host_bytes(&self) -> &[u8] {
+        // SAFETY: `from_raw_*`'s callers promise these bytes are readable and unchanging while
+        // the DLPack tensor is held, which `self` does.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Checks that every element a bool view reaches is 0 or 1.
+fn check_bools(bytes: &[u8], shape: &[usize], strides: &[usize]) -> Result<()> {
+    let mut idx = vec![0usize; shape.len()];
+    let mut at = 0usize;
+    loop {
+        if bytes.get(at).is_none_or(|&b| b > 1) {
+            return Err(error("bool elements must be 0 or 1"));
+        }
+        let mut d = shape.len();
+        loop {
+            if d == 0 {
+                return Ok(());
+            }
+            d -= 1;
+            idx[d] += 1;
+            at += strides[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            at -= shape[d] * strides[d];
+            idx[d] = 0;
+        }
+    }
+}
