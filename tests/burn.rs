@@ -5,7 +5,7 @@
 use burn_tensor::{BoolStore, DType as BurnDType, TensorData};
 use pinnable::interop::burn::{from_burn_dtype, to_burn_dtype};
 use pinnable::{DType, Pinnable, Tensor};
-use pinnable_harness::{bytes_of, random_tensor, rng};
+use pinnable_harness::{bytes_of, random_host_view, random_tensor, rng};
 use rand::Rng;
 
 #[test]
@@ -13,16 +13,7 @@ fn every_dtype_round_trips_pageable_pinned_and_strided() {
     let mut r = rng("every_dtype_round_trips_pageable_pinned_and_strided");
     for _ in 0..10 {
         for dtype in DType::ALL {
-            let shape: Vec<usize> = (0..r.random_range(0..4))
-                .map(|_| r.random_range(1..6))
-                .collect();
-            let mut t = random_tensor(&mut r, dtype, &shape);
-            if r.random_bool(0.5) {
-                t = t.pin_memory().unwrap();
-            }
-            if shape.len() >= 2 && r.random_bool(0.5) {
-                t = t.transpose(0, 1).unwrap();
-            }
+            let t = random_host_view(&mut r, dtype);
             let data = t.to_tensor_data().unwrap();
             assert_eq!(data.dtype(), to_burn_dtype(dtype));
             assert_eq!(data.shape().as_slice(), t.shape());

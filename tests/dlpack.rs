@@ -11,7 +11,7 @@ use pinnable::interop::dlpack::ffi::{
 };
 use pinnable::interop::dlpack::{DlpackTensor, from_dl_dtype, to_dl_dtype};
 use pinnable::{DType, Pinnable, Tensor, ToDevice};
-use pinnable_harness::{bytes_of, cuda_or_skip, random_tensor, rng};
+use pinnable_harness::{bytes_of, cuda_or_skip, random_host_view, random_tensor, rng};
 use rand::Rng;
 
 /// A producer of our own for import tests: owns its bytes, shape and strides, and counts
@@ -127,16 +127,7 @@ fn host_exports_share_memory_and_round_trip_every_dtype() {
     let mut r = rng("host_exports_share_memory_and_round_trip_every_dtype");
     for _ in 0..10 {
         for dtype in DType::ALL {
-            let shape: Vec<usize> = (0..r.random_range(0..4))
-                .map(|_| r.random_range(1..6))
-                .collect();
-            let mut t = random_tensor(&mut r, dtype, &shape);
-            if r.random_bool(0.5) {
-                t = t.pin_memory().unwrap();
-            }
-            if shape.len() >= 2 && r.random_bool(0.5) {
-                t = t.transpose(0, shape.len() - 1).unwrap();
-            }
+            let t = random_host_view(&mut r, dtype);
             let dl = t.to_dlpack().unwrap();
             assert_eq!(
                 dl.version(),

@@ -98,6 +98,22 @@ pub fn random_tensor(rng: &mut impl Rng, dtype: DType, shape: &[usize]) -> Tenso
     .expect("shape matches the element count")
 }
 
+/// A host tensor of `dtype` with a random shape (rank 0 to 3, sizes 1 to 5), pinned half the
+/// time and, from rank 2, a transposed (strided) view half the time.
+pub fn random_host_view(rng: &mut impl Rng, dtype: DType) -> Tensor {
+    let shape: Vec<usize> = (0..rng.random_range(0..4))
+        .map(|_| rng.random_range(1..6))
+        .collect();
+    let mut t = random_tensor(rng, dtype, &shape);
+    if rng.random_bool(0.5) {
+        t = pinnable::Pinnable::pin_memory(&t).expect("pin");
+    }
+    if shape.len() >= 2 && rng.random_bool(0.5) {
+        t = t.transpose(0, shape.len() - 1).expect("in range");
+    }
+    t
+}
+
 /// The raw bytes of a tensor's elements in row-major order, for bit-exact comparison of any dtype.
 pub fn bytes_of(t: &Tensor) -> Vec<u8> {
     macro_rules! as_bytes {
