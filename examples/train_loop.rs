@@ -120,8 +120,12 @@ fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(Rows, Vec<i64>)> {
     save_npy(&labels_npy, "<i8", &[o.samples], as_bytes(&labels)).map_err(io)?;
     drop(pixels);
     // From here on, the data is what a Python user saved: no conversion step.
-    let images = NpyArray::open(&images_npy)?;
-    let labels = NpyArray::open(&labels_npy)?.tensor().to_vec::<i64>()?;
+    // SAFETY: this program wrote the two files above and nothing writes them while mapped.
+    let images = unsafe { NpyArray::open(&images_npy) }?;
+    // SAFETY: as above.
+    let labels = unsafe { NpyArray::open(&labels_npy) }?
+        .tensor()
+        .to_vec::<i64>()?;
     Ok((Rows::new(images.tensor().clone())?, labels))
 }
 

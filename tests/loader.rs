@@ -97,6 +97,12 @@ fn labels_of(batches: &[Bytes]) -> Vec<i64> {
         .collect()
 }
 
+/// Opens a `.npy` file a test wrote.
+fn open_npy(path: impl AsRef<std::path::Path>) -> pinnable::Result<NpyArray> {
+    // SAFETY: the tests write their files before opening them and never while they are mapped.
+    unsafe { NpyArray::open(path) }
+}
+
 #[test]
 fn same_batches_byte_for_byte_for_1_2_and_8_workers() {
     let _s = serial();
@@ -482,7 +488,7 @@ fn an_npy_file_is_a_memory_mapped_dataset_of_rows() {
     let t = random_tensor(&mut r, DType::F32, &[rows, 3, 4]);
     let path = temp_path("images.npy");
     write_npy(&path, "<f4", false, &[rows, 3, 4], &bytes_of(&t));
-    let npy = NpyArray::open(&path).unwrap();
+    let npy = open_npy(&path).unwrap();
     assert_eq!(npy.len(), rows);
     assert_eq!(npy.tensor().shape(), &[rows, 3, 4]);
     assert_eq!(bytes_of(npy.tensor()), bytes_of(&t));
@@ -505,20 +511,18 @@ fn an_npy_file_is_a_memory_mapped_dataset_of_rows() {
 
     let bad = temp_path("fortran.npy");
     write_npy(&bad, "<f4", true, &[2, 2], &[0; 16]);
-    let e = NpyArray::open(&bad).unwrap_err().to_string();
+    let e = open_npy(&bad).unwrap_err().to_string();
     assert!(
         e.contains(&bad.display().to_string()) && e.contains("Fortran"),
         "{e}"
     );
     write_npy(&bad, ">i8", false, &[2], &[0; 16]);
-    let e = NpyArray::open(&bad).unwrap_err().to_string();
+    let e = open_npy(&bad).unwrap_err().to_string();
     assert!(e.contains("big-endian"), "{e}");
     write_npy(&bad, "<f4", false, &[100], &[0; 16]);
-    let e = NpyArray::open(&bad).unwrap_err().to_string();
+    let e = open_npy(&bad).unwrap_err().to_string();
     assert!(e.contains("truncated"), "{e}");
-    let e = NpyArray::open(temp_path("missing.npy"))
-        .unwrap_err()
-        .to_string();
+    let e = open_npy(temp_path("missing.npy")).unwrap_err().to_string();
     assert!(e.contains("No such file"), "{e}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&bad);

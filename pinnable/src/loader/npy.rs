@@ -173,7 +173,8 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
 
 /// A NumPy dtype string (`<f4`, `|b1`, `<i8`, ...) as a [`DType`].
 fn parse_descr(descr: &str) -> std::result::Result<DType, String> {
-    let (order, kind) = descr.split_at(descr.len().min(1));
+    // The byte order is one ASCII character; anything else is not a dtype we know.
+    let (order, kind) = descr.split_at_checked(1).unwrap_or(("", descr));
     let dtype = match kind {
         "b1" => DType::Bool,
         "u1" => DType::U8,
@@ -374,7 +375,8 @@ impl Parser<'_> {
 /// let path = std::env::temp_dir().join(format!("npy-doc-{}.npy", std::process::id()));
 /// std::fs::write(&path, file).unwrap();
 ///
-/// let array = NpyArray::open(&path)?;
+/// // SAFETY: nothing writes the file while it is mapped.
+/// let array = unsafe { NpyArray::open(&path) }?;
 /// assert_eq!(array.len(), 2);
 /// assert_eq!(array.get(1)?.to_vec::<i32>()?, vec![4, 5, 6]); // a view of the mapped file
 /// # drop(array);
@@ -395,7 +397,15 @@ impl NpyArray {
     /// [`Error::Npy`] naming the file and what to do: it cannot be opened, is not `.npy`, is
     /// Fortran-ordered, big-endian, of a dtype without a counterpart here, or shorter than its
     /// header says.
-    pub fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
+    ///
+    /// # Safety
+    ///
+    /// 1. Nothing (this process or another) writes to or truncates the file while the array or
+    ///    any tensor viewing it lives. The mapping is not a snapshot: a write would change
+    ///    bytes that tensors read as unchanging (and `bool` data checked when opened), and a
+    ///    truncation would make reading them fault. Datasets saved once and then only read
+    ///    satisfy this.
+    pub unsafe fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
         let path = path.as_ref();
         let err = |problem: String| Error::Npy {
             path: path.display().to_string(),
@@ -432,6 +442,21 @@ impl Dataset for NpyArray {
         match &self.rows {
             Some(rows) => rows.get(index),
             None => Err(Error::IndexOutOfRange { index, len: 0 }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod descr_tests {
+    use super::parse_descr;
+    use crate::dtype::DType;
+
+    #[test]
+    fn hostile_dtype_strings_are_errors_not_panics() {
+        assert_eq!(parse_descr("<f4"), Ok(DType::F32));
+        assert_eq!(parse_descr("|b1"), Ok(DType::Bool));
+        for bad in ["", "é4", "<", "ff", "<é", "\u{1F600}f4", "<f16"] {
+            assert!(parse_descr(bad).is_err(), "{bad:?} was accepted");
         }
     }
 }

@@ -228,6 +228,9 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
                 })
                 .map(|h| pipeline.threads.push(h));
         }
+        // Only the workers hold the sending end from here: once they are gone, the transfer
+        // thread sees the channel close and returns (also when a worker failed to start).
+        drop(done_tx);
         if let Err(e) = result {
             pipeline.pending = Some(Error::Config {
                 setting: "workers",
