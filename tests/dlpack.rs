@@ -389,3 +389,63 @@ fn device_exports_wait_for_the_copy_and_device_imports_share_memory() {
         assert_eq!(again.dl_tensor().data as u64, ptr, "no device copy");
     }
 }
+
+#[test]
+fn our_own_export_comes_back_as_the_same_storage() {
+    let mut r = rng("our_own_export_comes_back_as_the_same_storage");
+    let n = r.random_range(1..64);
+    let t = random_tensor(&mut r, DType::I32, &[n])
+        .pin_memory()
+        .unwrap();
+    let before = t.to_vec::<i32>().unwrap();
+    let back = Tensor::from_dlpack(t.to_dlpack().unwrap()).unwrap();
+    assert!(
+        back.shares_storage_with(&t),
+        "a second storage over the same bytes"
+    );
+    // So a write through either goes to a private copy and never reaches the other.
+    let mut back = back;
+    back.as_mut_slice::<i32>().unwrap().fill(-1);
+    assert_eq!(
+        t.to_vec::<i32>().unwrap(),
+        before,
+        "the write reached the original"
+    );
+    assert!(back.to_vec::<i32>().unwrap().iter().all(|&v| v == -1));
+}
+
+#[test]
+fn foreign_device_memory_is_read_only_and_device_bools_are_refused() {
+    let Some(dev) = cuda_or_skip("foreign_device_memory_is_read_only_and_device_bools_are_refused")
+    else {
+        return;
+    };
+    let mut r = rng("foreign_device_memory_is_read_only_and_device_bools_are_refused");
+    let n = r.random_range(1..1000);
+    let src = random_tensor(&mut r, DType::F32, &[n]);
+    let on = src.to_device(&dev, false).unwrap();
+    // Through the raw form, as a foreign producer hands it over: no longer known as ours.
+    let raw = on.to_dlpack().unwrap().into_raw_versioned().unwrap();
+    // SAFETY: `raw` came from `into_raw_versioned` just above and nothing writes its data.
+    let mut imported =
+        Tensor::from_dlpack(unsafe { DlpackTensor::from_raw_versioned(raw) }.unwrap()).unwrap();
+    let stream = dev.cuda_context().unwrap().new_stream().unwrap();
+    let err = imported
+        .cuda_view_mut::<f32>(&stream)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("another library owns"), "{err}");
+    assert_eq!(bytes_of(&imported.to_cpu(false).unwrap()), bytes_of(&src));
+
+    let flags = random_tensor(&mut r, DType::Bool, &[16])
+        .to_device(&dev, false)
+        .unwrap();
+    let raw = flags.to_dlpack().unwrap().into_raw_versioned().unwrap();
+    // SAFETY: as above.
+    let err =
+        Tensor::from_dlpack(unsafe { DlpackTensor::from_raw_versioned(raw) }.unwrap()).unwrap_err();
+    assert!(
+        err.to_string().contains("bool tensors on a CUDA device"),
+        "{err}"
+    );
+}

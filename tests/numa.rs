@@ -156,3 +156,22 @@ fn a_pool_placed_on_a_node_hands_out_working_blocks() {
     );
     assert!(far.alloc(4096).is_ok());
 }
+
+#[test]
+fn binding_narrows_the_allowed_cpus_and_huge_lists_stay_bounded() {
+    assert!(parse_cpu_list("0-18446744073709551615").len() <= 1024);
+    let all = current_thread_cpus();
+    let first = all[0];
+    std::thread::spawn(move || {
+        bind_current_thread(&[first]).unwrap();
+        // A wider request later cannot widen what the thread was narrowed to.
+        bind_current_thread(&(0..1024).collect::<Vec<_>>()).unwrap();
+        assert_eq!(current_thread_cpus(), vec![first]);
+        // None of these allowed: an error, and nothing changes.
+        let others: Vec<usize> = (0..1024).filter(|&c| c != first).collect();
+        assert!(bind_current_thread(&others).is_err());
+        assert_eq!(current_thread_cpus(), vec![first]);
+    })
+    .join()
+    .unwrap();
+}

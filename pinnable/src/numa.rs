@@ -110,17 +110,23 @@ impl Topology for Sysfs {
     }
 }
 
-/// Parses a kernel CPU list such as `0-7,16-23` (empty or malformed parts are skipped).
+/// The most CPUs a CPU list names (what the kernel's `cpu_set_t` holds).
+const MAX_CPUS: usize = 8 * std::mem::size_of::<libc::cpu_set_t>();
+
+/// Parses a kernel CPU list such as `0-7,16-23` (empty or malformed parts are skipped; CPUs
+/// beyond the 1024 a `cpu_set_t` holds are left out).
 pub fn parse_cpu_list(text: &str) -> Vec<usize> {
     let mut cpus = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
             Some((a, b)) => {
                 if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
-                    cpus.extend(a..=b);
+                    // No machine has more CPUs than a cpu_set_t can name; a larger range is
+                    // not a CPU list.
+                    cpus.extend(a..=b.min(MAX_CPUS - 1));
                 }
             }
-            None => cpus.extend(part.trim().parse::<usize>().ok()),
+            None => cpus.extend(part.trim().parse::<usize>().ok().filter(|&c| c < MAX_CPUS)),
         }
     }
     cpus.sort_unstable();
@@ -154,13 +160,21 @@ pub fn device_affinity(device: &crate::Device) -> Option<HostAffinity> {
     affinity_for(&Sysfs::new(), &device.pcie_bus_id()?)
 }
 
-/// Keeps the calling thread on `cpus` from now on.
+/// Keeps the calling thread on those of `cpus` it may already run on, from now on.
 ///
 /// # Errors
 ///
-/// [`Error::Field`] naming the CPUs when the kernel refuses (a CPU that does not exist or is
-/// not allowed to this process).
+/// [`Error::Field`] naming the CPUs when none of them is allowed to this thread, or the kernel
+/// refuses.
 pub fn bind_current_thread(cpus: &[usize]) -> Result<()> {
+    // Narrow what the thread may already use (a launcher or `taskset` may have restricted the
+    // process to some CPUs): never widen it.
+    let allowed = current_thread_cpus();
+    let cpus: Vec<usize> = cpus
+        .iter()
+        .copied()
+        .filter(|c| allowed.is_empty() || allowed.contains(c))
+        .collect();
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET only writes inside it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let max = 8 * std::mem::size_of::<libc::cpu_set_t>();

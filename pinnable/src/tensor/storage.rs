@@ -240,6 +240,11 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Whether another library owns this memory (a DLPack import): it is read-only here.
+    pub(crate) fn is_foreign(&self) -> bool {
+        self.foreign.is_some()
+    }
+
     /// Records work on another stream that reads this buffer; the buffer is freed only after it.
     pub(crate) fn add_reader(&self, event: CudaEvent) {
         let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());

@@ -129,6 +129,14 @@ impl Tensor {
         let Data::Device(buf) = &storage.data else {
             unreachable!("checked above")
         };
+        if buf.is_foreign() {
+            return Err(Error::Field {
+                path: "cuda_view_mut".into(),
+                message: "this tensor views device memory another library owns (a DLPack \
+                          import), which is read-only here; write into a copy of it instead"
+                    .into(),
+            });
+        }
         if let Some(event) = storage.ready.as_ref().and_then(|r| r.get()) {
             event.wait_on(stream)?;
         }

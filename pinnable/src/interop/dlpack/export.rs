@@ -27,7 +27,7 @@ pub(super) struct Holder {
     pub(super) legacy: DLManagedTensor,
     shape: Vec<i64>,
     strides: Vec<i64>,
-    tensor: Tensor,
+    pub(super) tensor: Tensor,
     consumer: Consumer,
 }
 

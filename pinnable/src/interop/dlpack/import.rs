@@ -21,6 +21,13 @@ impl Tensor {
     /// than CPU, CUDA host and CUDA; [`Error::CudaUnavailable`] for a CUDA tensor without the
     /// device. The producer's deleter is called on every error.
     pub fn from_dlpack(dl: DlpackTensor) -> Result<Tensor> {
+        if let Some(holder) = dl.ours {
+            // Our own export coming back: the tensor it holds, so the sharing rules see one
+            // storage (a second one over the same bytes could be written in place). Dropping
+            // `dl` then runs our deleter once.
+            // SAFETY: the holder lives until `dl`'s deleter runs, which is after this line.
+            return Ok(unsafe { holder.as_ref() }.tensor.clone());
+        }
         // A versioned tensor's major version was checked when it was taken in.
         let t = dl.dl_tensor();
         let dtype = from_dl_dtype(t.dtype)?;
@@ -89,6 +96,10 @@ impl Tensor {
                 let storage = Arc::new(Storage::new(Data::External(Arc::new(owner))));
                 Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
             }
+            ffi::KDL_CUDA if dtype == DType::Bool => Err(error(
+                "bool tensors on a CUDA device cannot be imported: their bytes cannot be checked \
+                 to be 0 or 1 here; import them as u8 (or on the host) instead",
+            )),
             ffi::KDL_CUDA => {
                 let ordinal = usize::try_from(device.device_id)
                     .map_err(|_| error(format!("device id {}", device.device_id)))?;

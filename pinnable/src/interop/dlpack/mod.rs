@@ -32,8 +32,13 @@
 //!   stream as the tensor's ready event, so every later reader waits for that point. When the
 //!   last tensor over the memory is dropped, it waits on the host for its readers and then calls
 //!   the producer's deleter;
-//! - negative strides, vector lanes and dtypes without a counterpart (complex, fp8, ...) are
-//!   errors, and the producer's deleter is called.
+//!   Such a tensor is read-only here: [`Tensor::cuda_view_mut`](crate::Tensor::cuda_view_mut)
+//!   refuses it, as the producer may still read the memory;
+//! - a tensor this crate exported comes back as the tensor it was (sharing its storage, so the
+//!   usual rules decide whether a write happens in place);
+//! - negative strides, vector lanes, dtypes without a counterpart (complex, fp8, ...) and `bool`
+//!   tensors on a device (whose bytes cannot be checked to be 0 or 1) are errors, and the
+//!   producer's deleter is called.
 //!
 //! ```
 //! use pinnable::Tensor;
