@@ -10,6 +10,7 @@ use pinnable::loader::{
     Batcher, Collator, Dataset, FnDataset, Launch, Loader, NpyArray, Rows, Stack,
 };
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
+use pinnable_harness::samples::{Sample, collate, random_samples};
 use pinnable_harness::{bytes_of, random_tensor, rng};
 use rand::Rng;
 
@@ -33,42 +34,8 @@ fn own_pool() -> PinnedPool {
     PinnedPool::new(PoolConfig::default())
 }
 
-#[derive(Clone)]
-struct Sample {
-    image: Tensor,
-    tokens: Tensor,
-    mask: Tensor,
-    label: i64,
-}
-
 /// A batch as plain bytes, for byte-for-byte comparison.
 type Bytes = Vec<Vec<u8>>;
-
-fn random_samples(r: &mut impl Rng, n: usize) -> Vec<Sample> {
-    (0..n)
-        .map(|i| {
-            let len = r.random_range(0..9);
-            Sample {
-                image: random_tensor(r, DType::F32, &[3, 5, 7]),
-                tokens: random_tensor(r, DType::I64, &[len]),
-                mask: random_tensor(r, DType::Bool, &[5]),
-                label: i as i64,
-            }
-        })
-        .collect()
-}
-
-fn batch_samples(samples: Vec<Sample>, c: &mut Collator) -> pinnable::Result<Vec<Tensor>> {
-    let images = c.stack("images", samples.iter().map(|s| &s.image))?;
-    let (tokens, lengths) = c.pad("tokens", samples.iter().map(|s| &s.tokens), -1i64)?;
-    let masks = c.stack("masks", samples.iter().map(|s| &s.mask))?;
-    let labels = c.stack_scalars("labels", samples.iter().map(|s| s.label))?;
-    let mut out = c.finish()?;
-    [images, tokens, lengths, masks, labels]
-        .into_iter()
-        .map(|s| out.take(s))
-        .collect()
-}
 
 fn epoch_bytes<B>(loader: &Loader<Vec<Sample>, B>, epoch: u64) -> Vec<Bytes>
 where
@@ -110,7 +77,7 @@ fn same_batches_byte_for_byte_for_1_2_and_8_workers() {
     let n = r.random_range(150..250);
     let batch = r.random_range(3..17);
     let seed = r.random();
-    let samples = random_samples(&mut r, n);
+    let samples = random_samples(&mut r, n, (5, 7), 9);
     let runs: Vec<Vec<Bytes>> = [1, 2, 8]
         .into_iter()
         .map(|workers| {
@@ -119,7 +86,7 @@ fn same_batches_byte_for_byte_for_1_2_and_8_workers() {
                 .shuffle(seed)
                 .workers(workers)
                 .pool(own_pool())
-                .build_with(batch_samples)
+                .build_with(collate)
                 .unwrap();
             epoch_bytes(&loader, 3)
         })
@@ -134,7 +101,7 @@ fn same_batches_byte_for_byte_for_1_2_and_8_workers() {
     let pool = own_pool();
     for (got, indices) in runs[0].iter().zip(&order) {
         let picked = indices.iter().map(|&i| samples[i].clone()).collect();
-        let want = batch_samples(picked, &mut Collator::new(&pool)).unwrap();
+        let want = collate(picked, &mut Collator::new(&pool)).unwrap();
         assert_eq!(got, &want.iter().map(bytes_of).collect::<Bytes>());
     }
     assert_eq!(loader_threads(), 0);
@@ -155,7 +122,7 @@ where
 fn shuffle_is_reproducible_from_seed_and_epoch_and_differs_across_epochs() {
     let _s = serial();
     let mut r = rng("shuffle_is_reproducible_from_seed_and_epoch_and_differs_across_epochs");
-    let samples = random_samples(&mut r, 97);
+    let samples = random_samples(&mut r, 97, (5, 7), 9);
     let seed: u64 = r.random();
     let make = |workers| {
         Loader::builder(samples.clone())
@@ -163,7 +130,7 @@ fn shuffle_is_reproducible_from_seed_and_epoch_and_differs_across_epochs() {
             .shuffle(seed)
             .workers(workers)
             .pool(own_pool())
-            .build_with(batch_samples)
+            .build_with(collate)
             .unwrap()
     };
     let (a, b) = (make(2), make(3));

@@ -3,29 +3,10 @@
 //! `skipped: …`) without a GPU, and fails instead under `PINNABLE_REQUIRE_GPU=1`.
 
 use pinnable::loader::{Collator, Loader};
-use pinnable::{DType, PinnedPool, Placement, PoolConfig, Tensor, ToDevice};
-use pinnable_harness::{bytes_of, cuda_or_skip, random_tensor, rng};
+use pinnable::{PinnedPool, Placement, PoolConfig, ToDevice};
+use pinnable_harness::samples::{collate, random_samples};
+use pinnable_harness::{bytes_of, cuda_or_skip, rng};
 use rand::Rng;
-
-#[derive(Clone)]
-struct Sample {
-    image: Tensor,
-    tokens: Tensor,
-    mask: Tensor,
-    label: i64,
-}
-
-fn batch(samples: Vec<Sample>, c: &mut Collator) -> pinnable::Result<Vec<Tensor>> {
-    let images = c.stack("images", samples.iter().map(|s| &s.image))?;
-    let (tokens, lengths) = c.pad("tokens", samples.iter().map(|s| &s.tokens), 0i64)?;
-    let masks = c.stack("masks", samples.iter().map(|s| &s.mask))?;
-    let labels = c.stack_scalars("labels", samples.iter().map(|s| s.label))?;
-    let mut out = c.finish()?;
-    [images, tokens, lengths, masks, labels]
-        .into_iter()
-        .map(|s| out.take(s))
-        .collect()
-}
 
 #[test]
 fn a_thousand_random_batches_reach_the_device_intact() {
@@ -35,17 +16,7 @@ fn a_thousand_random_batches_reach_the_device_intact() {
     let mut r = rng("a_thousand_random_batches_reach_the_device_intact");
     let batch_size = r.random_range(2..9);
     let batches = 1000;
-    let samples: Vec<Sample> = (0..batches * batch_size)
-        .map(|i| {
-            let len = r.random_range(0..24);
-            Sample {
-                image: random_tensor(&mut r, DType::F32, &[3, 16, 16]),
-                tokens: random_tensor(&mut r, DType::I64, &[len]),
-                mask: random_tensor(&mut r, DType::Bool, &[16]),
-                label: i as i64,
-            }
-        })
-        .collect();
+    let samples = random_samples(&mut r, batches * batch_size, (16, 16), 24);
     let seed = r.random();
     let pool = PinnedPool::new(PoolConfig::default());
     let loader = Loader::builder(samples.clone())
@@ -55,7 +26,7 @@ fn a_thousand_random_batches_reach_the_device_intact() {
         .prefetch(r.random_range(0..4))
         .device(dev.clone())
         .pool(pool.clone())
-        .build_with(batch)
+        .build_with(collate)
         .unwrap();
     let order = loader.sampler().batches(0);
     let host_pool = PinnedPool::new(PoolConfig::default());
@@ -67,7 +38,7 @@ fn a_thousand_random_batches_reach_the_device_intact() {
         assert!(got.iter().all(|t| t.placement() == Placement::Cuda(0)));
         let back = got.to_cpu(false).unwrap();
         let picked = indices.iter().map(|&i| samples[i].clone()).collect();
-        let want = batch(picked, &mut Collator::new(&host_pool)).unwrap();
+        let want = collate(picked, &mut Collator::new(&host_pool)).unwrap();
         for (k, (b, w)) in back.iter().zip(&want).enumerate() {
             assert_eq!(b.shape(), w.shape(), "batch {n} tensor {k}");
             assert_eq!(bytes_of(b), bytes_of(w), "batch {n} tensor {k}");

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod kernels;
+pub mod samples;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
