@@ -29,6 +29,17 @@ struct Run {
 }
 
 impl Run {
+    fn new(workers: usize, prefetch: usize, device: Device, pool: PinnedPool) -> Run {
+        Run {
+            workers,
+            prefetch,
+            device,
+            pool,
+            next_epoch: AtomicU64::new(0),
+            last: Mutex::new(None),
+        }
+    }
+
     fn spec<S, T>(
         &self,
         jobs: Jobs<S>,
@@ -142,14 +153,7 @@ where
             dataset,
             batcher,
             sampler,
-            run: Run {
-                workers,
-                prefetch,
-                device,
-                pool,
-                next_epoch: AtomicU64::new(0),
-                last: Mutex::new(None),
-            },
+            run: Run::new(workers, prefetch, device, pool),
         }
     }
 
@@ -317,14 +321,7 @@ where
             batch_size,
             drop_last,
             shard,
-            run: Run {
-                workers,
-                prefetch,
-                device,
-                pool,
-                next_epoch: AtomicU64::new(0),
-                last: Mutex::new(None),
-            },
+            run: Run::new(workers, prefetch, device, pool),
         }
     }
 
