@@ -206,7 +206,7 @@ impl Tensor {
         Ok(unsafe { base.add(offset) })
     }
 
-    fn contiguous_copy(&self) -> Result<Tensor> {
+    pub(crate) fn contiguous_copy(&self) -> Result<Tensor> {
         let src = self.host_src("contiguous")?;
         let buf = HostBuf::zeroed(self.nbytes());
         // SAFETY: `buf` has `nbytes` writable bytes; the source is live (held by `self`).

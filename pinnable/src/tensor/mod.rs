@@ -176,7 +176,10 @@ impl Tensor {
     }
 
     /// A tensor over `storage` with an explicit layout, in elements.
-    #[cfg_attr(not(any(feature = "ndarray", feature = "dlpack")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "ndarray", feature = "dlpack", feature = "candle")),
+        allow(dead_code)
+    )]
     pub(crate) fn from_parts(
         storage: Arc<Storage>,
         dtype: DType,
@@ -192,6 +195,43 @@ impl Tensor {
             strides: Dims::from(strides),
             offset,
         }
+    }
+
+    /// Gives away the device allocation of a tensor that alone owns it and starts at its first
+    /// byte, contiguous: its address and the tensor's bytes (the allocation may be larger).
+    /// `consumer`, the stream of whoever takes it over (and frees it), first waits for the copy
+    /// that fills it, if already issued, and for every reader recorded on it. Any other tensor
+    /// comes back unchanged.
+    ///
+    /// # Errors
+    ///
+    /// A driver error enqueuing a wait; the tensor is lost with it.
+    #[cfg(feature = "candle-cuda")]
+    pub(crate) fn release_device_allocation(
+        self,
+        consumer: &cudarc::driver::CudaStream,
+    ) -> Result<std::result::Result<(cudarc::driver::sys::CUdeviceptr, usize), Tensor>> {
+        let whole = self.byte_offset() == 0
+            && self.is_contiguous()
+            && Arc::strong_count(&self.storage) == 1
+            && matches!(&self.storage.data,
+                Data::Device(b) if Arc::strong_count(b) == 1 && !b.is_foreign());
+        if !whole {
+            return Ok(Err(self));
+        }
+        let nbytes = self.nbytes();
+        if let Some(e) = self.ready_event() {
+            e.wait_on(consumer)?;
+        }
+        let storage = Arc::into_inner(self.storage).expect("checked: the only handle");
+        let Data::Device(buf) = storage.data else {
+            unreachable!("checked: device memory")
+        };
+        buf.wait_readers_on(consumer)?;
+        let (ptr, _) = Arc::into_inner(buf)
+            .expect("checked: the only handle")
+            .release();
+        Ok(Ok((ptr, nbytes)))
     }
 
     /// The element type.

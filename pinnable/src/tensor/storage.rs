@@ -182,6 +182,8 @@ pub(crate) struct DeviceBuffer {
     readers: Mutex<Vec<CudaEvent>>,
     /// For memory another library allocated: what returns it (dropped instead of freeing).
     foreign: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Handed to another library, which frees it: dropping does nothing.
+    released: bool,
 }
 
 impl DeviceBuffer {
@@ -191,6 +193,7 @@ impl DeviceBuffer {
             device,
             readers: Mutex::new(Vec::new()),
             foreign: None,
+            released: false,
         }
     }
 
@@ -215,6 +218,7 @@ impl DeviceBuffer {
             device,
             readers: Mutex::new(Vec::new()),
             foreign: Some(owner),
+            released: false,
         }
     }
 
@@ -240,6 +244,22 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Gives the allocation up without freeing it: its address and size. Whoever takes it over
+    /// frees it, after the work that uses it (which must include this buffer's recorded
+    /// readers and the copies that fill it; a fresh buffer of a move has none of the first).
+    #[cfg(feature = "candle-cuda")]
+    pub(crate) fn release(mut self) -> (cudarc::driver::sys::CUdeviceptr, usize) {
+        debug_assert!(
+            self.foreign.is_none(),
+            "only our own allocations are given away"
+        );
+        self.released = true;
+        // SAFETY: taken once; `released` keeps `drop` from touching the slice again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let bytes = slice.len();
+        (slice.leak(), bytes)
+    }
+
     /// Whether another library owns this memory (a DLPack import): it is read-only here.
     pub(crate) fn is_foreign(&self) -> bool {
         self.foreign.is_some()
@@ -255,6 +275,9 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         if let Some(owner) = self.foreign.take() {
             // Memory another library owns cannot be freed in stream order: wait here for
             // everything that reads it, then hand it back.

@@ -161,6 +161,10 @@ impl MoveContext<'_> {
                 for b in &self.copies.blocks {
                     b.record_use(event.clone() as Arc<dyn Fence>);
                 }
+                // Consumers may free what was moved apart once the failed batch is dropped.
+                if self.consumers.iter().any(|s| event.wait_on(s).is_err()) {
+                    let _ = dev.copy_stream.synchronize();
+                }
             }
             // Without an event to record, wait for the copies here instead.
             Err(_) => {
@@ -199,6 +203,13 @@ impl MoveContext<'_> {
             b.record_use(event.clone() as Arc<dyn Fence>);
         }
         let _ = self.ready.set(event.clone());
+        for s in &self.consumers {
+            if let Err(e) = event.wait_on(s) {
+                // The results exist but a consumer cannot be ordered after them: wait here.
+                event.synchronize()?;
+                return Err(e);
+            }
+        }
         if !self.non_blocking {
             event.synchronize()?;
         }

@@ -16,11 +16,11 @@
 mod issue;
 mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::sys;
+use cudarc::driver::{CudaStream, sys};
 
 use crate::alloc::{BackendKind, PinnedPool};
 use crate::check;
@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::path::{FieldPath, Walk};
 use crate::tensor::{Data, DeviceBuffer, Placement, Ready, Storage, Tensor};
 use issue::{Copies, Dir, DirectCopy};
-use plan::{Arena, Plan, Slot};
+use plan::{Arena, Plan, Slot, Staging};
 
 /// A value whose tensors can be moved to a CUDA device (or back to the host).
 ///
@@ -105,6 +105,14 @@ pub struct MoveContext<'a> {
     ready: Ready,
     plan: Plan,
     arena: Option<Arena>,
+    staging: Option<Staging>,
+    /// The allocations reserved for tensors moved apart, in walk order.
+    apart: VecDeque<Arc<DeviceBuffer>>,
+    /// Streams of other libraries that consume the result: each waits for the copies.
+    consumers: Vec<Arc<CudaStream>>,
+    /// State of other libraries' impls for this move, one value per type, dropped on this
+    /// thread once the copies are issued (read locks on their sources).
+    slots: Vec<Box<dyn std::any::Any>>,
     /// Device bytes allocated so far, for out-of-memory messages.
     reserved: usize,
     /// The result storage of each source storage moved inside a mirror: tensors that share a
@@ -139,6 +147,10 @@ impl<'a> MoveContext<'a> {
             ready: Arc::new(OnceLock::new()),
             plan: Plan::default(),
             arena: None,
+            staging: None,
+            apart: VecDeque::new(),
+            consumers: Vec::new(),
+            slots: Vec::new(),
             reserved: 0,
             mirrored: HashMap::new(),
             last_mirrored: None,
@@ -201,38 +213,31 @@ impl<'a> MoveContext<'a> {
         }
     }
 
-    /// Reserves what the first walk measured: the arena and the staging block.
+    /// Reserves what the first walk measured: the arena, the allocations of tensors moved
+    /// apart, and the staging block.
     fn reserve(&mut self) -> Result<()> {
-        let Some(total) = self.plan.lay_out() else {
-            return Ok(());
-        };
-        let (data, base) = match self.target.ordinal() {
-            Some(_) => {
-                let buf = self.alloc_device(total)?;
-                let base = buf.device_ptr();
-                (Data::Device(Arc::new(buf)), base)
-            }
-            None => {
-                let block = Arc::new(self.pool.alloc(total)?);
-                let base = block.as_ptr() as u64;
-                self.copies.blocks.push(block.clone());
-                (Data::Pinned(block), base)
-            }
-        };
-        let staging = if self.plan.staged_bytes > 0 {
-            let block = Arc::new(self.pool.alloc(self.plan.staged_bytes)?);
+        if let Some(total) = self.plan.lay_out() {
+            let (data, base) = self.own_destination(total)?;
+            self.arena = Some(Arena { data, base });
+        }
+        for i in 0..self.plan.apart.len() {
+            let buf = self.alloc_device(self.plan.apart[i].0)?;
+            self.apart.push_back(Arc::new(buf));
+        }
+        if !self.apart.is_empty() {
+            self.order_consumers_after_allocation()?;
+        }
+        let staging_bytes = self.plan.staging_bytes();
+        if staging_bytes > 0 {
+            let block = Arc::new(self.pool.alloc(staging_bytes)?);
             let ptr = block.as_ptr();
             // The device copies read the staging block after this move returns: recording the
             // ready event on it holds it back in the pool until they finish.
             self.copies.blocks.push(block.clone());
-            Some((block, ptr))
-        } else {
-            None
-        };
-        let arena = Arena {
-            data,
-            base,
-            staging,
+            self.staging = Some(Staging { ptr });
+        }
+        let Some(arena) = &self.arena else {
+            return Ok(());
         };
         for g in &self.plan.groups {
             // Every group's block is read by this move's copies: it gets the ready event.
@@ -248,7 +253,21 @@ impl<'a> MoveContext<'a> {
                 ));
             }
         }
-        self.arena = Some(arena);
+        Ok(())
+    }
+
+    /// Allocations moved apart are handed to other libraries, which may free them on their
+    /// own streams at any time (an error drops a half-built batch): those streams first wait
+    /// for the allocations, made on the copy stream.
+    fn order_consumers_after_allocation(&self) -> Result<()> {
+        if self.consumers.is_empty() {
+            return Ok(());
+        }
+        let dev = self.target.cuda_device("to_device")?;
+        let event = dev.record()?;
+        for s in &self.consumers {
+            event.wait_on(s)?;
+        }
         Ok(())
     }
 
@@ -272,8 +291,8 @@ impl<'a> MoveContext<'a> {
         }
     }
 
-    /// A destination of its own, outside the arena, for a walk that moves more than it
-    /// measured; its data and address.
+    /// A destination of `bytes`: the arena, or one outside it for a walk that moves more than
+    /// it measured; its data and address.
     fn own_destination(&mut self, bytes: usize) -> Result<(Data, u64)> {
         if self.target.ordinal().is_some() {
             let buf = self.alloc_device(bytes)?;
@@ -382,33 +401,132 @@ impl<'a> MoveContext<'a> {
             let at = self.plan.place_staged(0).unwrap_or(0);
             return Ok(t.placed_in(self.part(None), at, true));
         }
-        let src = t.host_src("to_device")?;
         let slot = self.plan.place_staged(bytes).and_then(|at| {
             let arena = self.arena.as_ref()?;
-            let (_, stage) = arena.staging.as_ref()?;
-            // SAFETY: `at + bytes` lies within the staging block (checked by `place_staged`).
-            Some((at, unsafe { stage.add(at) }, arena.at(at)))
+            Some((at, self.staging.as_ref()?.at(at), arena.at(at)))
         });
-        let out = match slot {
+        match slot {
             Some((at, stage, dst)) => {
-                self.copies.staged.push(HostCopy { src, dst: stage });
-                self.copies.staged_dst.push((dst, true));
-                t.placed_in(self.part(None), at, true)
+                self.stage(t, stage, dst, true)?;
+                Ok(t.placed_in(self.part(None), at, true))
             }
             None => {
                 let (data, dst) = self.own_destination(bytes)?;
-                let block = Arc::new(self.pool.alloc(bytes)?);
-                self.copies.staged.push(HostCopy {
-                    src,
-                    dst: block.as_ptr(),
-                });
-                self.copies.staged_dst.push((dst, false));
-                self.copies.blocks.push(block);
-                t.placed_in(self.part(Some(data)), 0, true)
+                self.stage_alone(t, dst)?;
+                Ok(t.placed_in(self.part(Some(data)), 0, true))
+            }
+        }
+    }
+
+    /// Plans gathering `t` into `stage` and the device copy of those bytes to `dst`
+    /// (`mergeable`: both lie in the arena, where staging block and device mirror each other).
+    fn stage(&mut self, t: &Tensor, stage: *mut u8, dst: u64, mergeable: bool) -> Result<()> {
+        let src = t.host_src("to_device")?;
+        self.copies.staged.push(HostCopy { src, dst: stage });
+        self.copies.staged_dst.push((dst, mergeable));
+        self.copies.keep.push(t.storage().clone());
+        Ok(())
+    }
+
+    /// As [`stage`](Self::stage), through a pinned block of its own (the walk staged more than
+    /// it measured).
+    fn stage_alone(&mut self, t: &Tensor, dst: u64) -> Result<()> {
+        let block = Arc::new(self.pool.alloc(t.nbytes())?);
+        self.stage(t, block.as_ptr(), dst, false)?;
+        self.copies.blocks.push(block);
+        Ok(())
+    }
+
+    /// Moves one tensor to the target device into a device allocation of its own, holding
+    /// exactly its bytes, contiguous, rather than into the batch's shared arena. For handing a
+    /// tensor to a library that frees its allocations one by one (candle).
+    ///
+    /// The allocation is reserved with the rest of the batch, before any copy; its copy is
+    /// issued with the batch's.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(crate) fn move_tensor_apart(&mut self, t: &Tensor) -> Result<Tensor> {
+        if self.target.ordinal().is_none() {
+            return self.move_tensor(t);
+        }
+        let bytes = t.nbytes();
+        let registered = t
+            .pinned_block()
+            .is_some_and(|b| b.backend() != BackendKind::Mlock);
+        let direct = !t.placement().is_host() || (registered && t.is_contiguous());
+        if t.placement().is_host() {
+            check::dense_cpu(t, &self.path)?;
+        }
+        if direct && !t.is_contiguous() {
+            return Err(Error::Field {
+                path: self.path.to_string(),
+                message: format!(
+                    "a strided view on {} cannot be moved into an allocation of its own; \
+                     make it contiguous first",
+                    t.placement()
+                ),
+            });
+        }
+        if self.pass == Pass::Measure {
+            self.wait_for(t);
+            self.plan.note_apart(bytes, !direct);
+            return Ok(t.clone());
+        }
+        let buf = match self.apart.pop_front() {
+            Some(buf) => buf,
+            None => Arc::new(self.alloc_device(bytes)?),
+        };
+        let dst = buf.device_ptr();
+        if direct {
+            self.wait_for(t);
+            let span = t.byte_span();
+            self.copies
+                .direct
+                .push(direct_copy(t.storage(), span, dst, self.target));
+            self.copies.keep.push(t.storage().clone());
+            if let Data::Pinned(b) = &t.storage().data {
+                self.copies.note_block(b);
+            }
+        } else if bytes > 0 {
+            match self.plan.place_apart_staged(bytes) {
+                Some(at) => {
+                    let stage = self.staging.as_ref().expect("staging reserved").at(at);
+                    self.stage(t, stage, dst, false)?;
+                }
+                None => self.stage_alone(t, dst)?,
+            }
+        }
+        let storage = Storage::part(Data::Device(buf), Some(self.ready.clone()));
+        Ok(t.placed_in(storage, 0, true))
+    }
+
+    /// Whether this is the first walk, which only measures (results are placeholders).
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(crate) fn is_measuring(&self) -> bool {
+        self.pass == Pass::Measure
+    }
+
+    /// This move's value of type `T` (made on first use), kept through both walks until the
+    /// copies have read the sources, then dropped on this thread.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(crate) fn slot<T: Default + 'static>(&mut self) -> &mut T {
+        let at = match self.slots.iter().position(|s| s.is::<T>()) {
+            Some(at) => at,
+            None => {
+                self.slots.push(Box::new(T::default()));
+                self.slots.len() - 1
             }
         };
-        self.copies.keep.push(t.storage().clone());
-        Ok(out)
+        self.slots[at].downcast_mut().expect("found by type")
+    }
+
+    /// Names a stream of another library that will consume what this move produces: before
+    /// the move returns, the stream waits for its copies (and, if the move fails, for whatever
+    /// copies were already issued), so work queued on it afterwards sees the data. Call it in
+    /// both walks, before moving the tensors it consumes.
+    pub fn order_stream(&mut self, stream: &Arc<CudaStream>) {
+        if !self.consumers.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            self.consumers.push(stream.clone());
+        }
     }
 }
 

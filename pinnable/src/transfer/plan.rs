@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::alloc::PinnedBlock;
 use crate::batch::{PART_ALIGN, part_align};
 use crate::tensor::{Data, Storage, Tensor};
 
@@ -49,6 +48,14 @@ pub(super) struct Plan {
     singles: Range<usize>,
     single_cursor: usize,
     staged_cursor: usize,
+    /// Tensors moved into allocations of their own, in walk order: each one's bytes and
+    /// whether it is staged.
+    pub(super) apart: Vec<(usize, bool)>,
+    /// Staged bytes of those tensors: they follow the arena's staged bytes in the staging
+    /// block.
+    pub(super) apart_staged: usize,
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    apart_staged_cursor: usize,
 }
 
 /// Where the second walk puts a tensor that needs no staging.
@@ -92,6 +99,32 @@ impl Plan {
     pub(super) fn note_staged(&mut self, bytes: usize) {
         self.tensors += 1;
         self.staged_bytes += part_align(bytes);
+    }
+
+    /// First walk: a tensor of `bytes` moves into a device allocation of its own.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(super) fn note_apart(&mut self, bytes: usize, staged: bool) {
+        self.apart.push((bytes, staged));
+        if staged {
+            self.apart_staged += part_align(bytes);
+        }
+    }
+
+    /// Second walk: where in the staging block a staged tensor moved apart is gathered, or
+    /// `None` once the measured room is used up.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(super) fn place_apart_staged(&mut self, bytes: usize) -> Option<usize> {
+        if self.apart_staged_cursor + bytes > self.apart_staged {
+            return None;
+        }
+        let at = self.staged_bytes + self.apart_staged_cursor;
+        self.apart_staged_cursor += part_align(bytes);
+        Some(at)
+    }
+
+    /// Bytes of the staging block: the arena's staged bytes, then those moved apart.
+    pub(super) fn staging_bytes(&self) -> usize {
+        self.staged_bytes + self.apart_staged
     }
 
     /// Lays out the arena: staged bytes first, then each mirrored group's span, then the
@@ -161,15 +194,27 @@ impl Plan {
 }
 
 /// The batch's reserved memory: one destination buffer (a device allocation, or a pinned block
-/// when moving to the host) whose first `staged_len` bytes mirror the staging block byte for
+/// when moving to the host) whose first `staged_bytes` bytes mirror the staging block byte for
 /// byte.
 pub(super) struct Arena {
     /// The destination, shared by every result tensor placed in it.
     pub(super) data: Data,
     /// The destination's first byte (a device address, or a host address as a number).
     pub(super) base: u64,
-    /// The staging block and its first byte, when sources need staging.
-    pub(super) staging: Option<(Arc<PinnedBlock>, *mut u8)>,
+}
+
+/// The first byte of the pinned block staged sources are gathered into (the move's copies
+/// keep the block itself).
+pub(super) struct Staging {
+    pub(super) ptr: *mut u8,
+}
+
+impl Staging {
+    /// The address `offset` bytes into the block.
+    pub(super) fn at(&self, offset: usize) -> *mut u8 {
+        // SAFETY: callers pass offsets the plan placed within the block.
+        unsafe { self.ptr.add(offset) }
+    }
 }
 
 impl Arena {
