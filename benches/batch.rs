@@ -7,9 +7,8 @@
 
 use std::time::Instant;
 
-use cudarc::driver::{result, sys};
 use pinnable::{BatchLayout, DType, Device, Pinnable, PinnedPool, Tensor, ToDevice};
-use pinnable_harness::bench::{Table, batch_64x1mib, check, median, time, torch_rows};
+use pinnable_harness::bench::{Table, batch_64x1mib, median, raw_one_copy, time, torch_rows};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
 
 fn sync(t: &Tensor) {
@@ -26,30 +25,6 @@ fn minor_faults() -> i64 {
         libc::getrusage(libc::RUSAGE_SELF, &mut u);
         u.ru_minflt
     }
-}
-
-/// Wall time of one plain `cuMemcpyHtoDAsync` of `bytes` from pinned memory, plus a stream
-/// sync: the ceiling for moving a pinned batch with one copy.
-fn raw_one_copy(dev: &Device, bytes: usize) -> f64 {
-    let stream = dev.copy_stream().unwrap().clone();
-    dev.cuda_context().unwrap().bind_to_thread().unwrap();
-    // SAFETY: plain allocations of `bytes`, freed below.
-    let host = unsafe { result::malloc_host(bytes, 0) }.unwrap() as *mut u8;
-    // SAFETY: the block is `bytes` long.
-    unsafe { std::ptr::write_bytes(host, 7, bytes) };
-    // SAFETY: a device allocation of `bytes`.
-    let dst = unsafe { result::malloc_sync(bytes) }.unwrap();
-    let t = time(5, 30, || {
-        // SAFETY: both buffers are `bytes` long and live.
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host.cast(), bytes, stream.cu_stream()) });
-        stream.synchronize().unwrap();
-    });
-    // SAFETY: allocated above, freed once.
-    unsafe {
-        result::free_host(host.cast()).unwrap();
-        result::free_sync(dst).unwrap();
-    }
-    t
 }
 
 /// Median seconds the `to_device(true)` call takes to return (the CPU's share: walks,

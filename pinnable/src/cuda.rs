@@ -19,6 +19,8 @@ fn probe() -> std::result::Result<usize, String> {
         return Err("disabled by the PINNABLE_DISABLE_CUDA environment variable".into());
     }
     // SAFETY: `is_culib_present` only tries to dlopen the driver library; it calls no driver code.
+    // (Linked at build time instead, the library is there or the program would not start.)
+    #[cfg(not(feature = "cuda-linked"))]
     if !unsafe { sys::is_culib_present() } {
         return Err("the CUDA driver library (libcuda.so) was not found; \
                     install the NVIDIA driver or run on a machine with a GPU"
@@ -78,7 +80,16 @@ pub(crate) fn result_name(code: sys::CUresult) -> String {
 #[derive(Clone)]
 pub struct Device {
     kind: DeviceKind,
+    /// The framework device this one was made from, for results that must be its tensors.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(crate) framework: Framework,
 }
+
+/// candle's handle on the same GPU, when the `Device` was made from one.
+#[cfg(feature = "candle-cuda")]
+pub(crate) type Framework = Option<candle_core::CudaDevice>;
+#[cfg(not(feature = "candle-cuda"))]
+pub(crate) type Framework = ();
 
 #[derive(Clone)]
 enum DeviceKind {
@@ -105,6 +116,7 @@ impl Device {
     pub fn cpu() -> Device {
         Device {
             kind: DeviceKind::Cpu,
+            framework: Framework::default(),
         }
     }
 
@@ -126,15 +138,11 @@ impl Device {
             devices.resize(count, None);
         }
         if let Some(dev) = &devices[ordinal] {
-            return Ok(Device {
-                kind: DeviceKind::Cuda(dev.clone()),
-            });
+            return Ok(Device::from_cuda(dev.clone()));
         }
         let dev = Arc::new(CudaDevice::open(ordinal)?);
         devices[ordinal] = Some(dev.clone());
-        Ok(Device {
-            kind: DeviceKind::Cuda(dev),
-        })
+        Ok(Device::from_cuda(dev))
     }
 
     /// Whether this is the host.
@@ -254,6 +262,7 @@ impl Device {
     pub(crate) fn from_cuda(dev: Arc<CudaDevice>) -> Device {
         Device {
             kind: DeviceKind::Cuda(dev),
+            framework: Framework::default(),
         }
     }
 }

@@ -45,7 +45,7 @@
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
 //! - [`error`]: the one [`Error`] type;
-//! - [`interop`]: ndarray, DLPack and burn, each behind its own cargo feature.
+//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
 
 #![warn(missing_docs)]
 

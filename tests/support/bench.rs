@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use cudarc::driver::{CudaStream, sys};
-use pinnable::{DType, Tensor};
+use cudarc::driver::{CudaStream, result, sys};
+use pinnable::{DType, Device, Tensor};
 use rand::Rng;
 
 /// The benches' batch: 64 f32 tensors of 1 MiB (`x0` … `x63`) and 64 i64 `labels`, as
@@ -97,6 +97,34 @@ pub fn torch_rows(file: &str) -> HashMap<String, f64> {
             Some((k.to_owned(), v.trim().parse().ok()?))
         })
         .collect()
+}
+
+/// Wall time of one plain `cuMemcpyHtoDAsync` of `bytes` from pinned memory, plus a stream
+/// sync: the ceiling for moving a pinned batch with one copy.
+///
+/// # Panics
+///
+/// If `dev` is not a CUDA device or the driver refuses.
+pub fn raw_one_copy(dev: &Device, bytes: usize) -> f64 {
+    let stream = dev.copy_stream().unwrap().clone();
+    dev.cuda_context().unwrap().bind_to_thread().unwrap();
+    // SAFETY: plain allocations of `bytes`, freed below.
+    let host = unsafe { result::malloc_host(bytes, 0) }.unwrap() as *mut u8;
+    // SAFETY: the block is `bytes` long.
+    unsafe { std::ptr::write_bytes(host, 7, bytes) };
+    // SAFETY: a device allocation of `bytes`.
+    let dst = unsafe { result::malloc_sync(bytes) }.unwrap();
+    let t = time(5, 30, || {
+        // SAFETY: both buffers are `bytes` long and live.
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host.cast(), bytes, stream.cu_stream()) });
+        stream.synchronize().unwrap();
+    });
+    // SAFETY: allocated above, freed once.
+    unsafe {
+        result::free_host(host.cast()).unwrap();
+        result::free_sync(dst).unwrap();
+    }
+    t
 }
 
 /// A markdown table of figures, printed as it grows and written to `$PINNABLE_BENCH_OUT`.

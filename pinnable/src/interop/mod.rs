@@ -6,7 +6,9 @@
 //!   arrays over a pinned batch being built, and tensors from owned arrays without a copy;
 //! - `dlpack`: export to and import from DLPack, the C ABI PyTorch, JAX, CuPy and NumPy
 //!   exchange tensors through, with the ready event honoured;
-//! - `burn`: conversions between host tensors and burn's `TensorData`.
+//! - `burn`: conversions between host tensors and burn's `TensorData`;
+//! - `candle` (host) and `candle-cuda` (device): conversions both ways with candle's tensors,
+//!   and candle tensors as fields of a batch that moves with one `to_device`.
 //!
 //! Memory owned elsewhere is pinned and moved with the same building blocks every batch uses:
 //! [`Tensor::from_host_bytes`](crate::Tensor::from_host_bytes) over a
@@ -15,6 +17,8 @@
 
 #[cfg(feature = "burn")]
 pub mod burn;
+#[cfg(feature = "candle")]
+pub mod candle;
 #[cfg(feature = "dlpack")]
 pub mod dlpack;
 #[cfg(feature = "ndarray")]
