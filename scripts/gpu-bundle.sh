@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the tests, benches and examples as release binaries into one folder with a run.sh, so
-# they can be copied to a CUDA machine and run there without a Rust toolchain. The CUDA driver
-# library is loaded at run time, so nothing here needs CUDA installed. Every feature is on, so
-# the integrations' GPU tests and examples are in the bundle too.
+# they can be copied to a CUDA machine and run there without a Rust toolchain. Every feature is
+# on, so the integrations' GPU tests and examples are in the bundle too. `candle-cuda` compiles
+# candle's kernels and links the CUDA libraries, so the build runs in the environment
+# `scripts/cuda-build-env.sh` installs; on the CUDA machine, run.sh finds those libraries in the
+# CUDA toolkit or in PyTorch's wheels.
 #
 #   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle
 #   DIR/run.sh [tests|examples|benches|all] (default: all)
@@ -12,6 +14,7 @@ out=${1:-gpu-bundle}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/benches" "$out/examples"
 
+eval "$(scripts/cuda-build-env.sh)"
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 cargo test --workspace --all-features --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
@@ -59,6 +62,12 @@ cat >"$out/run.sh" <<'RUN'
 set -u
 cd "$(dirname "$0")"
 export PINNABLE_REQUIRE_GPU=1
+# candle's CUDA backend links cuBLAS, cuRAND and NVRTC (CUDA 13): from PyTorch's wheels when
+# there is no toolkit.
+if command -v python3 >/dev/null; then
+  libs=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null) &&
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 export PINNABLE_BENCH_OUT=${PINNABLE_BENCH_OUT:-$PWD/bench-out}
 mkdir -p "$PINNABLE_BENCH_OUT"
 what=${1:-all}
