@@ -270,7 +270,7 @@ impl Tensor {
     /// # Errors
     ///
     /// [`Error::Interop`] for a dtype candle lacks or a device pairing that is not supported;
-    /// [`Error::WrongPlacement`](crate::Error::WrongPlacement) for a device tensor asked for
+    /// [`Error::WrongPlacement`] for a device tensor asked for
     /// on the CPU; driver and memory errors.
     pub fn into_candle(self, device: &candle::Device) -> Result<candle::Tensor> {
         let dtype = dtype_to_candle(self.dtype())?;
