@@ -376,18 +376,23 @@ impl<'a> MoveContext<'a> {
             }
             Slot::Outside => {
                 let (data, dst) = self.own_destination(span.len())?;
-                let copy = direct_copy(t.storage(), span, dst, self.target);
-                self.copies.direct.push(copy);
-                // No group holds this source's buffer alive until the copy is issued, nor
-                // noted its block.
-                self.copies.keep.push(t.storage().clone());
-                if let Data::Pinned(b) = &t.storage().data {
-                    self.copies.note_block(b);
-                }
+                self.copy_alone(t, span, dst);
                 (self.part(Some(data)), 0)
             }
         };
         Ok(t.placed_in(storage, at, false))
+    }
+
+    /// Plans a direct copy of `span` of `t`'s buffer to `dst`, outside any group: no group
+    /// holds that buffer alive until the copy is issued, nor noted its block, so this does.
+    fn copy_alone(&mut self, t: &Tensor, span: Range<usize>, dst: u64) {
+        self.copies
+            .direct
+            .push(direct_copy(t.storage(), span, dst, self.target));
+        self.copies.keep.push(t.storage().clone());
+        if let Data::Pinned(b) = &t.storage().data {
+            self.copies.note_block(b);
+        }
     }
 
     /// A source that is staged through pinned memory by the copy threads, then copied.
@@ -478,14 +483,7 @@ impl<'a> MoveContext<'a> {
         let dst = buf.device_ptr();
         if direct {
             self.wait_for(t);
-            let span = t.byte_span();
-            self.copies
-                .direct
-                .push(direct_copy(t.storage(), span, dst, self.target));
-            self.copies.keep.push(t.storage().clone());
-            if let Data::Pinned(b) = &t.storage().data {
-                self.copies.note_block(b);
-            }
+            self.copy_alone(t, t.byte_span(), dst);
         } else if bytes > 0 {
             match self.plan.place_apart_staged(bytes) {
                 Some(at) => {

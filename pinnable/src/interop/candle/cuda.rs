@@ -86,7 +86,6 @@ impl ToDevice for candle::Tensor {
                 candle::Tensor::to_device(self, &candle::Device::Cuda(cdev)).map_err(candle_error)
             };
         }
-        let dims = self.dims().to_vec();
         cx.order_stream(&cdev.cuda_stream());
         let measuring = cx.is_measuring();
         let view = cx.slot::<Locks>().view(self, measuring)?;
@@ -104,8 +103,13 @@ impl ToDevice for candle::Tensor {
         let dtype = moved.dtype();
         let (ptr, bytes) = moved
             .release_device_allocation(&cdev.cuda_stream())?
-            .map_err(|_| error("a tensor moved apart owns its allocation"))?;
-        with_elem!(dtype, adopt(ptr, bytes, &cdev, &dims))
+            .map_err(|_| {
+                error(
+                    "a tensor moved into an allocation of its own did not own it; this is a \
+                     bug in pinnable, please report it",
+                )
+            })?;
+        with_elem!(dtype, adopt(ptr, bytes, &cdev, self.dims()))
     }
 }
 
