@@ -44,6 +44,8 @@
 //!   moved to the device by worker threads out;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
+//! - [`Gather`]: rows of a pinned (or device) dataset, stacked on the device by the copy
+//!   engine, with no collation on the host;
 //! - [`error`]: the one [`Error`] type;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
 
@@ -57,6 +59,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod fanout;
+mod gather;
 mod impls;
 pub mod interop;
 pub mod loader;
@@ -74,6 +77,7 @@ pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use fanout::{Route, ToDevices};
+pub use gather::{Gather, GatherRoute};
 pub use path::{FieldPath, Segment, Walk};
 pub use pin::{PinContext, Pinnable};
 pub use tensor::{DeviceView, DeviceViewMut, HostBytes, Placement, Tensor};

@@ -159,20 +159,54 @@ impl<'a> PinContext<'a> {
             return Ok(t.clone());
         }
         let src = t.host_src("pin_memory")?;
-        let (block, offset) = match &self.block {
+        let (block, offset) = self.place(bytes)?;
+        // SAFETY: `offset + bytes` lies within the block (`place` made room).
+        let dst = unsafe { block.as_ptr().add(offset) };
+        let out = t.placed_in(Storage::part(Data::Pinned(block), None), offset, true);
+        self.copies.push(HostCopy { src, dst });
+        self.keep.push(t.clone());
+        Ok(out)
+    }
+
+    /// Pins the concatenation along dimension 0 of `parts` (host views of `source`) as one
+    /// contiguous tensor of `shape` in the batch's block.
+    pub(crate) fn pin_stacked(
+        &mut self,
+        source: &Tensor,
+        parts: &[Tensor],
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        check::dense_cpu(source, &self.path)?;
+        let bytes: usize = parts.iter().map(Tensor::nbytes).sum();
+        if self.pass == Pass::Measure {
+            self.measured += part_align(bytes);
+            return Ok(source.clone());
+        }
+        let (block, offset) = self.place(bytes)?;
+        let mut at = offset;
+        for p in parts {
+            let src = p.host_src("pin_memory")?;
+            // SAFETY: the parts' bytes add up to `bytes`, which `place` made room for.
+            let dst = unsafe { block.as_ptr().add(at) };
+            at += p.nbytes();
+            self.copies.push(HostCopy { src, dst });
+        }
+        self.keep.push(source.clone());
+        let storage = Storage::part(Data::Pinned(block), None);
+        Tensor::at(storage, source.dtype(), shape, offset)
+    }
+
+    /// Room for `bytes` in the batch's block (or, past what was measured, in a block of its
+    /// own): the block and the offset.
+    fn place(&mut self, bytes: usize) -> Result<(Arc<PinnedBlock>, usize)> {
+        Ok(match &self.block {
             Some(block) if self.cursor + bytes <= self.measured => {
                 let offset = self.cursor;
                 self.cursor += part_align(bytes);
                 (block.clone(), offset)
             }
             _ => (Arc::new(self.pool.alloc(bytes)?), 0),
-        };
-        // SAFETY: `offset + bytes` lies within the block (checked above, or a block of its own).
-        let dst = unsafe { block.as_ptr().add(offset) };
-        let out = t.placed_in(Storage::part(Data::Pinned(block), None), offset, true);
-        self.copies.push(HostCopy { src, dst });
-        self.keep.push(t.clone());
-        Ok(out)
+        })
     }
 }
 

@@ -15,6 +15,9 @@
 
 mod issue;
 mod plan;
+mod stacked;
+
+pub(crate) use stacked::GATHER_DIRECT_MIN;
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;

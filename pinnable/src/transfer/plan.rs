@@ -48,6 +48,8 @@ pub(super) struct Plan {
     singles: Range<usize>,
     single_cursor: usize,
     staged_cursor: usize,
+    /// Bytes of tensors placed one by one that belong to no group (gathered rows).
+    extra_singles: usize,
     /// Tensors moved into allocations of their own, in walk order: each one's bytes and
     /// whether it is staged.
     pub(super) apart: Vec<(usize, bool)>,
@@ -101,6 +103,24 @@ impl Plan {
         self.staged_bytes += part_align(bytes);
     }
 
+    /// First walk: a result of `bytes` is placed one by one in the arena, assembled by copies
+    /// of its own (gathered rows).
+    pub(super) fn note_single(&mut self, bytes: usize) {
+        self.tensors += 1;
+        self.extra_singles += part_align(bytes);
+    }
+
+    /// Second walk: where a result noted with [`note_single`](Self::note_single) goes, or
+    /// `None` once the measured room is used up.
+    pub(super) fn place_single(&mut self, bytes: usize) -> Option<usize> {
+        if self.single_cursor + bytes > self.singles.end {
+            return None;
+        }
+        let at = self.single_cursor;
+        self.single_cursor += part_align(bytes);
+        Some(at)
+    }
+
     /// First walk: a tensor of `bytes` moves into a device allocation of its own.
     #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
     pub(super) fn note_apart(&mut self, bytes: usize, staged: bool) {
@@ -135,7 +155,7 @@ impl Plan {
             return None;
         }
         let mut end = self.staged_bytes;
-        let mut singles = 0;
+        let mut singles = self.extra_singles;
         for g in &mut self.groups {
             let waste = g.span.len().saturating_sub(g.used);
             if waste <= g.used / MIRROR_WASTE_DIVISOR {
@@ -172,12 +192,9 @@ impl Plan {
             Some(at) if span.start >= g.span.start && span.end <= g.span.end => {
                 Slot::Mirrored(at + span.start - g.span.start)
             }
-            _ if self.single_cursor + span.len() <= self.singles.end => {
-                let at = self.single_cursor;
-                self.single_cursor += part_align(span.len());
-                Slot::Single(at)
-            }
-            _ => Slot::Outside,
+            _ => self
+                .place_single(span.len())
+                .map_or(Slot::Outside, Slot::Single),
         }
     }
 
