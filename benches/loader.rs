@@ -8,8 +8,10 @@
 //! workload (read from `$PINNABLE_BENCH_OUT/torch_loader.txt`, written by
 //! `bench/torch_loader.py` in the same run); then the overlap check: a per-batch "kernel"
 //! (a host function holding a compute stream) longer than the copy, step time against the
-//! kernel's own. Without a GPU it prints `skipped: ...` for that part. Always: host-side
-//! collation throughput (`Device::cpu()`).
+//! kernel's own. Then the "gather" variant: the same images pinned once and each batch two
+//! `Gather`s of their rows, stacked by the copy engine on the device (nothing collated on the
+//! host). Without a GPU it prints `skipped: ...` for that part. Always: host-side collation
+//! throughput (`Device::cpu()`).
 //!
 //! Writes the tables to `$PINNABLE_BENCH_OUT/loader.md`. Knobs: `PINNABLE_BENCH_WORKERS`
 //! (e.g. `1,2,4`), `PINNABLE_BENCH_BATCHES` (measured batches per run),
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{DevicePtr, result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
-use pinnable::{DType, Device, PinnedPool, Tensor, ToDevice};
+use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench::{event_time, median, torch_rows};
 use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
@@ -83,7 +85,7 @@ fn run(
     workers: usize,
     batches: usize,
     device: &Device,
-    mut consume: impl FnMut(&Batch),
+    consume: impl FnMut(&Batch),
 ) -> pinnable::Result<Run> {
     let data = dataset(images, (WARMUP + batches) * BATCH, decode);
     let loader = Loader::builder(data)
@@ -91,15 +93,59 @@ fn run(
         .workers(workers)
         .device(device.clone())
         .build(Stack)?;
+    time_epoch(&loader, consume, Ok)
+}
+
+/// As [`run`], with nothing collated on the host: each batch is two [`Gather`]s of rows of
+/// the pinned arrays `images` and `labels`, stacked by the copy engine on the device.
+fn run_gathered(
+    images: &Tensor,
+    labels: &Tensor,
+    workers: usize,
+    batches: usize,
+    device: &Device,
+    consume: impl FnMut(&Batch),
+) -> pinnable::Result<Run> {
+    let n = images.shape()[0];
+    let (im, lb) = (images.clone(), labels.clone());
+    let loader = Loader::builder(FnDataset::new((WARMUP + batches) * BATCH, move |i| {
+        Ok(i % n)
+    }))
+    .batch_size(BATCH)
+    .workers(workers)
+    .device(device.clone())
+    .build_with(move |rows: Vec<usize>, _c| {
+        Ok((
+            Gather::rows(&im, rows.iter().copied())?,
+            Gather::rows(&lb, rows)?,
+        ))
+    })?;
+    time_epoch(&loader, consume, |(x, y): (Gather, Gather)| {
+        Ok((x.into_tensor()?, y.into_tensor()?))
+    })
+}
+
+/// Times one epoch of `loader` after the warm-up; `tensors` turns each batch into the
+/// tensors `consume` reads.
+fn time_epoch<D, B>(
+    loader: &Loader<D, B>,
+    mut consume: impl FnMut(&Batch),
+    tensors: impl Fn(B::Batch) -> pinnable::Result<Batch>,
+) -> pinnable::Result<Run>
+where
+    D: Dataset + 'static,
+    B: Batcher<D::Sample> + 'static,
+    B::Batch: ToDevice + 'static,
+{
     let mut epoch = loader.epoch(0);
     for b in epoch.by_ref().take(WARMUP) {
-        consume(&b?);
+        consume(&tensors(b?)?);
     }
     let waited = epoch.stats().waited;
     let start = Instant::now();
     let mut n = 0;
     for b in epoch.by_ref() {
-        consume(&b?);
+        consume(&tensors(b?)?);
         n += 1;
     }
     let elapsed = start.elapsed();
@@ -313,6 +359,27 @@ fn gpu_part(
             }
         }
     }
+
+    // Nothing collated on the host: the same images, pinned once, gathered on the device.
+    let pinned_images = images.tensor().pin_memory().expect("pin the array");
+    let labels =
+        Tensor::pinned_from_fn(&[pinned_images.shape()[0]], |i| (i % 1000) as i64).expect("labels");
+    for w in [1, 2] {
+        match run_gathered(&pinned_images, &labels, w, batches, dev, sync) {
+            Ok(m) => rep.line(&format!(
+                "| gather (pinned array) | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
+                m.step * 1e3,
+                batch_bytes as f64 / m.step / 1e9,
+                ceiling / m.step,
+                best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
+                100.0 * m.wait_share,
+                mib(m.peak),
+                mib(m.bound)
+            )),
+            Err(e) => rep.line(&format!("| gather | {w} | error: {e} | | | | | |")),
+        }
+    }
+    drop(pinned_images);
 
     // Overlap: a per-batch kernel longer than the copy (a spin of twice the copy's time, then
     // the read), on the compute stream after the batch's ready event. Step time against the

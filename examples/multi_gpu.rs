@@ -16,8 +16,8 @@
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use pinnable::loader::{Dataset, Launch, Loader, Stack};
-use pinnable::{Device, Tensor};
+use pinnable::loader::{Batcher, Collator, Dataset, Launch, Loader, LoaderBuilder, Stack};
+use pinnable::{Device, Gather, Tensor, ToDevice};
 
 const BATCH: usize = 64;
 const IMAGE: [usize; 3] = [3, 224, 224];
@@ -56,7 +56,9 @@ fn setup() -> Setup {
     }
 }
 
-/// `len` samples: zero-copy views of one pinned array of images, and a label.
+/// `len` samples: zero-copy views of one pinned array of images, and a label. Collated on the
+/// host: the batcher ([`Stack`]) writes each batch into a pinned block of its own, which is
+/// then copied to the device.
 struct Images {
     images: Tensor,
     len: usize,
@@ -73,16 +75,104 @@ impl Dataset for Images {
         let k = i % IMAGES;
         Ok((
             self.images.narrow(0, k, 1)?.reshape(&IMAGE)?,
-            (i % 1000) as i64,
+            (k % 1000) as i64,
         ))
     }
 }
 
-fn dataset(len: usize) -> pinnable::Result<Images> {
+/// The same samples by index, gathered on the device: each batch is two [`Gather`]s of rows of
+/// the pinned arrays, which the copy engine reads where they are, so nothing is collated on
+/// the host.
+struct Indices {
+    len: usize,
+}
+
+impl Dataset for Indices {
+    type Sample = usize;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, i: usize) -> pinnable::Result<usize> {
+        Ok(i % IMAGES)
+    }
+}
+
+#[derive(Clone)]
+struct GatherRows {
+    images: Tensor,
+    labels: Tensor,
+}
+
+impl Batcher<usize> for GatherRows {
+    type Batch = (Gather, Gather);
+
+    fn batch(&self, rows: Vec<usize>, _c: &mut Collator) -> pinnable::Result<(Gather, Gather)> {
+        Ok((
+            Gather::rows(&self.images, rows.iter().copied())?,
+            Gather::rows(&self.labels, rows)?,
+        ))
+    }
+}
+
+/// The pinned arrays both datasets read: images and their labels.
+fn arrays() -> pinnable::Result<(Tensor, Tensor)> {
     let images = Tensor::pinned_from_fn(&[IMAGES, IMAGE[0], IMAGE[1], IMAGE[2]], |i| {
         ((i * 2_654_435_761) % 1000) as f32 / 1000.0
     })?;
-    Ok(Images { images, len })
+    let labels = Tensor::pinned_from_fn(&[IMAGES], |k| (k % 1000) as i64)?;
+    Ok((images, labels))
+}
+
+/// Where batches are collated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Collate {
+    /// Into a pinned block by the loader's workers, then copied.
+    Host,
+    /// By the copy engine, straight from the pinned arrays ([`Gather`]).
+    Device,
+}
+
+impl Collate {
+    fn name(self) -> &'static str {
+        match self {
+            Collate::Host => "host",
+            Collate::Device => "device",
+        }
+    }
+
+    /// The modes `PINNABLE_MULTI_GPU_COLLATE` asks for (`host`, `device`; both by default).
+    fn chosen() -> Vec<Collate> {
+        match std::env::var("PINNABLE_MULTI_GPU_COLLATE").as_deref() {
+            Ok("host") => vec![Collate::Host],
+            Ok("device") => vec![Collate::Device],
+            _ => vec![Collate::Host, Collate::Device],
+        }
+    }
+}
+
+/// A batch whose first tensor's copy can be waited for.
+trait Arrived {
+    fn wait(&self) -> pinnable::Result<()>;
+}
+
+impl Arrived for (Tensor, Tensor) {
+    fn wait(&self) -> pinnable::Result<()> {
+        match self.0.ready_event() {
+            Some(e) => e.synchronize(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Arrived for (Gather, Gather) {
+    fn wait(&self) -> pinnable::Result<()> {
+        match self.0.tensor()?.ready_event() {
+            Some(e) => e.synchronize(),
+            None => Ok(()),
+        }
+    }
 }
 
 fn batch_bytes() -> usize {
@@ -91,9 +181,12 @@ fn batch_bytes() -> usize {
 
 /// Runs one epoch of `loader`, each batch read when its copy is done; returns the batches and
 /// seconds after the warm-up.
-fn drive(
-    loader: &Loader<impl pinnable::loader::Dataset<Sample = (Tensor, i64)> + 'static, Stack>,
-) -> pinnable::Result<(usize, f64)> {
+fn drive<D, B>(loader: &Loader<D, B>) -> pinnable::Result<(usize, f64)>
+where
+    D: Dataset + 'static,
+    B: Batcher<D::Sample> + 'static,
+    B::Batch: ToDevice + Arrived + 'static,
+{
     let mut epoch = loader.epoch(0);
     for b in epoch.by_ref().take(WARMUP) {
         b?;
@@ -101,10 +194,7 @@ fn drive(
     let start = Instant::now();
     let mut n = 0;
     for b in epoch {
-        let (images, _labels) = b?;
-        if let Some(e) = images.ready_event() {
-            e.synchronize()?;
-        }
+        b?.wait()?;
         n += 1;
     }
     Ok((n, start.elapsed().as_secs_f64()))
@@ -119,52 +209,61 @@ fn child() -> pinnable::Result<()> {
     let s = setup();
     let launch = Launch::from_env()?;
     let (rank, world) = (launch.rank, launch.world);
-    let loader = Loader::builder(dataset(world * (WARMUP + s.batches) * BATCH)?)
-        .batch_size(BATCH)
-        .workers(s.workers)
-        .launch(launch)?
-        .build(Stack)?;
-    let (batches, secs) = drive(&loader)?;
+    let len = world * (WARMUP + s.batches) * BATCH;
+    let (images, labels) = arrays()?;
+    let (batches, secs) = match Collate::chosen()[0] {
+        Collate::Host => {
+            drive(&as_rank(Loader::builder(Images { images, len }), &s, launch)?.build(Stack)?)?
+        }
+        Collate::Device => drive(
+            &as_rank(Loader::builder(Indices { len }), &s, launch)?
+                .build(GatherRows { images, labels })?,
+        )?,
+    };
     println!("rank {rank} {batches} {secs}");
     Ok(())
 }
 
-fn main() -> pinnable::Result<()> {
-    if std::env::var_os(CHILD).is_some() {
-        return child();
-    }
-    let s = setup();
-    let n = s.devices.len();
-    println!(
-        "{n} device(s): {}; {} workers a device; batches of {:.1} MB, {} timed a device",
-        s.devices
-            .iter()
-            .map(|d| format!("{d} ({})", d.name()))
-            .collect::<Vec<_>>()
-            .join(", "),
-        s.workers,
-        batch_bytes() as f64 / 1e6,
-        s.batches
-    );
+/// A rank's loader: its batch size, workers and shard.
+fn as_rank<D: Dataset>(
+    b: LoaderBuilder<D>,
+    s: &Setup,
+    launch: Launch,
+) -> pinnable::Result<LoaderBuilder<D>> {
+    b.batch_size(BATCH).workers(s.workers).launch(launch)
+}
 
+/// The three runs of one collation mode: one device alone, one process for every device, one
+/// process a device.
+fn run<D, B>(
+    s: &Setup,
+    mode: Collate,
+    dataset: impl Fn(usize) -> D,
+    batcher: B,
+) -> pinnable::Result<()>
+where
+    D: Dataset + 'static,
+    B: Batcher<D::Sample> + Clone + 'static,
+    B::Batch: ToDevice + Arrived + 'static,
+{
+    let n = s.devices.len();
+    let m = mode.name();
     // One GPU alone: the baseline.
-    let alone = Loader::builder(dataset((WARMUP + s.batches) * BATCH)?)
+    let alone = Loader::builder(dataset((WARMUP + s.batches) * BATCH))
         .batch_size(BATCH)
         .workers(s.workers)
         .device(s.devices[0].clone())
-        .build(Stack)?;
+        .build(batcher.clone())?;
     let (b1, t1) = drive(&alone)?;
     drop(alone);
-    println!(
-        "one device alone: {b1} batches in {t1:.3} s, {:.1} GB/s",
-        gbs(b1, t1)
-    );
+    let one = gbs(b1, t1);
+    println!("collated on the {m}, one device alone: {b1} batches in {t1:.3} s, {one:.1} GB/s");
 
     // One process, every device.
-    let loaders = Loader::builder(dataset(n * (WARMUP + s.batches) * BATCH)?)
+    let loaders = Loader::builder(dataset(n * (WARMUP + s.batches) * BATCH))
         .batch_size(BATCH)
         .workers(s.workers)
-        .build_per_device(&s.devices, Stack)?;
+        .build_per_device(&s.devices, batcher)?;
     let runs: Vec<pinnable::Result<(usize, f64)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = loaders
             .iter()
@@ -180,13 +279,14 @@ fn main() -> pinnable::Result<()> {
         let (b, t) = run?;
         total += gbs(b, t);
         println!(
-            "one process, device {k}: {b} batches in {t:.3} s, {:.1} GB/s",
+            "collated on the {m}, one process, device {k}: {b} batches in {t:.3} s, {:.1} GB/s",
             gbs(b, t)
         );
     }
     println!(
-        "one process, {n} devices: {total:.1} GB/s together, {:.2}× one device alone",
-        total / gbs(b1, t1)
+        "collated on the {m}, one process, {n} devices: {total:.1} GB/s together, {:.2}× one \
+         device alone",
+        total / one
     );
     drop(loaders);
 
@@ -201,6 +301,7 @@ fn main() -> pinnable::Result<()> {
         .map(|k| {
             Command::new(&exe)
                 .env(CHILD, "1")
+                .env("PINNABLE_MULTI_GPU_COLLATE", m)
                 .env("RANK", k.to_string())
                 .env("WORLD_SIZE", n.to_string())
                 .env("LOCAL_RANK", k.to_string())
@@ -230,14 +331,55 @@ fn main() -> pinnable::Result<()> {
         };
         total += gbs(b, t);
         println!(
-            "one process a device, rank {k} on cuda:{k}: {b} batches in {t:.3} s, {:.1} GB/s",
+            "collated on the {m}, one process a device, rank {k} on cuda:{k}: {b} batches in {t:.3} s, {:.1} GB/s",
             gbs(b, t)
         );
     }
     println!(
-        "one process a device, {n} ranks: {total:.1} GB/s together, {:.2}× one device alone",
-        total / gbs(b1, t1)
+        "collated on the {m}, one process a device, {n} ranks: {total:.1} GB/s together, {:.2}× one device alone",
+        total / one
     );
+    Ok(())
+}
+
+fn main() -> pinnable::Result<()> {
+    if std::env::var_os(CHILD).is_some() {
+        return child();
+    }
+    let s = setup();
+    println!(
+        "{} device(s): {}; {} workers a device; batches of {:.1} MB, {} timed a device",
+        s.devices.len(),
+        s.devices
+            .iter()
+            .map(|d| format!("{d} ({})", d.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        s.workers,
+        batch_bytes() as f64 / 1e6,
+        s.batches
+    );
+    let (images, labels) = arrays()?;
+    for mode in Collate::chosen() {
+        match mode {
+            Collate::Host => run(
+                &s,
+                mode,
+                |len| Images {
+                    images: images.clone(),
+                    len,
+                },
+                Stack,
+            )?,
+            Collate::Device => {
+                let batcher = GatherRows {
+                    images: images.clone(),
+                    labels: labels.clone(),
+                };
+                run(&s, mode, |len| Indices { len }, batcher)?;
+            }
+        }
+    }
     Ok(())
 }
 
