@@ -5,13 +5,20 @@
 //!   this example plays the launcher and starts those processes itself, so the same binary runs
 //!   a multi-node job under any launcher that sets the three variables.
 //!
-//! Each form prints every device's throughput and the total against one GPU fed alone. Without
+//! Each runs twice, from one pinned array of images:
+//! - collated on the host: samples are views of the array, and the loader's workers write each
+//!   batch into a pinned block that is then copied (each byte crosses host memory three times);
+//! - collated on the device: each batch is a `Gather` of the array's rows, which the copy engine
+//!   reads where they are (once). Without CUDA, the rows are gathered when the batch is read.
+//!
+//! Each prints every device's throughput and the total against one GPU fed alone. Without
 //! CUDA it runs both forms on the host (two "devices" that are `Device::cpu()`), smaller.
 //!
 //!     cargo run --release --example multi_gpu
 //!
-//! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA), and
-//! `PINNABLE_MULTI_GPU_WORKERS` the workers a device (the cores a device, less two).
+//! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA),
+//! `PINNABLE_MULTI_GPU_WORKERS` the workers a device (the cores a device, less two), and
+//! `PINNABLE_MULTI_GPU_COLLATE` one mode (`host` or `device`; both by default).
 
 use std::process::{Command, Stdio};
 use std::time::Instant;

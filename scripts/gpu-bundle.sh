@@ -11,18 +11,26 @@
 #
 #   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle
 #   DIR/run.sh [tests|examples|benches|all] (default: all)
+#
+# PINNABLE_BUNDLE_FEATURES="ndarray dlpack" builds those features instead of all of them: without
+# `candle-cuda` each binary is a few MB (no candle kernels) and the build needs no CUDA toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/benches" "$out/examples"
 
-eval "$(scripts/cuda-build-env.sh)"
+if [ -n "${PINNABLE_BUNDLE_FEATURES+set}" ]; then
+  features=(--features "$PINNABLE_BUNDLE_FEATURES")
+else
+  features=(--all-features)
+  eval "$(scripts/cuda-build-env.sh)"
+fi
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test --workspace --all-features --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
-cargo bench --workspace --all-features --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
-cargo build --all-features --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
+cargo test --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
+cargo bench --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
+cargo build "${features[@]}" --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
 
 python3 - "$json" "$out" <<'PY'
 import json, shutil, sys, os
