@@ -126,3 +126,73 @@ fn cuda_view_mut_refuses_shared_strided_host_and_mistyped_tensors() {
         "`cuda_view_mut` needs a CUDA tensor (move it with `to_device` first), but the tensor is on cpu"
     );
 }
+
+#[test]
+fn a_leaked_writable_view_still_orders_later_reads_after_its_writes() {
+    let _serial = serial();
+    let test = "a_leaked_writable_view_still_orders_later_reads_after_its_writes";
+    let Some(dev) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let stream = dev.cuda_context().unwrap().new_stream().unwrap();
+    for _ in 0..5 {
+        let n = r.random_range(1..100_000);
+        let mut on = random_tensor(&mut r, DType::F32, &[n])
+            .to_device(&dev, false)
+            .unwrap();
+        let new: Vec<f32> = (0..n).map(|_| r.random()).collect();
+        let mut view = on.cuda_view_mut::<f32>(&stream).unwrap();
+        // The write runs late; the view is leaked (safe code), so its drop never records it.
+        hold_stream(&stream, 50);
+        stream.memcpy_htod(&new, &mut view.as_view_mut()).unwrap();
+        std::mem::forget(view);
+        // The read must still come after the write.
+        assert_eq!(on.to_cpu(false).unwrap().to_vec::<f32>().unwrap(), new);
+        let other = dev.cuda_context().unwrap().new_stream().unwrap();
+        let view = on.cuda_view::<f32>(&other).unwrap();
+        assert_eq!(other.clone_dtoh(&*view).unwrap(), new);
+    }
+}
+
+#[test]
+fn a_leaked_read_view_still_orders_later_writes_after_its_reads() {
+    let _serial = serial();
+    let test = "a_leaked_read_view_still_orders_later_writes_after_its_reads";
+    let Some(dev) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let ctx = dev.cuda_context().unwrap();
+    let (reader, writer) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    for _ in 0..5 {
+        let n = r.random_range(1..100_000);
+        let host = random_tensor(&mut r, DType::F32, &[n]);
+        let mut on = host.to_device(&dev, false).unwrap();
+        let mut seen = reader.alloc_zeros::<f32>(n).unwrap();
+        let view = on.cuda_view::<f32>(&reader).unwrap();
+        // The read runs late; the view is leaked, so its drop never records it.
+        hold_stream(&reader, 50);
+        reader.memcpy_dtod(&*view, &mut seen).unwrap();
+        std::mem::forget(view);
+        // The overwrite must still wait for that read.
+        {
+            let mut w = on.cuda_view_mut::<f32>(&writer).unwrap();
+            writer.memset_zeros(&mut w.as_view_mut()).unwrap();
+        }
+        assert_eq!(
+            reader.clone_dtoh(&seen).unwrap(),
+            host.to_vec::<f32>().unwrap()
+        );
+        assert!(
+            on.to_cpu(false)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0.0)
+        );
+        // The leaked view keeps the memory: dropping the tensor must not free it under the read.
+        drop(on);
+    }
+}

@@ -17,7 +17,7 @@ const DTYPES: [DType; 5] = [DType::U8, DType::I32, DType::F32, DType::I64, DType
 /// pinned or not.
 fn source(r: &mut SmallRng, n: usize, row: usize, pinned: bool) -> Tensor {
     let dtype = DTYPES[r.random_range(0..DTYPES.len())];
-    let shape = if row % 2 == 0 {
+    let shape = if row.is_multiple_of(2) {
         vec![n, 2, row / 2]
     } else {
         vec![n, row]

@@ -179,7 +179,7 @@ unsafe impl Sync for HostBuf {}
 pub(crate) struct DeviceBuffer {
     slice: ManuallyDrop<CudaSlice<u8>>,
     pub(crate) device: Arc<CudaDevice>,
-    readers: Mutex<Vec<CudaEvent>>,
+    readers: Mutex<Readers>,
     /// For memory another library allocated: what returns it (dropped instead of freeing).
     foreign: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// Handed to another library, which frees it: dropping does nothing.
@@ -191,7 +191,7 @@ impl DeviceBuffer {
         DeviceBuffer {
             slice: ManuallyDrop::new(slice),
             device,
-            readers: Mutex::new(Vec::new()),
+            readers: Mutex::new(Readers::default()),
             foreign: None,
             released: false,
         }
@@ -216,7 +216,7 @@ impl DeviceBuffer {
         DeviceBuffer {
             slice: ManuallyDrop::new(slice),
             device,
-            readers: Mutex::new(Vec::new()),
+            readers: Mutex::new(Readers::default()),
             foreign: Some(owner),
             released: false,
         }
@@ -232,16 +232,46 @@ impl DeviceBuffer {
         self.slice.device_ptr(&self.device.copy_stream).0
     }
 
-    /// Makes `stream` wait for every consumer recorded as reading this buffer.
+    /// Makes `stream` wait for every consumer recorded as reading this buffer. Readers still
+    /// open (read views not dropped: leaked, or on other tensors of the buffer) cannot be
+    /// waited for by event: for those, the host waits for their streams' whole contexts.
     pub(crate) fn wait_readers_on(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
-        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        readers.retain(|r| !r.is_complete());
-        for r in readers.iter() {
+        let mut readers = self.lock_readers();
+        for (_, ctx) in readers.open.drain(..) {
+            ctx.synchronize()
+                .map_err(|e| crate::error::Error::driver("cuCtxSynchronize", e))?;
+        }
+        readers.recorded.retain(|r| !r.is_complete());
+        for r in readers.recorded.iter() {
             stream
                 .wait(r)
                 .map_err(|e| crate::error::Error::driver("cuStreamWaitEvent", e))?;
         }
         Ok(())
+    }
+
+    /// Notes a read view opened for work on a stream of `ctx`, whose end is recorded when the
+    /// view is dropped ([`close_reader`](Self::close_reader)); returns its key.
+    pub(crate) fn open_reader(&self, ctx: Arc<cudarc::driver::CudaContext>) -> u64 {
+        let mut readers = self.lock_readers();
+        readers.next_key += 1;
+        let key = readers.next_key;
+        readers.open.push((key, ctx));
+        key
+    }
+
+    /// The read view `key` is done: its work ends at `event` (`None`: already finished).
+    pub(crate) fn close_reader(&self, key: u64, event: Option<CudaEvent>) {
+        let mut readers = self.lock_readers();
+        readers.open.retain(|(k, _)| *k != key);
+        if let Some(e) = event {
+            readers.recorded.retain(|r| !r.is_complete());
+            readers.recorded.push(e);
+        }
+    }
+
+    fn lock_readers(&self) -> std::sync::MutexGuard<'_, Readers> {
+        self.readers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Gives the allocation up without freeing it: its address and size. Whoever takes it over
@@ -267,10 +297,21 @@ impl DeviceBuffer {
 
     /// Records work on another stream that reads this buffer; the buffer is freed only after it.
     pub(crate) fn add_reader(&self, event: CudaEvent) {
-        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        readers.retain(|r| !r.is_complete());
-        readers.push(event);
+        let mut readers = self.lock_readers();
+        readers.recorded.retain(|r| !r.is_complete());
+        readers.recorded.push(event);
     }
+}
+
+/// The consumers that read a device buffer on streams other than its copy stream.
+#[derive(Default)]
+struct Readers {
+    /// Their work, recorded.
+    recorded: Vec<CudaEvent>,
+    /// Read views still open, by key, with their streams' contexts. (A view holds the buffer,
+    /// so one leaked keeps it from ever being freed.)
+    open: Vec<(u64, Arc<cudarc::driver::CudaContext>)>,
+    next_key: u64,
 }
 
 impl Drop for DeviceBuffer {
@@ -281,8 +322,7 @@ impl Drop for DeviceBuffer {
         if let Some(owner) = self.foreign.take() {
             // Memory another library owns cannot be freed in stream order: wait here for
             // everything that reads it, then hand it back.
-            let readers =
-                std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));
+            let readers = std::mem::take(&mut self.lock_readers().recorded);
             for r in &readers {
                 let _ = r.synchronize();
             }
@@ -293,7 +333,7 @@ impl Drop for DeviceBuffer {
         }
         // The buffer is freed on the copy stream (stream-ordered); make that stream wait for
         // every consumer that read it on another stream first.
-        let readers = std::mem::take(&mut *self.readers.lock().unwrap_or_else(|e| e.into_inner()));
+        let readers = std::mem::take(&mut self.lock_readers().recorded);
         for r in &readers {
             let _ = self.device.copy_stream.wait(r);
         }

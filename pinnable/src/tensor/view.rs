@@ -1,6 +1,7 @@
 //! Typed views of device tensors for kernels on any stream, ordered after the copy that fills
 //! them: read-only ([`Tensor::cuda_view`]) and writable ([`Tensor::cuda_view_mut`]).
 
+use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
@@ -16,7 +17,9 @@ impl Tensor {
     /// A typed view of a contiguous device tensor for use on `stream` (cudarc kernels, cuBLAS,
     /// ...). `stream` is made to wait for the copy that fills the tensor, so kernels enqueued on
     /// it read complete data; when the view is dropped, an event is recorded on `stream` so the
-    /// memory is not freed until those kernels are done.
+    /// memory is neither freed nor overwritten until those kernels are done. A view that is
+    /// never dropped (`mem::forget`) keeps the memory allocated for good, and whatever writes
+    /// the tensor's buffer next first waits for every stream of `stream`'s context.
     ///
     /// # Errors
     ///
@@ -49,10 +52,12 @@ impl Tensor {
         // SAFETY: the byte range holds `n` elements of `T` (dtype checked) written by our copy,
         // and device allocations are aligned far beyond any element's alignment.
         let view = unsafe { bytes.transmute::<T>(n) }.expect("range sized for n elements");
+        let key = buf.open_reader(stream.context().clone());
         Ok(DeviceView {
             view,
             stream,
-            buffer: buf,
+            buffer: buf.clone(),
+            key,
         })
     }
 }
@@ -67,7 +72,9 @@ impl Tensor {
     /// still being read. When the view is dropped, an event is recorded on `stream` that becomes
     /// the tensor's ready event, so whatever reads the tensor next (a view on any stream, a copy
     /// to the host or another device, a host read after `to_cpu`) waits for the kernels' writes;
-    /// the same event keeps the memory from being freed before they finish.
+    /// the same event keeps the memory from being freed before they finish. A view that is never
+    /// dropped (`mem::forget`) keeps the memory allocated for good, and whatever reads the tensor
+    /// next first waits for every stream of `stream`'s context.
     ///
     /// A device tensor shared by a clone or a view cannot be written in place (the others would
     /// see the write), and this does not copy it on the device behind the caller's back: it
@@ -142,19 +149,26 @@ impl Tensor {
         }
         buf.wait_readers_on(stream)?;
         let ptr = buf.device_ptr() + offset as u64;
+        // From here on, readers of the tensor wait for the view's work: for its event once the
+        // view is dropped, for the whole context before that (or if it never is).
+        let written = Arc::new(Event::open(&buf.device, stream)?);
+        let ready = OnceLock::new();
+        let _ = ready.set(written.clone());
+        storage.ready = Some(Arc::new(ready));
         // SAFETY: `ptr` addresses `nbytes` bytes of this tensor's part of a live device
-        // allocation (held by `storage` for the view's life), which hold `n` elements of `T`
-        // (dtype checked) written by our copy or by earlier kernels, aligned (allocations are
-        // 256-byte aligned and parts start at multiples of their element size). The slice never
-        // frees it: `DeviceViewMut::drop` gives the pointer back with `leak`.
+        // allocation (held by `buffer` for the view's life, and for good if it is leaked), which
+        // hold `n` elements of `T` (dtype checked) written by our copy or by earlier kernels,
+        // aligned (allocations are 256-byte aligned and parts start at multiples of their
+        // element size). The slice never frees it: `DeviceViewMut::drop` gives the pointer back
+        // with `leak`.
         let slice = unsafe { buf.device.copy_stream.upgrade_device_ptr::<T>(ptr, n) };
         debug_assert_eq!(n * size_of::<T>(), nbytes);
-        let buffer = buf.clone();
         Ok(DeviceViewMut {
             slice: ManuallyDrop::new(slice),
             stream,
-            buffer,
-            ready: &mut storage.ready,
+            buffer: buf.clone(),
+            written,
+            _tensor: PhantomData,
         })
     }
 }
@@ -165,8 +179,12 @@ pub struct DeviceViewMut<'a, T> {
     /// Borrows the tensor's memory; never frees it.
     slice: ManuallyDrop<CudaSlice<T>>,
     stream: &'a CudaStream,
+    /// Keeps the memory allocated while the view lives (for good if it is leaked).
     buffer: Arc<DeviceBuffer>,
-    ready: &'a mut Option<super::Ready>,
+    /// The tensor's ready event from now on: closed when the view is dropped.
+    written: Arc<Event>,
+    /// The view borrows the tensor mutably for its life.
+    _tensor: PhantomData<&'a mut Tensor>,
 }
 
 impl<T> DeviceViewMut<'_, T> {
@@ -195,15 +213,13 @@ impl<T> Drop for DeviceViewMut<'_, T> {
     fn drop(&mut self) {
         // SAFETY: taken once, here; `leak` hands the pointer back without freeing it.
         let _ = unsafe { ManuallyDrop::take(&mut self.slice) }.leak();
-        match Event::record_on(&self.buffer.device, self.stream) {
-            Ok((event, reader)) => {
-                self.buffer.add_reader(reader);
-                let ready = OnceLock::new();
-                let _ = ready.set(Arc::new(event));
-                *self.ready = Some(Arc::new(ready));
-            }
-            // Nothing can be recorded: wait here, so later readers find the writes done.
-            Err(_) => {
+        // The kernels' end becomes the tensor's ready event and a reader of the buffer (so it
+        // is freed after them). If it cannot be recorded, the event stays open: readers then
+        // wait for the whole context, and the free waits for this stream here.
+        let recorded = self.written.close(self.stream).is_ok();
+        match self.stream.record_event(None) {
+            Ok(e) if recorded => self.buffer.add_reader(e),
+            _ => {
                 let _ = self.stream.synchronize();
             }
         }
@@ -215,7 +231,10 @@ impl<T> Drop for DeviceViewMut<'_, T> {
 pub struct DeviceView<'a, T> {
     view: CudaView<'a, T>,
     stream: &'a CudaStream,
-    buffer: &'a DeviceBuffer,
+    /// Keeps the memory allocated while the view lives (for good if it is leaked).
+    buffer: Arc<DeviceBuffer>,
+    /// The view's entry among the buffer's open readers.
+    key: u64,
 }
 
 impl<'a, T> std::ops::Deref for DeviceView<'a, T> {
@@ -228,8 +247,13 @@ impl<'a, T> std::ops::Deref for DeviceView<'a, T> {
 
 impl<T> Drop for DeviceView<'_, T> {
     fn drop(&mut self) {
-        if let Ok(e) = self.stream.record_event(None) {
-            self.buffer.add_reader(e);
+        match self.stream.record_event(None) {
+            Ok(e) => self.buffer.close_reader(self.key, Some(e)),
+            // Nothing can be recorded: wait here, so writers and the free find the reads done.
+            Err(_) => {
+                let _ = self.stream.synchronize();
+                self.buffer.close_reader(self.key, None);
+            }
         }
     }
 }
