@@ -218,8 +218,10 @@ impl MoveContext<'_> {
 }
 
 /// Issues the direct copies on `dev`'s copy stream, merged where they continue each other.
+/// Several host-to-device runs in a row (rows of a gather, tensors of separate pinned blocks)
+/// go in one batched call where the driver has it.
 fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
-    let stream = &dev.copy_stream;
+    let mut runs: Vec<DirectCopy> = Vec::new();
     let mut i = 0;
     while i < direct.len() {
         let first = &direct[i];
@@ -231,49 +233,119 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
         while i < direct.len() && run.absorb(&direct[i]) {
             i += 1;
         }
-        if run.bytes == 0 {
-            continue;
+        if run.bytes > 0 {
+            runs.push(run);
         }
-        if let (Dir::DtoD, Some(src)) = (run.dir, run.src_device()) {
-            // Over the direct link when there is one; the driver stages through the host else.
-            crate::cuda::peer_access(dev, src);
+    }
+    let mut at = 0;
+    while at < runs.len() {
+        let htod = runs[at..]
+            .iter()
+            .take_while(|r| r.dir == Dir::HtoD)
+            .count();
+        if htod >= 2 && batch_copies() {
+            issue_htod_batch(dev, &runs[at..at + htod])?;
+            at += htod;
+        } else {
+            issue_one(dev, &runs[at])?;
+            at += 1;
         }
-        // SAFETY: source and destination ranges lie within live buffers (sources are held by
-        // the move until issued and then by the ready event or their owners; destinations are
-        // fresh allocations of this move), and the stream waited for sources still being filled.
-        let r = unsafe {
-            match run.dir {
-                Dir::HtoD => sys::cuMemcpyHtoDAsync_v2(
-                    run.dst,
-                    run.src as *const std::ffi::c_void,
-                    run.bytes,
-                    stream.cu_stream(),
-                ),
-                Dir::DtoH => sys::cuMemcpyDtoHAsync_v2(
-                    run.dst as *mut std::ffi::c_void,
-                    run.src,
-                    run.bytes,
-                    stream.cu_stream(),
-                ),
-                Dir::DtoD => sys::cuMemcpyPeerAsync(
-                    run.dst,
-                    dev.ctx.cu_ctx(),
-                    run.src,
-                    run.src_device().expect("a device source").ctx.cu_ctx(),
-                    run.bytes,
-                    stream.cu_stream(),
-                ),
-            }
-        };
-        check_cu(r, "cuMemcpyAsync")?;
-        // Any device source is recorded as read until this point: on another device so its
-        // free waits, and on this one so a later in-place write (`cuda_view_mut`) waits too.
-        if let Some(src) = &run.src_buffer {
-            let read = stream
-                .record_event(None)
-                .map_err(|e| Error::driver("cuEventRecord", e))?;
-            src.add_reader(read);
+    }
+    Ok(())
+}
+
+/// Whether host-to-device runs are batched: the driver has `cuMemcpyBatchAsync` (CUDA 12.8)
+/// and `PINNABLE_COPY_BATCH` is not `0`.
+fn batch_copies() -> bool {
+    static BATCH: OnceLock<bool> = OnceLock::new();
+    *BATCH.get_or_init(|| {
+        let mut version = 0;
+        // SAFETY: writes one int; the driver is loaded (a device exists to copy to).
+        let ok = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
+        ok && version >= 12080 && std::env::var("PINNABLE_COPY_BATCH").as_deref() != Ok("0")
+    })
+}
+
+/// Issues host-to-device runs as one `cuMemcpyBatchAsync`, each read in stream order.
+fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy]) -> Result<()> {
+    let mut dsts: Vec<sys::CUdeviceptr> = runs.iter().map(|r| r.dst).collect();
+    let mut srcs: Vec<sys::CUdeviceptr> = runs.iter().map(|r| r.src).collect();
+    let mut sizes: Vec<usize> = runs.iter().map(|r| r.bytes).collect();
+    let mut attrs = [sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
+        dstLocHint: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev.ordinal as i32,
+        },
+        flags: 0,
+    }];
+    let mut attr_at = [0usize];
+    let mut failed_at = usize::MAX;
+    // SAFETY: the arrays hold `runs.len()` entries and outlive the call; every range lies
+    // within a live buffer, as for single copies (see `issue_one`); one attribute applies to
+    // every copy from index 0; sources are read in stream order.
+    let r = unsafe {
+        sys::cuMemcpyBatchAsync(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            runs.len(),
+            attrs.as_mut_ptr(),
+            attr_at.as_mut_ptr(),
+            1,
+            &mut failed_at,
+            dev.copy_stream.cu_stream(),
+        )
+    };
+    check_cu(r, "cuMemcpyBatchAsync")
+}
+
+/// Issues one merged run.
+fn issue_one(dev: &Arc<CudaDevice>, run: &DirectCopy) -> Result<()> {
+    let stream = &dev.copy_stream;
+    if let (Dir::DtoD, Some(src)) = (run.dir, run.src_device()) {
+        // Over the direct link when there is one; the driver stages through the host else.
+        crate::cuda::peer_access(dev, src);
+    }
+    // SAFETY: source and destination ranges lie within live buffers (sources are held by
+    // the move until issued and then by the ready event or their owners; destinations are
+    // fresh allocations of this move), and the stream waited for sources still being filled.
+    let r = unsafe {
+        match run.dir {
+            Dir::HtoD => sys::cuMemcpyHtoDAsync_v2(
+                run.dst,
+                run.src as *const std::ffi::c_void,
+                run.bytes,
+                stream.cu_stream(),
+            ),
+            Dir::DtoH => sys::cuMemcpyDtoHAsync_v2(
+                run.dst as *mut std::ffi::c_void,
+                run.src,
+                run.bytes,
+                stream.cu_stream(),
+            ),
+            Dir::DtoD => sys::cuMemcpyPeerAsync(
+                run.dst,
+                dev.ctx.cu_ctx(),
+                run.src,
+                run.src_device().expect("a device source").ctx.cu_ctx(),
+                run.bytes,
+                stream.cu_stream(),
+            ),
         }
+    };
+    check_cu(r, "cuMemcpyAsync")?;
+    // Any device source is recorded as read until this point: on another device so its
+    // free waits, and on this one so a later in-place write (`cuda_view_mut`) waits too.
+    if let Some(src) = &run.src_buffer {
+        let read = stream
+            .record_event(None)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        src.add_reader(read);
     }
     Ok(())
 }
