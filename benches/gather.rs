@@ -36,7 +36,7 @@ fn main() {
             let t = time(3, 15, || {
                 g.to_device(&dev, false).expect("move");
             });
-            let auto = (route == GatherRoute::Direct) == (row >= 512 << 10);
+            let auto = (route == GatherRoute::Direct) == (row >= 256 << 10);
             table.row(
                 &format!(
                     "{} KiB rows, {route:?}{}",

@@ -209,9 +209,9 @@ impl Gather {
 /// are always copied straight; pageable ones always gathered on the host first.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GatherRoute {
-    /// Straight from the source when its runs of consecutive rows hold at least 512 KiB on
-    /// average, else on the host: each copy costs the copy engine a few microseconds of its
-    /// own, and below that size one move is faster gathered on the host. When several GPUs
+    /// Straight from the source when its runs of consecutive rows hold at least 256 KiB on
+    /// average, else on the host: each copy costs the copy engine time of its own, and below
+    /// that size one move is faster gathered on the host. When several GPUs
     /// share the host's memory, [`Direct`](Self::Direct) may win at smaller rows: it reads
     /// each byte once where the host route moves it three times.
     #[default]
@@ -277,6 +277,6 @@ impl fmt::Debug for Gather {
 }
 
 const _: () = assert!(
-    GATHER_DIRECT_MIN == 512 << 10,
+    GATHER_DIRECT_MIN == 256 << 10,
     "GatherRoute::Auto's docs name it"
 );

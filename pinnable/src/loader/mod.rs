@@ -17,6 +17,9 @@
 //!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
 //!   [`pad`](Collator::pad), [`empty`](Collator::empty) — and [`finish`](Collator::finish)
 //!   writes every sample's bytes once, into one pinned block per batch, reused from the pool.
+//! - **A dataset already in pinned memory** needs no collation: a batcher that returns
+//!   [`Gather`](crate::Gather)s of the dataset's rows has the copy engine stack them on the
+//!   device, reading each byte once, with no pinned batch block.
 //! - **Order** ([`sampler`]): sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
 //!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`

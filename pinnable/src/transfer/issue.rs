@@ -239,10 +239,7 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
     }
     let mut at = 0;
     while at < runs.len() {
-        let htod = runs[at..]
-            .iter()
-            .take_while(|r| r.dir == Dir::HtoD)
-            .count();
+        let htod = runs[at..].iter().take_while(|r| r.dir == Dir::HtoD).count();
         if htod >= 2 && batch_copies() {
             issue_htod_batch(dev, &runs[at..at + htod])?;
             at += htod;

@@ -18,11 +18,12 @@ use crate::tensor::Tensor;
 
 /// Runs of at least this many bytes on average are copied straight from the source by
 /// [`GatherRoute::Auto`]; smaller ones are gathered on the host first. Each copy costs the copy
-/// engine about 4 µs of its own (measured on an H100 over PCIe Gen5: 32 MiB of random rows took
-/// 2.18 ms as 64 KiB copies, 1.04 ms as 256 KiB ones, 0.73 ms as 1 MiB ones, against 0.98,
-/// 0.95 and 0.88 ms gathered on the host and 0.61 ms for one copy), so a single move breaks
-/// even near 512 KiB.
-pub(crate) const GATHER_DIRECT_MIN: usize = 512 << 10;
+/// engine some time of its own even when the copies go in one batched call: on an H100 over
+/// PCIe Gen5, 32 MiB of random rows took 1.29 ms as 64 KiB copies, 0.83 ms as 256 KiB ones and
+/// 0.70 ms as 1 MiB ones, against 1.13–1.19 ms, 0.95–1.13 ms and 0.88–0.97 ms gathered on the
+/// host and 0.61–0.65 ms for one copy (two machine instances); the routes cross between 64 and
+/// 256 KiB.
+pub(crate) const GATHER_DIRECT_MIN: usize = 256 << 10;
 
 impl MoveContext<'_> {
     /// Moves the concatenation along dimension 0 of `parts` (views of `source`, each
