@@ -378,6 +378,11 @@ fn a_host_gather_moved_to_the_host_stays_pending() {
     let moved = g.to_device(&Device::cpu(), false).unwrap();
     assert!(moved.is_pending());
     assert_eq!(moved.tensor().unwrap().to_vec::<u16>().unwrap(), vec![4, 2]);
+    let stacked = Gather::from(t.clone());
+    assert!(!stacked.is_pending());
+    assert_eq!((stacked.len(), stacked.shape()), (4, vec![4]));
+    let scalar = Gather::from(Tensor::from_vec(vec![5u8], &[]).unwrap());
+    assert_eq!(scalar.len(), 1);
     let empty = Gather::rows(&t, []).unwrap();
     assert!(empty.is_empty());
     assert_eq!(empty.tensor().unwrap().shape(), &[0]);

@@ -142,9 +142,12 @@ impl Gather {
         }
     }
 
-    /// How many rows.
+    /// How many rows (1 for a rank-0 tensor given as already stacked).
     pub fn len(&self) -> usize {
-        self.shape()[0]
+        match &self.state {
+            State::Pending { rows, .. } => *rows,
+            State::Stacked(t) => t.shape().first().copied().unwrap_or(1),
+        }
     }
 
     /// Whether there are no rows.
