@@ -511,8 +511,11 @@ impl Event {
     /// Whether the work recorded before this event has finished. A driver error reads as not
     /// finished: memory guarded by the event is held back rather than reused while a copy may
     /// still touch it, and the next synchronising call reports the error.
+    ///
+    /// The event of a writable device view that was leaked rather than dropped cannot be
+    /// polled: asking waits for every stream of the view's context once.
     pub fn is_complete(&self) -> bool {
-        if self.unsettled().is_some() {
+        if self.unsettled().is_some() && self.settle().is_err() {
             return false;
         }
         match &self.event {

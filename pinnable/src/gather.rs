@@ -77,13 +77,25 @@ impl Gather {
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] for a rank-0 source or a row out of range.
+    /// [`Error::Shape`] for a rank-0 source, a row out of range, or more rows than fit in
+    /// memory.
     pub fn rows(source: &Tensor, rows: impl IntoIterator<Item = usize>) -> Result<Gather> {
         let Some(&len) = source.shape().first() else {
             return Err(Error::Shape("a rank-0 tensor has no rows to gather".into()));
         };
+        let row_bytes = source.shape()[1..]
+            .iter()
+            .try_fold(source.dtype().size(), |b, &d| b.checked_mul(d));
+        let too_large = |rows: usize| {
+            Error::Shape(format!(
+                "{rows} rows of {:?} {} do not fit in memory",
+                &source.shape()[1..],
+                source.dtype()
+            ))
+        };
+        let row_bytes = row_bytes.ok_or_else(|| too_large(1))?;
         let mut runs: Vec<Range<usize>> = Vec::new();
-        let mut count = 0;
+        let mut count: usize = 0;
         for r in rows {
             if r >= len {
                 return Err(Error::Shape(format!(
@@ -91,6 +103,12 @@ impl Gather {
                 )));
             }
             count += 1;
+            if count
+                .checked_mul(row_bytes)
+                .is_none_or(|b| b > isize::MAX as usize)
+            {
+                return Err(too_large(count));
+            }
             match runs.last_mut() {
                 Some(last) if last.end == r => last.end += 1,
                 _ => runs.push(r..r + 1),

@@ -234,13 +234,19 @@ impl DeviceBuffer {
 
     /// Makes `stream` wait for every consumer recorded as reading this buffer. Readers still
     /// open (read views not dropped: leaked, or on other tensors of the buffer) cannot be
-    /// waited for by event: for those, the host waits for their streams' whole contexts.
+    /// waited for by event: for those, the host waits for their streams' whole contexts. They
+    /// stay open (a live view may enqueue more reads) until their views are dropped.
     pub(crate) fn wait_readers_on(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
         let mut readers = self.lock_readers();
-        for (_, ctx) in readers.open.drain(..) {
-            ctx.synchronize()
-                .map_err(|e| crate::error::Error::driver("cuCtxSynchronize", e))?;
+        let mut synced: Vec<&Arc<cudarc::driver::CudaContext>> = Vec::new();
+        for (_, ctx) in &readers.open {
+            if !synced.iter().any(|c| Arc::ptr_eq(c, ctx)) {
+                ctx.synchronize()
+                    .map_err(|e| crate::error::Error::driver("cuCtxSynchronize", e))?;
+                synced.push(ctx);
+            }
         }
+        drop(synced);
         readers.recorded.retain(|r| !r.is_complete());
         for r in readers.recorded.iter() {
             stream

@@ -5,6 +5,7 @@
 //! copy threads; as pieces land in order, they are sent to the device in runs of at least
 //! [`chunk`] bytes, so the device copies start while staging goes on.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
@@ -240,8 +241,8 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
     let mut at = 0;
     while at < runs.len() {
         let htod = runs[at..].iter().take_while(|r| r.dir == Dir::HtoD).count();
-        if htod >= 2 && batch_copies() {
-            issue_htod_batch(dev, &runs[at..at + htod])?;
+        if let Some(batch) = batch_copies().filter(|_| htod >= 2) {
+            issue_htod_batch(dev, &runs[at..at + htod], batch)?;
             at += htod;
         } else {
             issue_one(dev, &runs[at])?;
@@ -251,20 +252,62 @@ fn issue_direct(dev: &Arc<CudaDevice>, direct: &[DirectCopy]) -> Result<()> {
     Ok(())
 }
 
-/// Whether host-to-device runs are batched: the driver has `cuMemcpyBatchAsync` (CUDA 12.8)
-/// and `PINNABLE_COPY_BATCH` is not `0`.
-fn batch_copies() -> bool {
-    static BATCH: OnceLock<bool> = OnceLock::new();
+/// `cuMemcpyBatchAsync` as CUDA 12.8 defines it.
+type BatchFn = unsafe extern "C" fn(
+    *mut sys::CUdeviceptr,
+    *mut sys::CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut sys::CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    sys::CUstream,
+) -> sys::CUresult;
+
+/// Whether batching is off: `PINNABLE_COPY_BATCH=0`, or a batched call failed once.
+static BATCH_OFF: AtomicBool = AtomicBool::new(false);
+
+/// The driver's `cuMemcpyBatchAsync` (CUDA 12.8 and later), looked up at run time so a binary
+/// that links the driver still starts on older ones; `None` without it, or when batching is
+/// off.
+fn batch_copies() -> Option<BatchFn> {
+    static BATCH: OnceLock<Option<BatchFn>> = OnceLock::new();
+    if BATCH_OFF.load(Ordering::Relaxed) {
+        return None;
+    }
     *BATCH.get_or_init(|| {
-        let mut version = 0;
-        // SAFETY: writes one int; the driver is loaded (a device exists to copy to).
-        let ok = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
-        ok && version >= 12080 && std::env::var("PINNABLE_COPY_BATCH").as_deref() != Ok("0")
+        if std::env::var("PINNABLE_COPY_BATCH").as_deref() == Ok("0") {
+            return None;
+        }
+        let mut pfn: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut found = sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        // SAFETY: the name is a C string; `pfn` and `found` are plain out-parameters. The
+        // driver returns the entry point with the 12.8 ABI (the one `BatchFn` spells) or none.
+        let r = unsafe {
+            sys::cuGetProcAddress_v2(
+                c"cuMemcpyBatchAsync".as_ptr(),
+                &mut pfn,
+                12080,
+                sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+                &mut found,
+            )
+        };
+        let ok = r == sys::CUresult::CUDA_SUCCESS
+            && found == sys::CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS;
+        if !ok || pfn.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null entry point of `cuMemcpyBatchAsync` for CUDA 12.8, whose C
+        // signature `BatchFn` matches.
+        Some(unsafe { std::mem::transmute::<*mut std::ffi::c_void, BatchFn>(pfn) })
     })
 }
 
-/// Issues host-to-device runs as one `cuMemcpyBatchAsync`, each read in stream order.
-fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy]) -> Result<()> {
+/// Issues host-to-device runs as one `cuMemcpyBatchAsync`, each read in stream order. If the
+/// driver refuses the batch, batching is turned off for the process and the runs go one by one
+/// (a copy the batch may already have enqueued is then made twice, with the same bytes).
+fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy], batch: BatchFn) -> Result<()> {
     let mut dsts: Vec<sys::CUdeviceptr> = runs.iter().map(|r| r.dst).collect();
     let mut srcs: Vec<sys::CUdeviceptr> = runs.iter().map(|r| r.src).collect();
     let mut sizes: Vec<usize> = runs.iter().map(|r| r.bytes).collect();
@@ -286,7 +329,7 @@ fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy]) -> Result<()> {
     // within a live buffer, as for single copies (see `issue_one`); one attribute applies to
     // every copy from index 0; sources are read in stream order.
     let r = unsafe {
-        sys::cuMemcpyBatchAsync(
+        batch(
             dsts.as_mut_ptr(),
             srcs.as_mut_ptr(),
             sizes.as_mut_ptr(),
@@ -298,7 +341,11 @@ fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy]) -> Result<()> {
             dev.copy_stream.cu_stream(),
         )
     };
-    check_cu(r, "cuMemcpyBatchAsync")
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    BATCH_OFF.store(true, Ordering::Relaxed);
+    runs.iter().try_for_each(|run| issue_one(dev, run))
 }
 
 /// Issues one merged run.
