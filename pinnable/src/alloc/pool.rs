@@ -65,6 +65,9 @@ pub(crate) struct PoolInner {
     classes: Box<[Mutex<Vec<RawBlock>>]>,
     /// Dropped blocks waiting for their fences.
     pending: Mutex<Vec<Pending>>,
+    /// Held while pending blocks are polled: the list is out of `pending` then, so a reader of
+    /// the counters who must not see polled-but-done blocks as pending waits for it.
+    polling: Mutex<()>,
     pub(crate) counters: Counters,
     tick: AtomicUsize,
     /// Bumped whenever memory comes back (a block dropped or cached, budget released), so a
@@ -99,6 +102,7 @@ impl PinnedPool {
                 backends,
                 classes: (0..CLASS_COUNT).map(|_| Mutex::new(Vec::new())).collect(),
                 pending: Mutex::new(Vec::new()),
+                polling: Mutex::new(()),
                 counters: Counters::default(),
                 tick: AtomicUsize::new(0),
                 returned: AtomicU64::new(0),
@@ -163,10 +167,13 @@ impl PinnedPool {
             .snapshot(c.max_bytes, c.max_cached_bytes)
     }
 
-    /// Moves pending blocks whose copies completed to the cache, so the stats count them as
-    /// cached rather than pending. Skips the poll if another thread is polling.
-    pub(crate) fn reclaim(&self) {
-        self.inner.poll_pending(false);
+    /// Moves pending blocks whose copies completed to the cache, then takes a snapshot of the
+    /// counters in which no such block counts as pending: a poll another thread is running
+    /// finishes first.
+    pub(crate) fn reclaimed_stats(&self) -> PoolStats {
+        let _polling = lock(&self.inner.polling);
+        self.inner.poll_pending_locked(false);
+        self.stats()
     }
 
     /// Frees every idle cached block (after moving pending blocks whose copies completed to the
@@ -385,9 +392,24 @@ impl PoolInner {
         }
     }
 
-    /// Moves pending blocks whose fences all completed to the cache. Polls with no lock held:
-    /// the list is taken out, polled, and what still runs is put back.
+    /// Moves pending blocks whose fences all completed to the cache. Polls with no lock on the
+    /// list held: the list is taken out, polled, and what still runs is put back. Skipped
+    /// (unless `wait`) when another thread is polling.
     fn poll_pending(&self, wait: bool) {
+        if self.counters.pending_blocks.load(Relaxed) == 0 {
+            return;
+        }
+        let _polling = match self.polling.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if wait => lock(&self.polling),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        self.poll_pending_locked(wait);
+    }
+
+    /// [`poll_pending`](Self::poll_pending) with the polling lock held.
+    fn poll_pending_locked(&self, wait: bool) {
         if self.counters.pending_blocks.load(Relaxed) == 0 {
             return;
         }

@@ -57,9 +57,9 @@ impl Counters {
         self.bytes.fetch_add(len as u64, Relaxed);
         // In use + pending only grows when a block is allocated, so sampling it right after
         // each allocation catches its peak. Pending blocks whose copies have completed are
-        // free memory the pool has not noticed yet: let it notice first.
-        pool.reclaim();
-        let s = pool.stats();
+        // free memory the pool has not noticed yet: let it notice first (waiting for a poll
+        // another worker is running, whose done blocks would still count as pending).
+        let s = pool.reclaimed_stats();
         self.held_peak
             .fetch_max(s.in_use_bytes + s.pending_bytes, Relaxed);
     }
