@@ -341,22 +341,24 @@ fn gpu_part(
         }
     };
     let sync = |b: &Batch| read(b, 0);
+    // One row of the table: a run's figures against the ceiling and PyTorch.
+    let row = |name: &str, w: usize, m: pinnable::Result<Run>| match m {
+        Ok(m) => format!(
+            "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
+            m.step * 1e3,
+            batch_bytes as f64 / m.step / 1e9,
+            ceiling / m.step,
+            best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
+            100.0 * m.wait_share,
+            mib(m.peak),
+            mib(m.bound)
+        ),
+        Err(e) => format!("| {name} | {w} | error: {e} | | | | | |"),
+    };
     for decode in [false, true] {
         for &w in workers {
             let name = if decode { "decode" } else { "views" };
-            match run(images, decode, w, batches, dev, sync) {
-                Ok(m) => rep.line(&format!(
-                    "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
-                    m.step * 1e3,
-                    batch_bytes as f64 / m.step / 1e9,
-                    ceiling / m.step,
-                    best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
-                    100.0 * m.wait_share,
-                    mib(m.peak),
-                    mib(m.bound)
-                )),
-                Err(e) => rep.line(&format!("| {name} | {w} | error: {e} | | | | | |")),
-            }
+            rep.line(&row(name, w, run(images, decode, w, batches, dev, sync)));
         }
     }
 
@@ -365,19 +367,8 @@ fn gpu_part(
     let labels =
         Tensor::pinned_from_fn(&[pinned_images.shape()[0]], |i| (i % 1000) as i64).expect("labels");
     for w in [1, 2] {
-        match run_gathered(&pinned_images, &labels, w, batches, dev, sync) {
-            Ok(m) => rep.line(&format!(
-                "| gather (pinned array) | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
-                m.step * 1e3,
-                batch_bytes as f64 / m.step / 1e9,
-                ceiling / m.step,
-                best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
-                100.0 * m.wait_share,
-                mib(m.peak),
-                mib(m.bound)
-            )),
-            Err(e) => rep.line(&format!("| gather | {w} | error: {e} | | | | | |")),
-        }
+        let m = run_gathered(&pinned_images, &labels, w, batches, dev, sync);
+        rep.line(&row("gather (pinned array)", w, m));
     }
     drop(pinned_images);
 
