@@ -34,7 +34,6 @@ use std::sync::Arc;
 
 use burn_tensor::{AllocationProperty, BoolStore, Bytes, DType as BurnDType, TensorData};
 
-use crate::alloc::BackendKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{HostBytes, Tensor};
@@ -140,9 +139,7 @@ impl Tensor {
         drop(src);
         // Pinned only when registered with the driver: burn's CUDA backend then copies from
         // it directly instead of staging it through pinned memory of its own.
-        let registered = t
-            .pinned_block()
-            .is_some_and(|b| b.backend() != BackendKind::Mlock);
+        let registered = t.is_registered_pinned();
         let property = if registered {
             AllocationProperty::Pinned
         } else {

@@ -274,6 +274,14 @@ impl Tensor {
         self.placement() == Placement::Pinned
     }
 
+    /// Whether the elements are in pinned memory registered with the CUDA driver, which the
+    /// copy engine reads as it is (`mlock`ed memory is pinned but not registered: copies stage
+    /// it).
+    pub(crate) fn is_registered_pinned(&self) -> bool {
+        self.pinned_block()
+            .is_some_and(|b| b.backend() != crate::alloc::BackendKind::Mlock)
+    }
+
     /// The pinned block behind this tensor, if it is pinned. Every tensor of a pinned batch
     /// returns the same block.
     pub fn pinned_block(&self) -> Option<&PinnedBlock> {

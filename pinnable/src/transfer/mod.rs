@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaStream, sys};
 
-use crate::alloc::{BackendKind, PinnedPool};
+use crate::alloc::PinnedPool;
 use crate::check;
 use crate::copy::HostCopy;
 use crate::cuda::Device;
@@ -203,9 +203,7 @@ impl<'a> MoveContext<'a> {
             (Placement::Cuda(n), Some(m)) if n == m => Ok(t.clone()),
             (p, Some(_)) if p.is_host() => {
                 check::dense_cpu(t, &self.path)?;
-                let registered = t
-                    .pinned_block()
-                    .is_some_and(|b| b.backend() != BackendKind::Mlock);
+                let registered = t.is_registered_pinned();
                 if registered && t.is_contiguous() {
                     self.direct(t)
                 } else {
@@ -457,9 +455,7 @@ impl<'a> MoveContext<'a> {
             return self.move_tensor(t);
         }
         let bytes = t.nbytes();
-        let registered = t
-            .pinned_block()
-            .is_some_and(|b| b.backend() != BackendKind::Mlock);
+        let registered = t.is_registered_pinned();
         let direct = !t.placement().is_host() || (registered && t.is_contiguous());
         if t.placement().is_host() {
             check::dense_cpu(t, &self.path)?;

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use super::{MoveContext, Pass};
-use crate::alloc::BackendKind;
 use crate::check;
 use crate::error::{Error, Result};
 use crate::gather::GatherRoute;
@@ -43,9 +42,7 @@ impl MoveContext<'_> {
         if host {
             check::dense_cpu(source, &self.path)?;
         }
-        let registered = source
-            .pinned_block()
-            .is_some_and(|b| b.backend() != BackendKind::Mlock);
+        let registered = source.is_registered_pinned();
         let by_copy_engine = match route {
             GatherRoute::Auto => bytes >= GATHER_DIRECT_MIN.saturating_mul(parts.len()),
             GatherRoute::Direct => true,
