@@ -1,8 +1,9 @@
-//! One batch to several devices, pinned once (`ToDevices`). The two-device tests skip on a
-//! machine with fewer GPUs (printing `skipped: …`).
+//! One batch to several devices, pinned once (`ToDevices`). On a one-GPU machine the
+//! two-device tests send both copies to that GPU (printing `partly skipped: …`); without a GPU
+//! they skip (printing `skipped: …`).
 
 use pinnable::{DType, Device, Pinnable, Route, Tensor, ToDevice, ToDevices};
-use pinnable_harness::{bytes_of, cuda_pair_or_skip, random_batch, random_tensor, rng};
+use pinnable_harness::{bytes_of, cuda_targets_or_skip, random_batch, random_tensor, rng};
 use rand::Rng;
 
 /// The tests share the process-wide pool, whose counters one of them reads.
@@ -42,13 +43,12 @@ fn fan_out_to_host_targets_pins_once() {
 #[test]
 fn fan_out_to_two_devices_matches_the_source_by_every_route() {
     let _serial = serial();
-    let Some((d0, d1)) =
-        cuda_pair_or_skip("fan_out_to_two_devices_matches_the_source_by_every_route")
+    let Some(devices) =
+        cuda_targets_or_skip("fan_out_to_two_devices_matches_the_source_by_every_route")
     else {
         return;
     };
     let mut r = rng("fan_out_to_two_devices_matches_the_source_by_every_route");
-    let devices = [d0, d1];
     for i in 0..200 {
         let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
         let mut batch = random_batch(&mut r, 6);
@@ -66,7 +66,7 @@ fn fan_out_to_two_devices_matches_the_source_by_every_route() {
         }
         for (k, copy) in copies.iter().enumerate() {
             for t in copy {
-                assert_eq!(t.device().ordinal(), Some(k), "{route:?}");
+                assert_eq!(t.device().ordinal(), devices[k].ordinal(), "{route:?}");
             }
             let back = copy.to_cpu(false).unwrap();
             let got: Vec<Vec<u8>> = back.iter().map(bytes_of).collect();
@@ -78,7 +78,7 @@ fn fan_out_to_two_devices_matches_the_source_by_every_route() {
 #[test]
 fn a_pinned_batch_fans_out_without_a_host_copy() {
     let _serial = serial();
-    let Some((d0, d1)) = cuda_pair_or_skip("a_pinned_batch_fans_out_without_a_host_copy") else {
+    let Some(devices) = cuda_targets_or_skip("a_pinned_batch_fans_out_without_a_host_copy") else {
         return;
     };
     let mut r = rng("a_pinned_batch_fans_out_without_a_host_copy");
@@ -87,7 +87,7 @@ fn a_pinned_batch_fans_out_without_a_host_copy() {
         .unwrap();
     let pool = pinnable::PinnedPool::global();
     let before = pool.stats();
-    let copies = pinned.to_devices(&[d0, d1], true).unwrap();
+    let copies = pinned.to_devices(&devices, true).unwrap();
     let after = pool.stats();
     assert_eq!(
         after.hits + after.misses,

@@ -1,13 +1,14 @@
 //! `Gather`: rows of a dataset stacked where they land. On the host against a gather done by
 //! hand, on a CUDA device (skipping, with `skipped: …` on its own line, without one) with the
-//! source overwritten right after each non-blocking call, and through the loader.
+//! source overwritten right after each non-blocking call, through the loader, and to two
+//! devices (on a one-GPU machine, twice to that GPU, printing `partly skipped: …`).
 
 use pinnable::loader::{FnDataset, Loader};
 use pinnable::{
     DType, Device, Gather, GatherRoute, Pinnable, PinnedPool, Placement, PoolConfig, Tensor,
     ToDevice,
 };
-use pinnable_harness::{bytes_of, cuda_or_skip, cuda_pair_or_skip, random_tensor, rng};
+use pinnable_harness::{bytes_of, cuda_or_skip, cuda_targets_or_skip, random_tensor, rng};
 use rand::Rng;
 use rand::rngs::SmallRng;
 
@@ -340,7 +341,7 @@ fn the_loader_gathers_batches_on_the_device_from_a_pinned_dataset() {
 #[test]
 fn a_gathered_batch_fans_out_to_two_devices() {
     let test = "a_gathered_batch_fans_out_to_two_devices";
-    let Some((d0, d1)) = cuda_pair_or_skip(test) else {
+    let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
     use pinnable::{Route, ToDevices};
@@ -354,21 +355,88 @@ fn a_gathered_batch_fans_out_to_two_devices() {
         let want = expected(&src, &rows);
         let g = Gather::rows(&src, rows.iter().copied()).unwrap();
         let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
-        let copies = g
-            .to_devices_by(&[d0.clone(), d1.clone()], true, route)
-            .unwrap();
+        let copies = g.to_devices_by(&devices, true, route).unwrap();
         drop(g);
         overwrite(&mut src);
         for (k, c) in copies.iter().enumerate() {
             let t = c.tensor().unwrap();
-            assert_eq!(t.placement(), Placement::Cuda(k));
+            assert_eq!(t.device().ordinal(), devices[k].ordinal());
             assert_eq!(
                 bytes_of(&t.to_cpu(false).unwrap()),
                 want,
-                "{route:?}, device {k}"
+                "{route:?}, target {k}"
             );
         }
     }
+}
+
+#[test]
+fn gathering_loaders_feed_two_devices_at_once_each_its_own_shard() {
+    let test = "gathering_loaders_feed_two_devices_at_once_each_its_own_shard";
+    let Some(devices) = cuda_targets_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let n = 2 * r.random_range(100..300);
+    let row = r.random_range(1..30_000);
+    let images = source(&mut r, n, row, true);
+    let labels = Tensor::pinned_from_fn(&[n], |i| i as i64).unwrap();
+    let (im, lb) = (images.clone(), labels.clone());
+    let pool = PinnedPool::new(PoolConfig::default());
+    let loaders = Loader::builder(FnDataset::new(n, Ok))
+        .batch_size(r.random_range(1..20))
+        .shuffle(r.random())
+        .workers(r.random_range(1..3))
+        .pool(pool.clone())
+        .build_per_device(&devices, move |rows: Vec<usize>, _: &mut _| {
+            Ok((
+                Gather::rows(&im, rows.iter().copied())?,
+                Gather::rows(&lb, rows)?,
+            ))
+        })
+        .unwrap();
+    // Each loader on a thread of its own, as each GPU's training step runs.
+    let shares: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let handles: Vec<_> = loaders
+            .iter()
+            .zip(&devices)
+            .map(|(loader, device)| {
+                let images = &images;
+                s.spawn(move || {
+                    let mut seen = Vec::new();
+                    for b in loader.epoch(5) {
+                        let (g_images, g_labels) = b.unwrap();
+                        let t = g_images.tensor().unwrap();
+                        assert_eq!(t.device().ordinal(), device.ordinal());
+                        let rows: Vec<usize> = g_labels
+                            .tensor()
+                            .unwrap()
+                            .to_cpu(false)
+                            .unwrap()
+                            .to_vec::<i64>()
+                            .unwrap()
+                            .into_iter()
+                            .map(|i| i as usize)
+                            .collect();
+                        assert_eq!(bytes_of(&t.to_cpu(false).unwrap()), expected(images, &rows));
+                        seen.extend(rows);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(shares[0].len(), n / 2);
+    assert_eq!(shares[1].len(), n / 2);
+    let mut all = shares.concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..n).collect::<Vec<_>>(), "disjoint and complete");
+    assert_eq!(
+        pool.stats().peak_in_use_bytes,
+        0,
+        "no pinned batch block, ever: the workers only pick rows"
+    );
 }
 
 #[test]

@@ -71,6 +71,32 @@ pub fn cuda_pair_or_skip(test: &str) -> Option<(Device, Device)> {
     }
 }
 
+/// Two targets for a two-device test: CUDA devices 0 and 1, or, on a one-GPU machine, device 0
+/// twice, after printing `partly skipped: <test>: …` on its own line. Everything but the
+/// crossing between two GPUs (two links, peer copies) still runs there. `None` after printing
+/// `skipped: …` without a GPU, as [`cuda_or_skip`].
+///
+/// # Panics
+///
+/// When there is no device at all and `PINNABLE_REQUIRE_GPU=1`.
+pub fn cuda_targets_or_skip(test: &str) -> Option<[Device; 2]> {
+    let d0 = cuda_or_skip(test)?;
+    match Device::cuda(1) {
+        Ok(d1) => Some([d0, d1]),
+        Err(_) => {
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(
+                format!(
+                    "partly skipped: {test}: one CUDA device, so both targets are cuda:0 \
+                     (nothing crosses between two GPUs)\n"
+                )
+                .as_bytes(),
+            );
+            Some([d0.clone(), d0])
+        }
+    }
+}
+
 /// A tensor of `dtype` and `shape` filled with random values.
 pub fn random_tensor(rng: &mut impl Rng, dtype: DType, shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
