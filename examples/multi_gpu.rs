@@ -1,9 +1,11 @@
 //! Many GPUs, both ways a training job runs them:
 //! - one process feeding every GPU: a loader per device (`build_per_device`), each epoch on a
 //!   thread of its own, as each GPU's training step runs;
-//! - one process per GPU, told its rank by the launcher (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`):
-//!   this example plays the launcher and starts those processes itself, so the same binary runs
-//!   a multi-node job under any launcher that sets the three variables.
+//! - one process per GPU, told its rank by the launcher (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`).
+//!   Started with `RANK` set, the program is that rank: it loads its shard onto
+//!   `cuda:LOCAL_RANK` and prints its throughput, under any launcher that sets the three
+//!   variables (`examples/launch_ranks.sh` is the smallest one, for one machine). Started
+//!   without, it plays the launcher itself, starting one rank a GPU, and adds up their figures.
 //!
 //! Each runs twice, from one pinned array of images:
 //! - collated on the host: samples are views of the array, and the loader's workers write each
@@ -15,6 +17,8 @@
 //! CUDA it runs both forms on the host (two "devices" that are `Device::cpu()`), smaller.
 //!
 //!     cargo run --release --example multi_gpu
+//!     cargo build --release --example multi_gpu
+//!     examples/launch_ranks.sh 2 target/release/examples/multi_gpu   # two ranks, by hand
 //!
 //! `PINNABLE_MULTI_GPU_BATCHES` sets the batches timed a device (150; 12 without CUDA),
 //! `PINNABLE_MULTI_GPU_WORKERS` the workers a device (the cores a device, less two), and
@@ -30,8 +34,6 @@ const BATCH: usize = 64;
 const IMAGE: [usize; 3] = [3, 224, 224];
 /// Images in the in-memory array the samples are views of.
 const IMAGES: usize = 512;
-/// Set in the processes this example starts as the launcher.
-const CHILD: &str = "PINNABLE_MULTI_GPU_CHILD";
 /// Batches timed per device, after the warm-up.
 const WARMUP: usize = 8;
 
@@ -211,33 +213,65 @@ fn gbs(batches: usize, seconds: f64) -> f64 {
     (batches * batch_bytes()) as f64 / seconds / 1e9
 }
 
-/// A process started as rank `RANK` of `WORLD_SIZE` on `cuda:LOCAL_RANK`.
-fn child() -> pinnable::Result<()> {
+/// A process started as rank `RANK` of `WORLD_SIZE` on `cuda:LOCAL_RANK`, by this example
+/// or another launcher: one line a collation mode, `rank <rank> <batches> <seconds> (…)`.
+fn rank() -> pinnable::Result<()> {
     let s = setup();
     let launch = Launch::from_env()?;
-    let (rank, world) = (launch.rank, launch.world);
-    let len = world * (WARMUP + s.batches) * BATCH;
-    let (images, labels) = arrays()?;
-    let (batches, secs) = match Collate::chosen()[0] {
-        Collate::Host => {
-            drive(&as_rank(Loader::builder(Images { images, len }), &s, launch)?.build(Stack)?)?
-        }
-        Collate::Device => drive(
-            &as_rank(Loader::builder(Indices { len }), &s, launch)?
-                .build(GatherRows { images, labels })?,
-        )?,
+    // Without CUDA every rank runs on the host, as the rest of the example does.
+    let device = if s.devices[0].is_cpu() {
+        Device::cpu()
+    } else {
+        launch.device()?
     };
-    println!("rank {rank} {batches} {secs}");
+    let len = launch.world * (WARMUP + s.batches) * BATCH;
+    let (images, labels) = arrays()?;
+    for mode in Collate::chosen() {
+        let (batches, secs) = match mode {
+            Collate::Host => drive(
+                &as_rank(
+                    Loader::builder(Images {
+                        images: images.clone(),
+                        len,
+                    }),
+                    &s,
+                    launch,
+                    &device,
+                )
+                .build(Stack)?,
+            )?,
+            Collate::Device => drive(
+                &as_rank(Loader::builder(Indices { len }), &s, launch, &device).build(
+                    GatherRows {
+                        images: images.clone(),
+                        labels: labels.clone(),
+                    },
+                )?,
+            )?,
+        };
+        println!(
+            "rank {r} {batches} {secs:.6} (collated on the {}; rank {r} of {} on {device}: \
+             {:.1} GB/s)",
+            mode.name(),
+            launch.world,
+            gbs(batches, secs),
+            r = launch.rank,
+        );
+    }
     Ok(())
 }
 
-/// A rank's loader: its batch size, workers and shard.
+/// A rank's loader: its batch size, workers, shard and device (`cuda:LOCAL_RANK` with CUDA).
 fn as_rank<D: Dataset>(
     b: LoaderBuilder<D>,
     s: &Setup,
     launch: Launch,
-) -> pinnable::Result<LoaderBuilder<D>> {
-    b.batch_size(BATCH).workers(s.workers).launch(launch)
+    device: &Device,
+) -> LoaderBuilder<D> {
+    b.batch_size(BATCH)
+        .workers(s.workers)
+        .shard(launch.rank, launch.world)
+        .device(device.clone())
 }
 
 /// The three runs of one collation mode: one device alone, one process for every device, one
@@ -307,7 +341,6 @@ where
     let started: Vec<_> = (0..n)
         .map(|k| {
             Command::new(&exe)
-                .env(CHILD, "1")
                 .env("PINNABLE_MULTI_GPU_COLLATE", m)
                 .env("RANK", k.to_string())
                 .env("WORLD_SIZE", n.to_string())
@@ -350,8 +383,9 @@ where
 }
 
 fn main() -> pinnable::Result<()> {
-    if std::env::var_os(CHILD).is_some() {
-        return child();
+    // Started by a launcher: be its rank.
+    if std::env::var_os("RANK").is_some() {
+        return rank();
     }
     let s = setup();
     println!(
