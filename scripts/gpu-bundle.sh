@@ -65,6 +65,7 @@ for line in open(src):
 PY
 cp bench/torch_baseline.py bench/torch_loader.py "$out/" 2>/dev/null || true
 cp bench/kernels/batch.cu "$out/kernels.cu"
+cp examples/launch_ranks.sh "$out/"
 
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -89,6 +90,9 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
 fi
 if [ "$what" = all ] || [ "$what" = examples ]; then
   for e in examples/*; do run "$e"; done
+  # One process a GPU again, started by the script a user would start them with.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || gpus=1
+  run ./launch_ranks.sh "$gpus" examples/multi_gpu
 fi
 if [ "$what" = all ] || [ "$what" = benches ]; then
   # The benches' kernels, compiled here to PTX when a CUDA compiler is present.
