@@ -218,7 +218,6 @@ fn gbs(batches: usize, seconds: f64) -> f64 {
 fn rank() -> pinnable::Result<()> {
     let s = setup();
     let launch = Launch::from_env()?;
-    // Without CUDA every rank runs on the host, as the rest of the example does.
     let device = if s.devices[0].is_cpu() {
         Device::cpu()
     } else {
@@ -236,17 +235,14 @@ fn rank() -> pinnable::Result<()> {
                     }),
                     &s,
                     launch,
-                    &device,
-                )
+                )?
                 .build(Stack)?,
             )?,
             Collate::Device => drive(
-                &as_rank(Loader::builder(Indices { len }), &s, launch, &device).build(
-                    GatherRows {
-                        images: images.clone(),
-                        labels: labels.clone(),
-                    },
-                )?,
+                &as_rank(Loader::builder(Indices { len }), &s, launch)?.build(GatherRows {
+                    images: images.clone(),
+                    labels: labels.clone(),
+                })?,
             )?,
         };
         println!(
@@ -261,17 +257,20 @@ fn rank() -> pinnable::Result<()> {
     Ok(())
 }
 
-/// A rank's loader: its batch size, workers, shard and device (`cuda:LOCAL_RANK` with CUDA).
+/// A rank's loader: its batch size, workers, shard (`RANK` of `WORLD_SIZE`) and device
+/// (`cuda:LOCAL_RANK`). A real job calls `launch_from_env()` on its builder.
 fn as_rank<D: Dataset>(
     b: LoaderBuilder<D>,
     s: &Setup,
     launch: Launch,
-    device: &Device,
-) -> LoaderBuilder<D> {
-    b.batch_size(BATCH)
-        .workers(s.workers)
-        .shard(launch.rank, launch.world)
-        .device(device.clone())
+) -> pinnable::Result<LoaderBuilder<D>> {
+    let b = b.batch_size(BATCH).workers(s.workers);
+    if s.devices[0].is_cpu() {
+        // Without CUDA every rank runs on the host, as the rest of the example does.
+        Ok(b.shard(launch.rank, launch.world))
+    } else {
+        b.launch(launch)
+    }
 }
 
 /// The three runs of one collation mode: one device alone, one process for every device, one
