@@ -53,7 +53,10 @@ fn tensors(b: &Batch) -> Vec<(String, &Tensor)> {
     for (i, m) in b.masks.iter().flatten().enumerate() {
         v.push((format!("masks[{i}]"), m));
     }
-    for (k, t) in &b.extra {
+    // In key order: two maps with the same keys may iterate them in different orders.
+    let mut extra: Vec<_> = b.extra.iter().collect();
+    extra.sort_by_key(|(k, _)| *k);
+    for (k, t) in extra {
         v.push((format!("extra[{k:?}]"), t));
     }
     v
@@ -89,7 +92,8 @@ fn main() -> pinnable::Result<()> {
         Ok(device) => {
             let on_gpu = pinned.to_device(&device, true)?; // returns at once
             let back = on_gpu.to_cpu(false)?;
-            for ((name, a), (_, b)) in tensors(&batch).iter().zip(tensors(&back)) {
+            for ((name, a), (back_name, b)) in tensors(&batch).iter().zip(tensors(&back)) {
+                assert_eq!(name, &back_name);
                 assert_eq!(a.shape(), b.shape(), "{name}");
             }
             assert_eq!(back.labels.to_vec::<i64>()?, batch.labels.to_vec::<i64>()?);
