@@ -23,6 +23,16 @@ impl Fence for Flag {
     }
 }
 
+/// Completes its fence when dropped: a failed assertion then unwinds past the pool's drop,
+/// which waits for pending fences, instead of hanging there.
+struct CompleteOnDrop(Arc<Flag>);
+
+impl Drop for CompleteOnDrop {
+    fn drop(&mut self) {
+        self.0.0.store(true, Ordering::Release);
+    }
+}
+
 #[test]
 fn block_freed_during_a_copy_is_reused_only_after_the_fence_completes() {
     let mut rng = pinnable_harness::rng("alloc_stream_cpu");
@@ -32,6 +42,7 @@ fn block_freed_during_a_copy_is_reused_only_after_the_fence_completes() {
     let block = pool.alloc(bytes).unwrap();
     let first = block.as_ptr();
     let fence = Arc::new(Flag::default());
+    let _complete = CompleteOnDrop(fence.clone());
     block.record_use(fence.clone());
     assert_eq!(block.pending_uses(), 1);
     drop(block); // returns at once
@@ -73,24 +84,24 @@ fn gpu_reuse_waits_for_the_copy_in_flight() {
     let block = pinned.pinned_block().expect("pinned in our pool");
     assert_ne!(block.backend(), pinnable::BackendKind::Mlock);
     let first = block.as_ptr();
-    // Several large copies of the block, still running when it is dropped.
+    // Several large copies of the block, held back on the copy stream so they are surely still
+    // to run when it is dropped.
+    pinnable_harness::hold_stream(device.copy_stream().expect("a CUDA copy stream"), 300);
     let copies: Vec<_> = (0..8)
         .map(|_| pinned.to_device(&device, true).unwrap())
         .collect();
     drop(pinned);
-    let in_flight = pool.stats().pending_blocks == 1;
-    let again = pool.alloc(BYTES).unwrap();
-    println!(
-        "copies in flight at drop: {in_flight}; reused: {}",
-        again.as_ptr() == first
+    assert_eq!(
+        pool.stats().pending_blocks,
+        1,
+        "the block waits for its copies"
     );
-    if in_flight {
-        assert_ne!(
-            again.as_ptr(),
-            first,
-            "a block read by running copies was handed out"
-        );
-    }
+    let again = pool.alloc(BYTES).unwrap();
+    assert_ne!(
+        again.as_ptr(),
+        first,
+        "a block read by running copies was handed out"
+    );
     // Scribble over whatever we got: had it been the block being read, the copies would see it.
     // SAFETY: the block is ours alone.
     unsafe { again.as_mut_slice() }.fill(0xEE);

@@ -255,7 +255,8 @@ mod gpu {
             let want: Vec<f32> = host.iter().map(|&x| x + 0.5).collect();
             assert_eq!(shared.to_cpu(false).unwrap().to_vec::<f32>().unwrap(), want);
             let stream = dev.copy_stream().unwrap().clone();
-            assert!(shared.cuda_view_mut::<f32>(&stream).is_err());
+            let err = shared.cuda_view_mut::<f32>(&stream).unwrap_err();
+            assert!(err.to_string().contains("another library owns"), "{err}");
         }
     }
 

@@ -56,6 +56,7 @@ fn fan_out_to_two_devices_matches_the_source_by_every_route() {
         let copies = batch
             .to_devices_by(&devices, r.random_bool(0.5), route)
             .unwrap();
+        assert_eq!(copies.len(), devices.len(), "one copy a target");
         // Overwrite the sources at once: the copies must hold what was there at the call.
         for t in &mut batch {
             if t.is_contiguous() && t.dtype() == DType::U8 {
@@ -88,6 +89,7 @@ fn a_pinned_batch_fans_out_without_a_host_copy() {
     let pool = pinnable::PinnedPool::global();
     let before = pool.stats();
     let copies = pinned.to_devices(&devices, true).unwrap();
+    assert_eq!(copies.len(), devices.len(), "one copy a target");
     let after = pool.stats();
     assert_eq!(
         after.hits + after.misses,

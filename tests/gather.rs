@@ -356,6 +356,7 @@ fn a_gathered_batch_fans_out_to_two_devices() {
         let g = Gather::rows(&src, rows.iter().copied()).unwrap();
         let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
         let copies = g.to_devices_by(&devices, true, route).unwrap();
+        assert_eq!(copies.len(), devices.len(), "one copy a target");
         drop(g);
         overwrite(&mut src);
         for (k, c) in copies.iter().enumerate() {

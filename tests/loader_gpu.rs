@@ -39,6 +39,7 @@ fn a_thousand_random_batches_reach_the_device_intact() {
         let back = got.to_cpu(false).unwrap();
         let picked = indices.iter().map(|&i| samples[i].clone()).collect();
         let want = collate(picked, &mut Collator::new(&host_pool)).unwrap();
+        assert_eq!(back.len(), want.len(), "batch {n}");
         for (k, (b, w)) in back.iter().zip(&want).enumerate() {
             assert_eq!(b.shape(), w.shape(), "batch {n} tensor {k}");
             assert_eq!(bytes_of(b), bytes_of(w), "batch {n} tensor {k}");

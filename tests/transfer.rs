@@ -78,7 +78,9 @@ fn random_nested_batches_round_trip_bit_exactly() {
             v.extend(b.2.iter().flatten().cloned());
             v
         };
-        for (src, got) in flat(&batch).iter().zip(flat(&back)) {
+        let (batch_flat, back_flat) = (flat(&batch), flat(&back));
+        assert_eq!(back_flat.len(), batch_flat.len());
+        for (src, got) in batch_flat.iter().zip(back_flat) {
             assert_eq!(got.shape(), src.shape());
             assert_eq!(bytes_of(&got), bytes_of(src), "batch {i}");
         }
@@ -140,13 +142,15 @@ fn writing_a_pinned_source_waits_for_the_copy_reading_it() {
         .pin_memory()
         .unwrap();
     let old = bytes_of(&src);
+    // Timed from before the hold: the copy cannot finish sooner than 300 ms after this, however
+    // slowly the call below runs.
+    let started = Instant::now();
     hold_stream(copy_stream(&dev), 300);
     let on = src.to_device(&dev, true).unwrap();
-    let started = Instant::now();
     src.as_mut_slice::<i64>().unwrap().fill(7);
     let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_millis(150),
+        waited >= Duration::from_millis(300),
         "the write did not wait ({waited:?})"
     );
     assert_eq!(
@@ -259,6 +263,7 @@ fn eight_threads_move_batches_to_one_device() {
                 for _ in 0..25 {
                     let batch = random_batch(&mut r, 8);
                     let back = batch.to_device(&dev, true).unwrap().to_cpu(true).unwrap();
+                    assert_eq!(back.len(), batch.len());
                     for (a, b) in batch.iter().zip(&back) {
                         assert_eq!(bytes_of(b), bytes_of(a));
                     }
@@ -365,18 +370,23 @@ fn batches_move_between_two_devices() {
             assert_eq!(t.placement(), Placement::Cuda(1));
         }
         let back = on1.to_cpu(r.random_bool(0.5)).unwrap();
+        assert_eq!(back.len(), batch.len());
         for (a, b) in batch.iter().zip(&back) {
             assert_eq!(bytes_of(b), bytes_of(a));
         }
     }
 }
 
-/// The tensors of a random batch, pinned into one block.
+/// The tensors of a random batch, pinned into one block: the first holds bytes (a batch of
+/// zero-size tensors alone needs no block to share), the others may be empty.
 fn pinned_batch(r: &mut impl Rng, n: usize) -> Vec<Tensor> {
     (0..n)
-        .map(|_| {
+        .map(|k| {
             let dtype = DType::ALL[r.random_range(0..DType::ALL.len())];
-            let shape = [r.random_range(1..40), r.random_range(0..40)];
+            let shape = [
+                r.random_range(1..40),
+                r.random_range(usize::from(k == 0)..40),
+            ];
             random_tensor(r, dtype, &shape)
         })
         .collect::<Vec<_>>()
@@ -409,6 +419,7 @@ fn a_pinned_batch_moves_as_one_block_each_way() {
             back.iter()
                 .all(|t| t.is_pinned() && t.shares_block_with(&back[0]))
         );
+        assert_eq!(back.len(), batch.len());
         for (src, got) in batch.iter().zip(&back) {
             assert_eq!(got.shape(), src.shape());
             assert_eq!(bytes_of(got), bytes_of(src));
@@ -428,6 +439,7 @@ fn moving_part_of_a_pinned_block_moves_just_those_tensors() {
         let step = r.random_range(2..5);
         let some: Vec<Tensor> = batch.iter().step_by(step).cloned().collect();
         let back = some.to_device(&dev, true).unwrap().to_cpu(false).unwrap();
+        assert_eq!(back.len(), some.len());
         for (src, got) in some.iter().zip(&back) {
             assert_eq!(bytes_of(got), bytes_of(src));
         }
@@ -473,17 +485,19 @@ fn an_in_place_write_to_a_shared_block_waits_for_its_copy() {
     .pin_memory()
     .unwrap();
     let old: Vec<Vec<u8>> = pinned.iter().map(bytes_of).collect();
+    // Timed from before the hold, as in `writing_a_pinned_source_waits_for_the_copy_reading_it`.
+    let start = Instant::now();
     hold_stream(copy_stream(&dev), 300);
     let on = pinned.to_device(&dev, true).unwrap();
-    let start = Instant::now();
     // In place (no clone shares it), so it must wait for the copy reading the block.
     pinned[1].as_mut_slice::<i64>().unwrap().fill(7);
     assert!(
-        start.elapsed() >= Duration::from_millis(200),
+        start.elapsed() >= Duration::from_millis(300),
         "the write did not wait for the copy"
     );
     assert!(pinned[1].shares_block_with(&pinned[0]), "written in place");
     let back = on.to_cpu(false).unwrap();
+    assert_eq!(back.len(), old.len());
     for (o, b) in old.iter().zip(&back) {
         assert_eq!(o, &bytes_of(b), "the device got a mix");
     }
