@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use pinnable::{Device, Pinnable, Tensor, ToDevice};
+use pinnable::{DType, Device, Pinnable, Tensor, ToDevice};
 
 #[derive(Pinnable, ToDevice)]
 struct Batch {
@@ -62,6 +62,21 @@ fn tensors(b: &Batch) -> Vec<(String, &Tensor)> {
     v
 }
 
+/// Whether two host tensors hold the same values, element by element (in logical order, so a
+/// strided view compares with its contiguous copy).
+fn same_values(a: &Tensor, b: &Tensor) -> pinnable::Result<bool> {
+    if a.dtype() != b.dtype() {
+        return Ok(false);
+    }
+    Ok(match a.dtype() {
+        DType::Bool => a.to_vec::<bool>()? == b.to_vec::<bool>()?,
+        DType::I64 => a.to_vec::<i64>()? == b.to_vec::<i64>()?,
+        DType::F32 => a.to_vec::<f32>()? == b.to_vec::<f32>()?,
+        DType::F64 => a.to_vec::<f64>()? == b.to_vec::<f64>()?,
+        other => unimplemented!("this batch has no {other} tensor"),
+    })
+}
+
 fn main() -> pinnable::Result<()> {
     let batch = make_batch(16, 64, 64)?;
     let pinned = batch.pin_memory()?;
@@ -92,12 +107,13 @@ fn main() -> pinnable::Result<()> {
         Ok(device) => {
             let on_gpu = pinned.to_device(&device, true)?; // returns at once
             let back = on_gpu.to_cpu(false)?;
-            for ((name, a), (back_name, b)) in tensors(&batch).iter().zip(tensors(&back)) {
+            let (sent, came_back) = (tensors(&batch), tensors(&back));
+            assert_eq!(sent.len(), came_back.len());
+            for ((name, a), (back_name, b)) in sent.iter().zip(came_back) {
                 assert_eq!(name, &back_name);
                 assert_eq!(a.shape(), b.shape(), "{name}");
+                assert!(same_values(a, b)?, "{name} changed on the way");
             }
-            assert_eq!(back.labels.to_vec::<i64>()?, batch.labels.to_vec::<i64>()?);
-            assert_eq!(back.images.to_vec::<f32>()?, batch.images.to_vec::<f32>()?);
             println!(
                 "CUDA device found: {} ({device}); moved the batch there with non_blocking=true \
                  and back, values identical",

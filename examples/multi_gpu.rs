@@ -43,15 +43,22 @@ struct Setup {
     workers: usize,
 }
 
-fn setup() -> Setup {
+/// The devices to feed and the work for each: every GPU, or only `cuda:LOCAL_RANK` in a rank's
+/// process. Without CUDA, two host "devices" (one for a rank).
+fn setup(rank: Option<&Launch>) -> pinnable::Result<Setup> {
     let gpus = pinnable::cuda::device_count();
-    let devices: Vec<Device> = if gpus > 0 {
-        (0..gpus).filter_map(|k| Device::cuda(k).ok()).collect()
-    } else {
-        vec![Device::cpu(), Device::cpu()]
+    let devices: Vec<Device> = match (gpus, rank) {
+        (0, None) => vec![Device::cpu(), Device::cpu()],
+        (0, Some(_)) => vec![Device::cpu()],
+        (_, Some(launch)) => vec![launch.device()?],
+        (_, None) => (0..gpus)
+            .map(Device::cuda)
+            .collect::<pinnable::Result<_>>()?,
     };
+    // Each GPU's share of the cores (a rank's too, one a GPU); two "devices" without CUDA.
+    let shares = if gpus > 0 { gpus } else { 2 };
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    Setup {
+    Ok(Setup {
         batches: std::env::var("PINNABLE_MULTI_GPU_BATCHES")
             .ok()
             .and_then(|b| b.parse().ok())
@@ -60,9 +67,9 @@ fn setup() -> Setup {
         workers: std::env::var("PINNABLE_MULTI_GPU_WORKERS")
             .ok()
             .and_then(|w| w.parse().ok())
-            .unwrap_or((cores / devices.len()).saturating_sub(2).max(1)),
+            .unwrap_or((cores / shares).saturating_sub(2).max(1)),
         devices,
-    }
+    })
 }
 
 /// `len` samples: zero-copy views of one pinned array of images, and a label. Collated on the
@@ -216,13 +223,9 @@ fn gbs(batches: usize, seconds: f64) -> f64 {
 /// A process started as rank `RANK` of `WORLD_SIZE` on `cuda:LOCAL_RANK`, by this example
 /// or another launcher: one line a collation mode, `rank <rank> <batches> <seconds> (…)`.
 fn rank() -> pinnable::Result<()> {
-    let s = setup();
     let launch = Launch::from_env()?;
-    let device = if s.devices[0].is_cpu() {
-        Device::cpu()
-    } else {
-        launch.device()?
-    };
+    let s = setup(Some(&launch))?;
+    let device = &s.devices[0];
     let len = launch.world * (WARMUP + s.batches) * BATCH;
     let (images, labels) = arrays()?;
     for mode in Collate::chosen() {
@@ -337,23 +340,35 @@ where
     }
     let exe = std::env::current_exe()
         .map_err(|e| failed(format!("cannot find this program to start its ranks: {e}")))?;
-    let started: Vec<_> = (0..n)
-        .map(|k| {
-            Command::new(&exe)
-                .env("PINNABLE_MULTI_GPU_COLLATE", m)
-                .env("RANK", k.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", k.to_string())
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| failed(format!("cannot start a rank: {e}")))?;
+    let mut started = Vec::with_capacity(n);
+    for k in 0..n {
+        let rank = Command::new(&exe)
+            .env("PINNABLE_MULTI_GPU_COLLATE", m)
+            .env("RANK", k.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", k.to_string())
+            .stdout(Stdio::piped())
+            .spawn();
+        match rank {
+            Ok(rank) => started.push(rank),
+            Err(e) => {
+                // Leave no rank running on the GPUs behind us.
+                for mut rank in started {
+                    let _ = rank.kill();
+                    let _ = rank.wait();
+                }
+                return Err(failed(format!("cannot start rank {k}: {e}")));
+            }
+        }
+    }
+    // Every rank has finished before any result is read, so none outlives an error.
+    let finished: Vec<_> = started
+        .into_iter()
+        .map(std::process::Child::wait_with_output)
+        .collect();
     let mut total = 0.0;
-    for (k, rank) in started.into_iter().enumerate() {
-        let out = rank
-            .wait_with_output()
-            .map_err(|e| failed(format!("rank {k} did not finish: {e}")))?;
+    for (k, out) in finished.into_iter().enumerate() {
+        let out = out.map_err(|e| failed(format!("rank {k} did not finish: {e}")))?;
         let line = String::from_utf8_lossy(&out.stdout);
         let figures: Vec<&str> = line.split_whitespace().collect();
         let (Some(b), Some(t)) = (
@@ -386,7 +401,7 @@ fn main() -> pinnable::Result<()> {
     if std::env::var_os("RANK").is_some() {
         return rank();
     }
-    let s = setup();
+    let s = setup(None)?;
     println!(
         "{} device(s): {}; {} workers a device; batches of {:.1} MB, {} timed a device",
         s.devices.len(),

@@ -23,8 +23,9 @@ const SIDE: usize = 32;
 
 #[derive(ToDevice)]
 struct Batch {
-    images: Tensor, // f32 [B, 3, 32, 32]
-    labels: Tensor, // i64 [B]
+    images: Tensor,  // f32 [B, 3, 32, 32]
+    labels: Tensor,  // i64 [B]
+    indices: Tensor, // i64 [B]: the samples' dataset indices, so a step can check what arrived
 }
 
 struct Options {
@@ -65,13 +66,30 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-/// A synthetic image: every pixel of image `i` depends on `i`, so a batch's sum is checkable.
+/// A synthetic image: every pixel of image `i` depends on `i`, so each row can be checked.
 fn pixel(i: usize, k: usize) -> f32 {
     ((i * 31 + k) % 97) as f32 / 97.0
 }
 
 fn label(i: usize) -> i64 {
     (i % 10) as i64
+}
+
+/// Checks a batch read back on the host: each row holds the image and label of the sample
+/// its index names.
+fn check(b: &Batch) -> pinnable::Result<()> {
+    let per = CHANNELS * SIDE * SIDE;
+    let (images, labels) = (b.images.as_slice::<f32>()?, b.labels.as_slice::<i64>()?);
+    for (row, &i) in b.indices.as_slice::<i64>()?.iter().enumerate() {
+        let i = i as usize;
+        assert_eq!(labels[row], label(i), "label of sample {i}");
+        let image = &images[row * per..(row + 1) * per];
+        assert!(
+            image.iter().enumerate().all(|(k, &x)| x == pixel(i, k)),
+            "image of sample {i} in row {row}"
+        );
+    }
+    Ok(())
 }
 
 /// Writes a C-order `.npy` file (format version 1.0) as NumPy's `np.save` does.
@@ -178,11 +196,14 @@ fn main() -> pinnable::Result<()> {
             let images = c.stack("images", &samples)?;
             // The collator knows which dataset indices the batch holds.
             let ys: Vec<i64> = c.indices().iter().map(|&i| labels[i]).collect();
+            let at: Vec<i64> = c.indices().iter().map(|&i| i as i64).collect();
             let lab = c.stack_scalars("labels", ys)?;
+            let idx = c.stack_scalars("indices", at)?;
             let mut out = c.finish()?;
             Ok(Batch {
                 images: out.take(images)?,
                 labels: out.take(lab)?,
+                indices: out.take(idx)?,
             })
         })?;
 
@@ -199,6 +220,7 @@ fn main() -> pinnable::Result<()> {
             // one batch in 20 back. On the host, it reduces the batch.
             if device.is_cpu() || step % 20 == 0 {
                 let host = batch.to_cpu(false)?;
+                check(&host)?;
                 checksum += host
                     .images
                     .as_slice::<f32>()?

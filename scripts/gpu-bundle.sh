@@ -91,7 +91,12 @@ fi
 if [ "$what" = all ] || [ "$what" = examples ]; then
   for e in examples/*; do run "$e"; done
   # One process a GPU again, started by the script a user would start them with.
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || gpus=1
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+  else
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  fi
+  [ "${gpus:-0}" -ge 1 ] || gpus=1
   run ./launch_ranks.sh "$gpus" examples/multi_gpu
 fi
 if [ "$what" = all ] || [ "$what" = benches ]; then
