@@ -296,7 +296,7 @@ impl DeviceBuffer {
         (slice.leak(), bytes)
     }
 
-    /// Whether another library owns this memory (a DLPack import): it is read-only here.
+    /// Whether another library owns this memory (a DLPack or candle import): it is read-only here.
     pub(crate) fn is_foreign(&self) -> bool {
         self.foreign.is_some()
     }

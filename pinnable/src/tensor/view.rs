@@ -140,7 +140,8 @@ impl Tensor {
             return Err(Error::Field {
                 path: "cuda_view_mut".into(),
                 message: "this tensor views device memory another library owns (a DLPack \
-                          import), which is read-only here; write into a copy of it instead"
+                          or candle import), which is read-only here; write into a copy of it \
+                          instead"
                     .into(),
             });
         }
