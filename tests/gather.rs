@@ -281,6 +281,17 @@ fn rows_of_a_device_dataset_are_gathered_on_the_device_and_back() {
     }
 }
 
+/// The rows a gathered batch holds, read back from its gathered labels (label `i` for row `i`).
+fn rows_named_by(labels: &Gather) -> Vec<usize> {
+    let labels = labels.tensor().unwrap().to_cpu(false).unwrap();
+    labels
+        .to_vec::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|i| i as usize)
+        .collect()
+}
+
 #[test]
 fn the_loader_gathers_batches_on_the_device_from_a_pinned_dataset() {
     let test = "the_loader_gathers_batches_on_the_device_from_a_pinned_dataset";
@@ -313,15 +324,7 @@ fn the_loader_gathers_batches_on_the_device_from_a_pinned_dataset() {
         let b = b.unwrap();
         let images_t = b.images.tensor().unwrap();
         assert_eq!(images_t.placement(), Placement::Cuda(0));
-        let rows = b
-            .labels
-            .tensor()
-            .unwrap()
-            .to_cpu(false)
-            .unwrap()
-            .to_vec::<i64>()
-            .unwrap();
-        let rows: Vec<usize> = rows.into_iter().map(|i| i as usize).collect();
+        let rows = rows_named_by(&b.labels);
         assert_eq!(
             bytes_of(&images_t.to_cpu(false).unwrap()),
             expected(&images, &rows)
@@ -409,16 +412,7 @@ fn gathering_loaders_feed_two_devices_at_once_each_its_own_shard() {
                         let (g_images, g_labels) = b.unwrap();
                         let t = g_images.tensor().unwrap();
                         assert_eq!(t.device().ordinal(), device.ordinal());
-                        let rows: Vec<usize> = g_labels
-                            .tensor()
-                            .unwrap()
-                            .to_cpu(false)
-                            .unwrap()
-                            .to_vec::<i64>()
-                            .unwrap()
-                            .into_iter()
-                            .map(|i| i as usize)
-                            .collect();
+                        let rows = rows_named_by(&g_labels);
                         assert_eq!(bytes_of(&t.to_cpu(false).unwrap()), expected(images, &rows));
                         seen.extend(rows);
                     }
