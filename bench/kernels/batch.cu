@@ -27,3 +27,19 @@ extern "C" __global__ void spin(unsigned long long ns) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     } while (now - start < ns);
 }
+
+// Keeps the SMs busy with arithmetic, `iters` rounds of four dependent chains a thread: a
+// stand-in for a training step's compute-bound kernel (launched with a few blocks per SM, it
+// leaves room on each SM as real kernels do; see `Kernels::busy`).
+extern "C" __global__ void busy(unsigned long long iters, float* out) {
+    float a = threadIdx.x * 1e-3f, b = blockIdx.x * 1e-3f, c = 0.5f, d = 0.25f;
+    for (unsigned long long i = 0; i < iters; ++i) {
+        a = fmaf(a, 0.9999f, 1e-4f);
+        b = fmaf(b, 0.9998f, 2e-4f);
+        c = fmaf(c, 0.9997f, 3e-4f);
+        d = fmaf(d, 0.9996f, 4e-4f);
+    }
+    if (a + b + c + d == -1.0f) {
+        *out = a;
+    }
+}

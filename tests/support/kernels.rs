@@ -10,6 +10,7 @@ use pinnable::Device;
 pub struct Kernels {
     read_sum: sys::CUfunction,
     spin: sys::CUfunction,
+    busy: sys::CUfunction,
 }
 
 impl Kernels {
@@ -43,6 +44,7 @@ impl Kernels {
         Some(Kernels {
             read_sum: get("read_sum")?,
             spin: get("spin")?,
+            busy: get("busy")?,
         })
     }
 
@@ -100,5 +102,36 @@ impl Kernels {
             )
         }
         .expect("launch spin");
+    }
+
+    /// Enqueues `iters` rounds of arithmetic on every thread of `blocks_per_sm` blocks of 256
+    /// threads on each of `sms` multiprocessors, on `stream`.
+    ///
+    /// # Panics
+    ///
+    /// If the launch fails (a bench failure).
+    pub fn busy(
+        &self,
+        stream: &CudaStream,
+        sms: u32,
+        blocks_per_sm: u32,
+        iters: u64,
+        out: sys::CUdeviceptr,
+    ) {
+        let (mut iters, mut out) = (iters, out);
+        let mut params: [*mut c_void; 2] = [(&raw mut iters).cast(), (&raw mut out).cast()];
+        // SAFETY: a u64 and a device address, as the kernel declares, alive during the call;
+        // the kernel writes `out` only in a case that never happens, and it is a valid f32.
+        unsafe {
+            result::launch_kernel(
+                self.busy,
+                (sms * blocks_per_sm, 1, 1),
+                (256, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .expect("launch busy");
     }
 }
