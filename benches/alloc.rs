@@ -19,6 +19,7 @@ const SIZES: [(usize, &str); 4] = [
     (256 << 20, "256 MiB"),
 ];
 
+/// The median of repeats of one allocation or free (single calls, not a stream of batches).
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]

@@ -4,6 +4,10 @@
 //!
 //! PyTorch's figures come from `$PINNABLE_BENCH_OUT/torch.txt` (`bench/torch_baseline.py`, same
 //! run). Prints a markdown table and writes it to `$PINNABLE_BENCH_OUT/batch.md`.
+//!
+//! Nothing here is a stream of batches: each figure is one call (or one step of build, move
+//! and sync, done before the next starts) repeated, so medians of repeats are fair; no repeat
+//! waits on another.
 
 use std::time::Instant;
 

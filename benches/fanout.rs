@@ -1,6 +1,9 @@
 //! One batch to two GPUs (`ToDevices`): each route against one host-to-device copy of the
 //! batch, two such copies at once (the aggregate ceiling), and two `to_device` calls one after
 //! the other. Prints a markdown table and writes it to `$PINNABLE_BENCH_OUT/fanout.md`.
+//!
+//! Each figure is one call and its sync, repeated (the median of the repeats): no stream of
+//! batches runs here.
 
 use cudarc::driver::{result, sys};
 use pinnable::{DType, Device, Pinnable, Route, Tensor, ToDevice, ToDevices};

@@ -2,7 +2,8 @@
 //! (38.5 MB), built sample by sample from a dataset whose `get` returns a zero-copy view into
 //! one large in-memory array ("views"), or allocates a fresh `Vec` per sample ("decode").
 //!
-//! On a GPU: steady-state step time and GB/s for several worker counts, against the raw pinned
+//! On a GPU: steady-state time a batch (a window of batches after the warm-up, over their
+//! number; per-step percentiles beside it) and GB/s for several worker counts, against the raw pinned
 //! ceiling (a plain `cuMemcpyHtoDAsync` of one batch from pinned memory, timed with events as
 //! `benches/transfer.rs` does) and against PyTorch's `DataLoader(pin_memory=True)` on the same
 //! workload (read from `$PINNABLE_BENCH_OUT/torch_loader.txt`, written by
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{DevicePtr, result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
-use pinnable_harness::bench::{event_time, median, torch_rows};
+use pinnable_harness::bench;
+use pinnable_harness::bench::{Throughput, event_time, median, torch_rows};
 use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
 
@@ -71,8 +73,7 @@ fn dataset(
 
 /// One run's steady-state figures.
 struct Run {
-    step: f64,
-    wait_share: f64,
+    fig: Throughput,
     peak: usize,
     bound: usize,
 }
@@ -125,8 +126,8 @@ fn run_gathered(
     })
 }
 
-/// Times one epoch of `loader` after the warm-up; `tensors` turns each batch into the
-/// tensors `consume` reads.
+/// Times one epoch of `loader` after the warm-up (throughput over the window, the consumer's
+/// wait over it); `tensors` turns each batch into the tensors `consume` reads.
 fn time_epoch<D, B>(
     loader: &Loader<D, B>,
     mut consume: impl FnMut(&Batch),
@@ -137,22 +138,13 @@ where
     B: Batcher<D::Sample> + 'static,
     B::Batch: ToDevice + 'static,
 {
-    let mut epoch = loader.epoch(0);
-    for b in epoch.by_ref().take(WARMUP) {
-        consume(&tensors(b?)?);
-    }
-    let waited = epoch.stats().waited;
-    let start = Instant::now();
-    let mut n = 0;
-    for b in epoch.by_ref() {
-        consume(&tensors(b?)?);
-        n += 1;
-    }
-    let elapsed = start.elapsed();
-    let stats = epoch.stats();
+    let bytes = BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8;
+    let (fig, stats) = bench::epoch(loader.epoch(0), WARMUP, bytes, |b| {
+        consume(&tensors(b)?);
+        Ok(())
+    })?;
     Ok(Run {
-        step: elapsed.as_secs_f64() / n.max(1) as f64,
-        wait_share: (stats.waited - waited).as_secs_f64() / elapsed.as_secs_f64(),
+        fig,
         peak: stats.pinned_peak_bytes,
         bound: stats.pinned_bound_bytes,
     })
@@ -202,22 +194,26 @@ fn main() {
     rep.line(
         "## host: collation into pinned memory (Device::cpu, the consumer only takes batches)\n",
     );
-    rep.line("| variant | workers | step | GB/s | consumer wait | pinned peak / bound |");
-    rep.line("| --- | --- | --- | --- | --- | --- |");
+    rep.line(
+        "| variant | workers | per batch (window / batches) | GB/s | consumer wait | steps | \
+         pinned peak / bound |",
+    );
+    rep.line("| --- | --- | --- | --- | --- | --- | --- |");
     for decode in [false, true] {
         for &w in &workers {
             match run(&images, decode, w, batches, &Device::cpu(), |_| {}) {
                 Ok(m) => rep.line(&format!(
-                    "| {} | {w} | {:.2} ms | {:.1} | {:.0}% | {:.0} / {:.0} MiB |",
+                    "| {} | {w} | {:.2} ms | {:.1} | {} | {} | {:.0} / {:.0} MiB |",
                     if decode { "decode" } else { "views" },
-                    m.step * 1e3,
-                    batch_bytes as f64 / m.step / 1e9,
-                    100.0 * m.wait_share,
+                    m.fig.per_batch() * 1e3,
+                    m.fig.gigabytes_per_second(),
+                    m.fig.wait(),
+                    m.fig.percentiles(),
                     mib(m.peak),
                     mib(m.bound)
                 )),
                 Err(e) => rep.line(&format!(
-                    "| {} | {w} | error: {e} | | | |",
+                    "| {} | {w} | error: {e} | | | | |",
                     if decode { "decode" } else { "views" }
                 )),
             }
@@ -261,7 +257,8 @@ fn gpu_part(
         };
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     });
-    // Ours, source already pinned: one batch moved again and again.
+    // Ours, source already pinned: one batch moved again and again, each move synced before
+    // the next (one call repeated, not a stream: the median of the repeats).
     let pinned = dataset(images, BATCH, false);
     let samples: Vec<(Tensor, i64)> = (0..BATCH).map(|i| pinned.get(i).expect("sample")).collect();
     let one: Batch = Stack
@@ -314,8 +311,11 @@ fn gpu_part(
     for (k, v) in &torch {
         rep.line(&format!("{k}: {:.3} ms per batch", v * 1e3));
     }
-    rep.line("\n| variant | workers | step | GB/s | / ceiling (≥ 0.85) | vs best torch (≥ 10×) | consumer wait | pinned peak / bound |");
-    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    rep.line(
+        "\n| variant | workers | per batch (window / batches) | GB/s | / ceiling (≥ 0.85) | \
+         vs best torch (≥ 10×) | consumer wait | steps | pinned peak / bound |",
+    );
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     // The consumer: reads the batch with a kernel ordered after its copy (the view makes the
     // compute stream wait on the ready event), then syncs, as a loop reading its loss would.
     let read = |b: &Batch, spin_ns: u64| match &kernels {
@@ -344,16 +344,20 @@ fn gpu_part(
     // One row of the table: a run's figures against the ceiling and PyTorch.
     let row = |name: &str, w: usize, m: pinnable::Result<Run>| match m {
         Ok(m) => format!(
-            "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {:.1}% | {:.0} / {:.0} MiB |",
-            m.step * 1e3,
-            batch_bytes as f64 / m.step / 1e9,
-            ceiling / m.step,
-            best_torch.map_or("—".into(), |(k, t)| format!("{:.1}× ({k})", t / m.step)),
-            100.0 * m.wait_share,
+            "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {} | {} | {:.0} / {:.0} MiB |",
+            m.fig.per_batch() * 1e3,
+            m.fig.gigabytes_per_second(),
+            ceiling / m.fig.per_batch(),
+            best_torch.map_or("—".into(), |(k, t)| format!(
+                "{:.1}× ({k})",
+                t / m.fig.per_batch()
+            )),
+            m.fig.wait(),
+            m.fig.percentiles(),
             mib(m.peak),
             mib(m.bound)
         ),
-        Err(e) => format!("| {name} | {w} | error: {e} | | | | | |"),
+        Err(e) => format!("| {name} | {w} | error: {e} | | | | | | |"),
     };
     for decode in [false, true] {
         for &w in workers {
@@ -377,6 +381,7 @@ fn gpu_part(
     // same kernels on a batch already on the device.
     let spin_ns = (2.0 * ceiling * 1e9) as u64;
     let resident = one.to_device(dev, false).expect("move");
+    // The kernel alone, run and synced 20 times: one call repeated, so the median of repeats.
     let kernel_alone = median(
         (0..20)
             .map(|_| {
@@ -391,20 +396,24 @@ fn gpu_part(
         spin_ns as f64 / 1e6,
         kernel_alone * 1e3
     ));
-    rep.line("| variant | workers | step | step / kernel (≤ 1.05) | consumer wait (≤ 2%) | pinned peak / bound |");
-    rep.line("| --- | --- | --- | --- | --- | --- |");
+    rep.line(
+        "| variant | workers | per batch (window / batches) | per batch / kernel (≤ 1.05) | \
+         consumer wait (≤ 2%) | steps | pinned peak / bound |",
+    );
+    rep.line("| --- | --- | --- | --- | --- | --- | --- |");
     for &w in workers.iter().filter(|&&w| w >= 4) {
         let batches = batches.min(100);
         match run(images, false, w, batches, dev, |b| read(b, spin_ns)) {
             Ok(m) => rep.line(&format!(
-                "| views | {w} | {:.3} ms | {:.3} | {:.2}% | {:.0} / {:.0} MiB |",
-                m.step * 1e3,
-                m.step / kernel_alone,
-                100.0 * m.wait_share,
+                "| views | {w} | {:.3} ms | {:.3} | {:.2}% | {} | {:.0} / {:.0} MiB |",
+                m.fig.per_batch() * 1e3,
+                m.fig.per_batch() / kernel_alone,
+                100.0 * m.fig.wait_share().unwrap_or(0.0),
+                m.fig.percentiles(),
                 mib(m.peak),
                 mib(m.bound)
             )),
-            Err(e) => rep.line(&format!("| views | {w} | error: {e} | | | |")),
+            Err(e) => rep.line(&format!("| views | {w} | error: {e} | | | | |")),
         }
     }
     std::thread::sleep(Duration::from_millis(10));

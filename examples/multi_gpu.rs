@@ -13,7 +13,9 @@
 //! - collated on the device: each batch is a `Gather` of the array's rows, which the copy engine
 //!   reads where they are (once). Without CUDA, the rows are gathered when the batch is read.
 //!
-//! Each prints every device's throughput and the total against one GPU fed alone. Without
+//! Each prints every device's steady-state throughput (a window of batches after a warm-up,
+//! over their number, with the consumer's wait and per-step percentiles beside it) and the
+//! total against one GPU fed alone. Without
 //! CUDA it runs both forms on the host (two "devices" that are `Device::cpu()`), smaller.
 //!
 //!     cargo run --release --example multi_gpu
@@ -25,10 +27,10 @@
 //! `PINNABLE_MULTI_GPU_COLLATE` one mode (`host` or `device`; both by default).
 
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
 use pinnable::loader::{Batcher, Collator, Dataset, Launch, Loader, LoaderBuilder, Stack};
 use pinnable::{Device, Gather, Tensor, ToDevice};
+use pinnable_harness::bench::{self, Throughput};
 
 const BATCH: usize = 64;
 const IMAGE: [usize; 3] = [3, 224, 224];
@@ -195,33 +197,26 @@ fn batch_bytes() -> usize {
     BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8
 }
 
-/// Runs one epoch of `loader`, each batch read when its copy is done; returns the batches and
-/// seconds after the warm-up.
-fn drive<D, B>(loader: &Loader<D, B>) -> pinnable::Result<(usize, f64)>
+/// Runs one epoch of `loader`, each batch read when its copy is done; the throughput over
+/// the batches after the warm-up.
+fn drive<D, B>(loader: &Loader<D, B>) -> pinnable::Result<Throughput>
 where
     D: Dataset + 'static,
     B: Batcher<D::Sample> + 'static,
     B::Batch: ToDevice + Arrived + 'static,
 {
-    let mut epoch = loader.epoch(0);
-    for b in epoch.by_ref().take(WARMUP) {
-        b?;
-    }
-    let start = Instant::now();
-    let mut n = 0;
-    for b in epoch {
-        b?.wait()?;
-        n += 1;
-    }
-    Ok((n, start.elapsed().as_secs_f64()))
+    let (fig, _) = bench::epoch(loader.epoch(0), WARMUP, batch_bytes(), |b| b.wait())?;
+    Ok(fig)
 }
 
+/// GB/s of `batches` in a window of `seconds` (a rank's figures, read from its line).
 fn gbs(batches: usize, seconds: f64) -> f64 {
     (batches * batch_bytes()) as f64 / seconds / 1e9
 }
 
 /// A process started as rank `RANK` of `WORLD_SIZE` on `cuda:LOCAL_RANK`, by this example
-/// or another launcher: one line a collation mode, `rank <rank> <batches> <seconds> (…)`.
+/// or another launcher: one line a collation mode, `rank <rank> <batches> <window seconds>
+/// (…)`.
 fn rank() -> pinnable::Result<()> {
     let launch = Launch::from_env()?;
     let s = setup(Some(&launch))?;
@@ -229,7 +224,7 @@ fn rank() -> pinnable::Result<()> {
     let len = launch.world * (WARMUP + s.batches) * BATCH;
     let (images, labels) = arrays()?;
     for mode in Collate::chosen() {
-        let (batches, secs) = match mode {
+        let fig = match mode {
             Collate::Host => drive(
                 &as_rank(
                     Loader::builder(Images {
@@ -249,11 +244,11 @@ fn rank() -> pinnable::Result<()> {
             )?,
         };
         println!(
-            "rank {r} {batches} {secs:.6} (collated on the {}; rank {r} of {} on {device}: \
-             {:.1} GB/s)",
+            "rank {r} {} {:.6} (collated on the {}; rank {r} of {} on {device}: {fig})",
+            fig.batches,
+            fig.window,
             mode.name(),
             launch.world,
-            gbs(batches, secs),
             r = launch.rank,
         );
     }
@@ -297,17 +292,16 @@ where
         .workers(s.workers)
         .device(s.devices[0].clone())
         .build(batcher.clone())?;
-    let (b1, t1) = drive(&alone)?;
-    drop(alone);
-    let one = gbs(b1, t1);
-    println!("collated on the {m}, one device alone: {b1} batches in {t1:.3} s, {one:.1} GB/s");
+    let alone = drive(&alone)?;
+    let one = alone.gigabytes_per_second();
+    println!("collated on the {m}, one device alone: {alone}");
 
     // One process, every device.
     let loaders = Loader::builder(dataset(n * (WARMUP + s.batches) * BATCH))
         .batch_size(BATCH)
         .workers(s.workers)
         .build_per_device(&s.devices, batcher)?;
-    let runs: Vec<pinnable::Result<(usize, f64)>> = std::thread::scope(|scope| {
+    let runs: Vec<pinnable::Result<Throughput>> = std::thread::scope(|scope| {
         let handles: Vec<_> = loaders
             .iter()
             .map(|l| scope.spawn(move || drive(l)))
@@ -319,12 +313,9 @@ where
     });
     let mut total = 0.0;
     for (k, run) in runs.into_iter().enumerate() {
-        let (b, t) = run?;
-        total += gbs(b, t);
-        println!(
-            "collated on the {m}, one process, device {k}: {b} batches in {t:.3} s, {:.1} GB/s",
-            gbs(b, t)
-        );
+        let fig = run?;
+        total += fig.gigabytes_per_second();
+        println!("collated on the {m}, one process, device {k}: {fig}");
     }
     println!(
         "collated on the {m}, one process, {n} devices: {total:.1} GB/s together, {:.2}× one \

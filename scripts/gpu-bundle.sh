@@ -13,7 +13,16 @@
 #   DIR/run.sh [tests|examples|benches|all] (default: all)
 #
 # PINNABLE_BUNDLE_FEATURES="ndarray dlpack" builds those features instead of all of them: without
-# `candle-cuda` each binary is a few MB (no candle kernels) and the build needs no CUDA toolchain.
+# `candle-cuda` each binary is a few MB (no candle kernels) and the build needs no CUDA toolchain
+# (with it, the build sets that toolchain up as for every feature).
+#
+# PINNABLE_BUNDLE_TARGETS builds only the targets it names, in cargo's words, for example candle's
+# bench, test and example alone (one link each of candle's kernels instead of one a binary):
+#
+#   PINNABLE_BUNDLE_FEATURES=candle-cuda \
+#   PINNABLE_BUNDLE_TARGETS="--bench candle --test candle --example candle_batch" scripts/gpu-bundle.sh
+#
+#   DIR/run.sh PROGRAM [ARGS]            # one bundled program, with the environment run.sh sets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
@@ -22,15 +31,24 @@ mkdir -p "$out/tests" "$out/benches" "$out/examples"
 
 if [ -n "${PINNABLE_BUNDLE_FEATURES+set}" ]; then
   features=(--features "$PINNABLE_BUNDLE_FEATURES")
+  case " $(echo "$PINNABLE_BUNDLE_FEATURES" | tr ',' ' ') " in
+    *" candle-cuda "*) eval "$(scripts/cuda-build-env.sh)" ;;
+  esac
 else
   features=(--all-features)
   eval "$(scripts/cuda-build-env.sh)"
 fi
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo test --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
-cargo bench --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
-cargo build "${features[@]}" --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
+if [ -n "${PINNABLE_BUNDLE_TARGETS:-}" ]; then
+  # Word splitting is wanted: the variable holds cargo's target options.
+  # shellcheck disable=SC2086
+  cargo build "${features[@]}" --profile gpu-bundle $PINNABLE_BUNDLE_TARGETS --message-format=json-render-diagnostics >"$json"
+else
+  cargo test --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
+  cargo bench --workspace "${features[@]}" --profile gpu-bundle --no-run --message-format=json-render-diagnostics >>"$json"
+  cargo build "${features[@]}" --profile gpu-bundle --examples --message-format=json-render-diagnostics >>"$json"
+fi
 
 python3 - "$json" "$out" <<'PY'
 import json, shutil, sys, os
@@ -71,6 +89,9 @@ cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the bundled binaries on a CUDA machine. A GPU test that cannot find a device fails here.
 # Bench outputs go to $PINNABLE_BENCH_OUT (default: ./bench-out).
+#
+#   ./run.sh [tests|examples|benches|all]   # default: all
+#   ./run.sh PROGRAM [ARGS]                  # one program, e.g. ./run.sh benches/candle
 set -u
 cd "$(dirname "$0")"
 export PINNABLE_REQUIRE_GPU=1
@@ -83,6 +104,16 @@ fi
 export PINNABLE_BENCH_OUT=${PINNABLE_BENCH_OUT:-$PWD/bench-out}
 mkdir -p "$PINNABLE_BENCH_OUT"
 what=${1:-all}
+case "$what" in
+  tests | examples | benches | all) ;;
+  *)
+    if [ -f "$what" ] && [ -x "$what" ]; then
+      exec "$@"
+    fi
+    echo "run.sh: '$what' is neither a bundled program nor one of tests, examples, benches, all" >&2
+    exit 2
+    ;;
+esac
 fail=0
 run() { echo "=== $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
 if [ "$what" = all ] || [ "$what" = tests ]; then

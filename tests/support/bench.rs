@@ -1,5 +1,18 @@
-//! What the benches share: medians, wall and device timers, PyTorch's figures from the same
-//! run, and a markdown table of ratios.
+//! What the benches share: the figure of a stream of batches ([`Throughput`], steady-state
+//! throughput over a window), figures from interleaved repeats ([`Spread`]), wall and device
+//! timers for single calls, PyTorch's figures from the same run, and a markdown table of
+//! ratios.
+//!
+//! Two kinds of figure, never mixed: a stream of batches (a loader, a training loop) is
+//! measured by its throughput over a window ([`Window`], [`epoch`], [`stream`]); one call
+//! repeated on its own (a copy, an allocation) by the median of its repeats ([`time`],
+//! [`event_time`], [`median`]), which is fair there because no repeat waits for another.
+
+mod repeats;
+mod throughput;
+
+pub use repeats::Spread;
+pub use throughput::{Throughput, Window, epoch, stream};
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -23,7 +36,8 @@ pub fn batch_64x1mib(r: &mut impl Rng) -> HashMap<String, Tensor> {
     batch
 }
 
-/// The median of `v` (the upper one for an even count).
+/// The median of `v` (the upper one for an even count): for repeats of one call, never for the
+/// steps of a stream (see [`Throughput`]).
 ///
 /// # Panics
 ///
@@ -33,7 +47,8 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median wall time of `f` in seconds over `iters` runs after `warmup` runs.
+/// Median wall time of `f` in seconds over `iters` runs after `warmup` runs: for one call
+/// repeated, each run complete before the next (a copy and its sync), never for a stream.
 pub fn time(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..warmup {
         f();

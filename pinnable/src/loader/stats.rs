@@ -123,6 +123,13 @@ impl Counters {
 /// the consumer's own: time spent in `next()` with no batch ready, i.e. the time the training
 /// step was starved of data.
 ///
+/// The rates are over the whole epoch from its start, the pipeline's fill (its first blocks
+/// and batches) included. For the steady state, read `waited` at the start and end of a window
+/// of batches after a warm-up: the window's time over its batches is the throughput, and the
+/// difference in `waited` the consumer's wait over it. `bytes` counts what the workers collated
+/// into pinned blocks: a batch of [`Gather`](crate::Gather)s, stacked by the copy engine on the
+/// device, collates nothing and adds none.
+///
 /// # Examples
 ///
 /// ```
@@ -137,7 +144,7 @@ impl Counters {
 /// let stats = loader.stats().unwrap();
 /// assert_eq!((stats.batches, stats.samples), (3, 12));
 /// assert!(stats.pinned_peak_bytes <= stats.pinned_bound_bytes);
-/// println!("{stats}"); // waited / load / collate / transfer / batches/s / GB/s / pinned held
+/// println!("{stats}"); // batches/s, GB/s collated / waited / load / collate / transfer / pinned held
 /// # Ok::<(), pinnable::Error>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -198,7 +205,7 @@ impl fmt::Display for EpochStats {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         writeln!(
             f,
-            "batches      {} ({} samples) in {:.1} ms: {:.1} batches/s, {:.2} GB/s",
+            "batches      {} ({} samples) in {:.1} ms: {:.1} batches/s, {:.2} GB/s collated",
             self.batches,
             self.samples,
             ms(self.elapsed),
