@@ -371,7 +371,7 @@ where
 impl<F, G, I, S> LoaderBuilder<IterSource<F, G>>
 where
     F: Fn(u64) -> I + Send + Sync + 'static,
-    G: Seekable<I> + 'static,
+    G: Seekable<S> + 'static,
     I: Iterator<Item = Result<S>> + Send + 'static,
     S: Send + 'static,
 {

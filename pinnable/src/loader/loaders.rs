@@ -358,7 +358,7 @@ where
     S: Send + 'static,
     B: Batcher<S> + 'static,
     B::Batch: ToDevice + 'static,
-    G: Seekable<I> + 'static,
+    G: Seekable<S> + 'static,
 {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
@@ -394,18 +394,24 @@ where
         let skip = first
             .saturating_mul(self.batch_size as u64)
             .saturating_mul(world as u64);
-        // A position past batch 0 is only taken by a source that can seek (checked when given).
-        let stream = match skip {
-            0 => Some(self.source.open(epoch)),
-            _ => self.source.seek(epoch, skip),
-        };
-        let jobs: Jobs<S> = match stream {
-            Some(stream) => Box::new(Chunks {
-                items: shard_stream(stream, skip as usize, rank, world),
-                batch_size: self.batch_size,
-                drop_last: self.drop_last,
-            }),
-            None => Box::new(std::iter::empty()),
+        let (batch_size, drop_last) = (self.batch_size, self.drop_last);
+        let jobs: Jobs<S> = if skip == 0 {
+            Box::new(Chunks {
+                items: shard_stream(self.source.open(epoch), 0, rank, world),
+                batch_size,
+                drop_last,
+            })
+        } else {
+            // A position past batch 0 is only taken by a source that can seek (checked when
+            // given), so `seek` gives a stream.
+            match self.source.seek(epoch, skip) {
+                Some(stream) => Box::new(Chunks {
+                    items: shard_stream(stream, skip as usize, rank, world),
+                    batch_size,
+                    drop_last,
+                }),
+                None => Box::new(std::iter::empty()),
+            }
         };
         let spec = self.run.spec(jobs, None, self.batcher.clone());
         let progress = Progress::new(self.position_at(epoch, first), None);
@@ -480,7 +486,7 @@ where
     S: Send + 'static,
     B: Batcher<S> + 'static,
     B::Batch: ToDevice + 'static,
-    G: Seekable<I> + 'static,
+    G: Seekable<S> + 'static,
 {
     type Item = Result<B::Batch>;
     type IntoIter = StreamEpoch<B::Batch>;

@@ -94,6 +94,7 @@ pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+pub mod tokens;
 
 pub use batcher::{Batcher, Stack};
 pub use builder::LoaderBuilder;
@@ -107,3 +108,7 @@ pub use position::Position;
 pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
 pub use stream::{IterSource, NotSeekable, Seekable};
+pub use tokens::{
+    Residency, Shard, ShardFormat, ShardOptions, TokenBatch, TokenBatcher, TokenShards,
+    TokenWindows, Window,
+};

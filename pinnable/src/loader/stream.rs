@@ -66,12 +66,11 @@ impl<F> IterSource<F> {
     /// let sought: Vec<u64> = source.seek(1, 7).unwrap().map(|s| s.unwrap()).collect();
     /// assert_eq!(sought, rest);
     /// ```
-    pub fn seekable<G, I, S>(self, seek: G) -> IterSource<F, G>
+    pub fn seekable<G, J, S>(self, seek: G) -> IterSource<F, G>
     where
-        F: Fn(u64) -> I + Send + Sync,
-        G: Fn(u64, u64) -> I + Send + Sync,
-        I: Iterator<Item = Result<S>> + Send,
-        S: Send,
+        G: Fn(u64, u64) -> J + Send + Sync,
+        J: Iterator<Item = Result<S>> + Send + 'static,
+        S: Send + 'static,
     {
         IterSource {
             open: self.open,
@@ -94,17 +93,17 @@ impl<F, G> IterSource<F, G> {
 
 impl<F, G> IterSource<F, G> {
     /// The stream of epoch `epoch` from its item `item` on, if the source can seek.
-    pub fn seek<I>(&self, epoch: u64, item: u64) -> Option<I>
+    pub fn seek<S>(&self, epoch: u64, item: u64) -> Option<G::Stream>
     where
-        G: Seekable<I>,
+        G: Seekable<S>,
     {
         self.seek.seek(epoch, item)
     }
 
     /// Whether the source can start a stream part-way through.
-    pub fn can_seek<I>(&self) -> bool
+    pub fn can_seek<S>(&self) -> bool
     where
-        G: Seekable<I>,
+        G: Seekable<S>,
     {
         self.seek.can_seek()
     }
@@ -120,10 +119,13 @@ impl<F, G> std::fmt::Debug for IterSource<F, G> {
 /// resumes mid-epoch without reading what came before: implemented by closures
 /// `Fn(epoch, item) -> stream` (see [`IterSource::seekable`]) and by [`NotSeekable`], the
 /// source that cannot.
-pub trait Seekable<I>: Send + Sync {
+pub trait Seekable<S>: Send + Sync {
+    /// The stream a seek gives: items of type `S`, or errors.
+    type Stream: Iterator<Item = Result<S>> + Send + 'static;
+
     /// The stream of epoch `epoch` from its item `item` on (counting from 0, before the
     /// stream is cut into ranks' parts), or `None` if this source cannot start mid-stream.
-    fn seek(&self, epoch: u64, item: u64) -> Option<I>;
+    fn seek(&self, epoch: u64, item: u64) -> Option<Self::Stream>;
 
     /// Whether [`seek`](Self::seek) gives streams.
     fn can_seek(&self) -> bool;
@@ -134,8 +136,10 @@ pub trait Seekable<I>: Send + Sync {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NotSeekable;
 
-impl<I> Seekable<I> for NotSeekable {
-    fn seek(&self, _epoch: u64, _item: u64) -> Option<I> {
+impl<S: 'static> Seekable<S> for NotSeekable {
+    type Stream = std::iter::Empty<Result<S>>;
+
+    fn seek(&self, _epoch: u64, _item: u64) -> Option<Self::Stream> {
         None
     }
 
@@ -144,11 +148,14 @@ impl<I> Seekable<I> for NotSeekable {
     }
 }
 
-impl<I, G> Seekable<I> for G
+impl<S, J, G> Seekable<S> for G
 where
-    G: Fn(u64, u64) -> I + Send + Sync,
+    G: Fn(u64, u64) -> J + Send + Sync,
+    J: Iterator<Item = Result<S>> + Send + 'static,
 {
-    fn seek(&self, epoch: u64, item: u64) -> Option<I> {
+    type Stream = J;
+
+    fn seek(&self, epoch: u64, item: u64) -> Option<J> {
         Some(self(epoch, item))
     }
 
