@@ -398,21 +398,6 @@ where
                     .into(),
             });
         }
-        if let Some(p) = &self.resume
-            && p.batch() > 0
-            && !self.source.can_seek()
-        {
-            return Err(Error::Config {
-                setting: "resume",
-                problem: format!(
-                    "the position is batch {} of epoch {}, and this stream cannot start \
-                     mid-epoch; give its IterSource a way there with `.seekable(|epoch, item| \
-                     ...)`, or resume at the start of an epoch",
-                    p.batch(),
-                    p.epoch()
-                ),
-            });
-        }
         let pool = self.pool_or_own();
         let loader = StreamLoader::from_parts(
             Arc::new(self.source),
@@ -425,11 +410,23 @@ where
             self.device,
             pool,
         );
-        if let Some(p) = &self.resume {
-            p.check_settings(&loader.position_at(0, 0))?;
-            return Ok(loader.resume_at(p));
+        let Some(p) = &self.resume else {
+            return Ok(loader);
+        };
+        p.check_settings(&loader.position_at(0, 0))?;
+        if p.batch() > 0 && !loader.can_seek() {
+            return Err(Error::Config {
+                setting: "resume",
+                problem: format!(
+                    "the position is batch {} of epoch {}, and this stream cannot start \
+                     mid-epoch; give its IterSource a way there with `.seekable(|epoch, item| \
+                     ...)`, or resume at the start of an epoch",
+                    p.batch(),
+                    p.epoch()
+                ),
+            });
         }
-        Ok(loader)
+        Ok(loader.resume_at(p))
     }
 
     /// The loader over a stream, batching with the closure `batch(samples, collator)`.

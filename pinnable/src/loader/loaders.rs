@@ -420,6 +420,11 @@ where
         e
     }
 
+    /// Whether the source can start a stream mid-epoch.
+    pub(crate) fn can_seek(&self) -> bool {
+        self.source.can_seek::<S>()
+    }
+
     /// Runs epoch [`next_epoch`](Self::next_epoch) and advances it: what `for batch in
     /// &loader` does.
     pub fn iter(&self) -> StreamEpoch<B::Batch> {
