@@ -12,10 +12,9 @@ use pinnable::loader::{
 use pinnable::{DType, Error, Tensor};
 use pinnable_harness::rng;
 use pinnable_harness::tokens::{
-    FORMATS, Reference, TempDir, random_tokens, shard_file, token_bytes, write,
+    FORMATS, Reference, TempDir, random_shards, random_tokens, shard_file, token_bytes, write,
 };
 use rand::Rng;
-use rand::rngs::SmallRng;
 
 /// Pinned shards and batches come from page-locked memory, which `ulimit -l` bounds on a
 /// machine without CUDA: one test at a time.
@@ -33,45 +32,6 @@ fn open(
     let options = TokenShards::options().format(format).residency(residency);
     // SAFETY: the tests write their shards before opening them, and never while they are open.
     unsafe { options.open(paths) }
-}
-
-/// 1 to 4 shards of random tokens (some too short for a window, some empty), at least one
-/// holding a window of `context + 1`.
-fn random_shards(
-    r: &mut SmallRng,
-    dir: &TempDir,
-    format: ShardFormat,
-    dtype: DType,
-    context: usize,
-    vocab: u32,
-) -> (Vec<PathBuf>, Reference) {
-    let n = r.random_range(1..=4);
-    let mut shards: Vec<Vec<u32>> = (0..n)
-        .map(|_| {
-            let len = match r.random_range(0..6) {
-                0 => 0,
-                1 => r.random_range(0..=context + 1),
-                _ => r.random_range(context + 1..context * 12 + 2),
-            };
-            random_tokens(r, len, vocab)
-        })
-        .collect();
-    let k = r.random_range(0..n);
-    if shards[k].len() <= context {
-        shards[k] = random_tokens(r, context * 5 + 3, vocab);
-    }
-    let paths = shards
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            write(
-                dir.path(),
-                &format!("shard{i}.bin"),
-                &shard_file(format, dtype, t),
-            )
-        })
-        .collect();
-    (paths, Reference { shards, context })
 }
 
 fn as_i64(t: &Tensor) -> Vec<i64> {
@@ -112,7 +72,7 @@ fn batches_equal_the_reference_in_every_format_residency_and_dtype() {
             };
             let context = r.random_range(1..40);
             let (paths, reference) =
-                random_shards(&mut r, &dir, format, token_type, context, vocab);
+                random_shards(&mut r, dir.path(), format, token_type, context, vocab);
             let auto = if r.random_bool(0.5) {
                 format
             } else {
@@ -380,7 +340,7 @@ fn ranks_get_disjoint_windows_that_cover_the_epoch() {
     let context = r.random_range(4..16);
     let (paths, reference) = random_shards(
         &mut r,
-        &dir,
+        dir.path(),
         ShardFormat::LlmC,
         DType::U16,
         context,

@@ -117,6 +117,39 @@ pub fn random_tokens(r: &mut impl Rng, n: usize, vocab: u32) -> Vec<u32> {
     (0..n).map(|_| r.random_range(0..vocab)).collect()
 }
 
+/// 1 to 4 shards of random tokens (some too short for a window, some empty), at least one
+/// holding a window of `context + 1`.
+pub fn random_shards(
+    r: &mut impl Rng,
+    dir: &Path,
+    format: ShardFormat,
+    dtype: DType,
+    context: usize,
+    vocab: u32,
+) -> (Vec<PathBuf>, Reference) {
+    let n = r.random_range(1..=4);
+    let mut shards: Vec<Vec<u32>> = (0..n)
+        .map(|_| {
+            let len = match r.random_range(0..6) {
+                0 => 0,
+                1 => r.random_range(0..=context + 1),
+                _ => r.random_range(context + 1..context * 12 + 2),
+            };
+            random_tokens(r, len, vocab)
+        })
+        .collect();
+    let k = r.random_range(0..n);
+    if shards[k].len() <= context {
+        shards[k] = random_tokens(r, context * 5 + 3, vocab);
+    }
+    let paths = shards
+        .iter()
+        .enumerate()
+        .map(|(i, t)| write(dir, &format!("shard{i}.bin"), &shard_file(format, dtype, t)))
+        .collect();
+    (paths, Reference { shards, context })
+}
+
 /// Shards' tokens as written, and the windows of `context + 1` tokens a loader must cut.
 #[derive(Clone, Debug)]
 pub struct Reference {
