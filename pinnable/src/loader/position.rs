@@ -478,6 +478,9 @@ mod tests {
     use super::*;
     use crate::loader::sampler::SplitMix64;
 
+    /// Rounds of random input (fewer under Miri, which runs each far slower).
+    const ROUNDS: usize = if cfg!(miri) { 200 } else { 20_000 };
+
     fn random(r: &mut SplitMix64) -> Position {
         let world = 1 + r.below(64);
         Position {
@@ -495,7 +498,7 @@ mod tests {
     #[test]
     fn both_forms_round_trip() {
         let mut r = SplitMix64::new(0x5EED);
-        for _ in 0..1000 {
+        for _ in 0..ROUNDS / 20 {
             let p = random(&mut r);
             assert_eq!(Position::from_bytes(&p.to_bytes()).unwrap(), p);
             assert_eq!(p.to_string().parse::<Position>().unwrap(), p, "{p}");
@@ -506,7 +509,7 @@ mod tests {
     fn hostile_bytes_and_strings_are_errors_not_panics() {
         let mut r = SplitMix64::new(0xBAD);
         let good = random(&mut r).to_bytes();
-        for _ in 0..20_000 {
+        for _ in 0..ROUNDS {
             let mut b = good.clone();
             match r.below(3) {
                 0 => {
@@ -521,7 +524,7 @@ mod tests {
             }
         }
         let text = random(&mut r).to_string();
-        for _ in 0..20_000 {
+        for _ in 0..ROUNDS {
             let mut s: Vec<char> = text.chars().collect();
             let i = r.below(s.len() as u64) as usize;
             match r.below(3) {
