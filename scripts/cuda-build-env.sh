@@ -9,19 +9,24 @@
 #
 #   eval "$(scripts/cuda-build-env.sh [DIR])"       # DIR defaults to target/cuda-toolchain
 #
+# It also installs NVRTC 12.0, which `scripts/ptx.sh` builds the crate's own kernels with: PTX
+# from CUDA 12.0 (ISA 8.0) loads on every CUDA 12 and 13 driver, where CUDA 13's nvcc emits PTX
+# that 12.x drivers refuse.
+#
 # It prints the exports: PATH (nvcc), CUDA_ROOT and CUDA_HOME, CUDA_COMPUTE_CAP (no GPU here to
-# detect it; 90 builds for Hopper) and LD_LIBRARY_PATH (the libraries, for running tests here).
+# detect it; 90 builds for Hopper), LD_LIBRARY_PATH (the libraries, for running tests here) and
+# PINNABLE_NVRTC12 (NVRTC 12.0's library, for scripts/ptx.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(mkdir -p "${1:-target/cuda-toolchain}" && cd "${1:-target/cuda-toolchain}" && pwd)
 py=$dir/venv/bin/python3
-if ! "$py" -c 'import nvidia' 2>/dev/null || [ ! -e "$dir/ok" ]; then
+if ! "$py" -c 'import nvidia' 2>/dev/null || [ ! -e "$dir/ok-2" ]; then
   python3 -m venv "$dir/venv" >&2
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check >&2 \
     "nvidia-cuda-nvcc==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-nvvm==13.0.88" \
     "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-nvrtc==13.0.88" \
-    "nvidia-cublas==13.0.2.14" "nvidia-curand==10.4.0.35"
-  touch "$dir/ok"
+    "nvidia-cublas==13.0.2.14" "nvidia-curand==10.4.0.35" "nvidia-cuda-nvrtc-cu12==12.0.76"
+  touch "$dir/ok-2"
 fi
 root=$("$py" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
 lib=$root/lib
@@ -43,4 +48,6 @@ if [ ! -f "$stubs/libcuda.so.1" ]; then
   ln -sf libcuda.so.1 "$stubs/libcuda.so"
 fi
 echo "export PATH=\"$root/bin:\$PATH\" CUDA_ROOT=\"$root\" CUDA_HOME=\"$root\" CUDA_COMPUTE_CAP=\"\${CUDA_COMPUTE_CAP:-90}\""
+nvrtc12=$("$py" -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(nvidia.cuda_nvrtc.__path__[0], "lib", "libnvrtc.so.12"))')
+echo "export PINNABLE_NVRTC12=\"$nvrtc12\""
 echo "export LD_LIBRARY_PATH=\"$lib:$stubs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\""

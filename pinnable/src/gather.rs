@@ -6,6 +6,13 @@
 //! copy's read) instead of three times (read from the dataset, written into a pinned batch,
 //! read by the copy), which is what keeps several GPUs fed when host memory is the limit.
 //!
+//! Pieces of any size are gathered at the link's speed: small ones by the gather kernels, which
+//! read pinned memory through its device mapping (one launch for the whole batch), large ones by
+//! the copy engine, one copy each (see [`GatherRoute`]). Pieces are whole rows of a tensor
+//! ([`Gather::rows`]) or windows of a 1-D array ([`Gather::windows`]: token windows at arbitrary
+//! offsets), and their elements may be converted on the way ([`Gather::convert`]): u8 pixels
+//! and u16 tokens cross the link, f32 and i64 are made on the device.
+//!
 //! A `Gather` is a field of a batch like a [`Tensor`]: [`ToDevice`] turns it into the stacked
 //! tensor on the target, [`Pinnable`] into a pinned one (rows of a pinned source stay where
 //! they are: they are pinned already), and [`Gather::tensor`] gives the stacked tensor.
@@ -15,21 +22,22 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::alloc::PinnedPool;
+use crate::convert::Convert;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::{Placement, Tensor};
 use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, ToDevice};
 
-/// Rows of a source tensor (along its first dimension), to be stacked into one contiguous
-/// `[rows, ...]` tensor by the move that carries them.
+/// Pieces of a source tensor — rows along its first dimension, or windows of a 1-D array — to
+/// be stacked into one contiguous tensor by the move that carries them, converted on the way
+/// if asked.
 ///
-/// Moved to a CUDA device, the rows land in the batch's one device allocation. Runs of
-/// consecutive rows from a registered pinned source or from device memory are copied straight
-/// from it, one copy a run, when they are large enough ([`GatherRoute`]); smaller runs and
-/// pageable sources are gathered by the copy threads into pinned staging first, like any
-/// pageable tensor. Moved to the host, a host source's gather stays pending (there is nothing
-/// to copy yet).
+/// Moved to a CUDA device, the pieces land in the batch's one device allocation. From pinned
+/// memory (or the device) they are read where they lie: small ones by the gather kernels on the
+/// SMs, large ones by the copy engine ([`GatherRoute`]); from pageable memory (a memory-mapped
+/// file) the copy threads gather them into pinned staging first. Moved to the host, a host
+/// source's gather stays pending (there is nothing to copy yet).
 ///
 /// # Examples
 ///
@@ -61,12 +69,14 @@ pub struct Gather {
 
 #[derive(Clone)]
 enum State {
-    /// Not gathered yet: runs of consecutive rows of `source`, in order.
+    /// Not gathered yet: runs of consecutive indices of `source`'s first dimension, in order,
+    /// stacked into `shape` (of the source's dtype), then converted by `convert`.
     Pending {
         source: Tensor,
         runs: Arc<[Range<usize>]>,
-        rows: usize,
+        shape: Arc<[usize]>,
         route: GatherRoute,
+        convert: Option<Convert>,
     },
     /// Gathered.
     Stacked(Tensor),
@@ -83,48 +93,88 @@ impl Gather {
         let Some(&len) = source.shape().first() else {
             return Err(Error::Shape("a rank-0 tensor has no rows to gather".into()));
         };
-        let row_bytes = source.shape()[1..]
-            .iter()
-            .try_fold(source.dtype().size(), |b, &d| b.checked_mul(d));
-        let too_large = |rows: usize| {
-            Error::Shape(format!(
-                "{rows} rows of {:?} {} do not fit in memory",
-                &source.shape()[1..],
-                source.dtype()
-            ))
+        let (runs, count) = runs_of(source, rows.into_iter().map(|r| (r, 1)), len, "row")?;
+        let mut shape = source.shape().to_vec();
+        shape[0] = count;
+        Ok(Gather::pending(source, runs, shape))
+    }
+
+    /// Windows of `len` consecutive elements of a 1-D `source`, one starting at each of
+    /// `starts` (in any order, overlapping or not), stacked into a `[starts, len]` tensor: the
+    /// token windows of a language model's batch.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a source that is not 1-D, a window that runs past its end, or more
+    /// elements than fit in memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::{Gather, Tensor};
+    ///
+    /// let tokens = Tensor::pinned_from_fn(&[1000], |i| i as u16)?;
+    /// let x = Gather::windows(&tokens, [3, 500, 17], 4)?;
+    /// assert_eq!(x.shape(), vec![3, 4]);
+    /// assert_eq!(x.tensor()?.to_vec::<u16>()?, vec![3, 4, 5, 6, 500, 501, 502, 503, 17, 18, 19, 20]);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn windows(
+        source: &Tensor,
+        starts: impl IntoIterator<Item = usize>,
+        len: usize,
+    ) -> Result<Gather> {
+        let &[n] = source.shape() else {
+            return Err(Error::Shape(format!(
+                "windows are taken from a 1-D tensor; this one has shape {:?} (reshape it to \
+                 [{}] first)",
+                source.shape(),
+                source.numel()
+            )));
         };
-        let row_bytes = row_bytes.ok_or_else(|| too_large(1))?;
-        let mut runs: Vec<Range<usize>> = Vec::new();
-        let mut count: usize = 0;
-        for r in rows {
-            if r >= len {
-                return Err(Error::Shape(format!(
-                    "row {r} is out of range for a source of {len} rows"
-                )));
-            }
-            count += 1;
-            if count
-                .checked_mul(row_bytes)
-                .is_none_or(|b| b > isize::MAX as usize)
-            {
-                return Err(too_large(count));
-            }
-            match runs.last_mut() {
-                Some(last) if last.end == r => last.end += 1,
-                _ => runs.push(r..r + 1),
-            }
-        }
-        Ok(Gather {
+        let (runs, count) = runs_of(source, starts.into_iter().map(|s| (s, len)), n, "window")?;
+        Ok(Gather::pending(source, runs, vec![count, len]))
+    }
+
+    fn pending(source: &Tensor, runs: Vec<Range<usize>>, shape: Vec<usize>) -> Gather {
+        Gather {
             state: State::Pending {
                 source: source.clone(),
                 runs: runs.into(),
-                rows: count,
+                shape: shape.into(),
                 route: GatherRoute::Auto,
+                convert: None,
             },
-        })
+        }
     }
 
-    /// Chooses how a move to a CUDA device gathers the rows (by default
+    /// Converts every element on the way (see [`Convert`]): on the GPU, by the gather kernels,
+    /// for moves to a CUDA device, so only the compact elements cross the link; on the host
+    /// otherwise, with the same values.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the conversion does not take the source's dtype, its channels do
+    /// not match the stacked shape, or the gather is already stacked (convert before moving).
+    pub fn convert(mut self, to: Convert) -> Result<Gather> {
+        let State::Pending {
+            source,
+            shape,
+            convert,
+            ..
+        } = &mut self.state
+        else {
+            return Err(Error::Config {
+                setting: "convert",
+                problem: "this gather is already stacked; convert it before moving it".into(),
+            });
+        };
+        to.resolve(source.dtype(), shape)?;
+        *convert = Some(to);
+        Ok(self)
+    }
+
+    /// Chooses how a move to a CUDA device gathers the pieces (by default
     /// [`GatherRoute::Auto`]); no effect once stacked.
     #[must_use]
     pub fn route(mut self, route: GatherRoute) -> Gather {
@@ -137,18 +187,17 @@ impl Gather {
     /// The shape of the stacked tensor: `[rows, ...]`.
     pub fn shape(&self) -> Vec<usize> {
         match &self.state {
-            State::Pending { source, rows, .. } => {
-                let mut shape = source.shape().to_vec();
-                shape[0] = *rows;
-                shape
-            }
+            State::Pending { shape, .. } => shape.to_vec(),
             State::Stacked(t) => t.shape().to_vec(),
         }
     }
 
-    /// The element type.
+    /// The element type of the stacked tensor (the conversion's output, if any).
     pub fn dtype(&self) -> DType {
         match &self.state {
+            State::Pending {
+                convert: Some(c), ..
+            } => c.output(),
             State::Pending { source, .. } | State::Stacked(source) => source.dtype(),
         }
     }
@@ -160,20 +209,20 @@ impl Gather {
         }
     }
 
-    /// How many rows (1 for a rank-0 tensor given as already stacked).
+    /// How many rows or windows (1 for a rank-0 tensor given as already stacked).
     pub fn len(&self) -> usize {
         match &self.state {
-            State::Pending { rows, .. } => *rows,
+            State::Pending { shape, .. } => shape[0],
             State::Stacked(t) => t.shape().first().copied().unwrap_or(1),
         }
     }
 
-    /// Whether there are no rows.
+    /// Whether there are no rows or windows.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Whether the rows are still in their source, not gathered yet.
+    /// Whether the pieces are still in their source, not gathered yet.
     pub fn is_pending(&self) -> bool {
         matches!(self.state, State::Pending { .. })
     }
@@ -188,11 +237,12 @@ impl Gather {
     pub fn tensor(&self) -> Result<Tensor> {
         match &self.state {
             State::Stacked(t) => Ok(t.clone()),
-            State::Pending { source, .. } if source.placement().is_host() => {
-                let parts = self.parts();
-                let shape = self.shape();
+            State::Pending {
+                source, convert, ..
+            } if source.placement().is_host() => {
+                let (parts, shape) = (self.parts(), self.shape());
                 PinContext::run(PinnedPool::global(), |cx| {
-                    cx.pin_stacked(source, &parts, &shape)
+                    cx.pin_stacked(source, &parts, &shape, convert.as_ref())
                 })
             }
             State::Pending { source, .. } => self.to_device(&source.device(), false)?.tensor(),
@@ -212,7 +262,7 @@ impl Gather {
     }
 
     /// Views of the source, one per run, in order (empty once stacked).
-    fn parts(&self) -> Vec<Tensor> {
+    pub(crate) fn parts(&self) -> Vec<Tensor> {
         let State::Pending { source, runs, .. } = &self.state else {
             return Vec::new();
         };
@@ -226,21 +276,28 @@ impl Gather {
     }
 }
 
-/// How a move to a CUDA device gathers rows from a registered pinned source. (Device sources
-/// are always copied straight; pageable ones always gathered on the host first.)
+/// How a move to a CUDA device gathers pieces of a pinned source. (Device sources are read in
+/// place; pageable ones are always gathered on the host first.)
+///
+/// Whatever the route, a move never fails for want of the gather kernels (an old driver, a JIT
+/// failure, `PINNABLE_GATHER_KERNELS=0`): it takes the copy engine and host staging instead,
+/// and [`cuda::gather_kernels`](crate::cuda::gather_kernels) says why.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GatherRoute {
-    /// Straight from the source when its runs of consecutive rows hold at least 256 KiB on
-    /// average, else on the host: each copy costs the copy engine time of its own, and below
-    /// that size one move is faster gathered on the host. When several GPUs
-    /// share the host's memory, [`Direct`](Self::Direct) may win at smaller rows: it reads
-    /// each byte once where the host route moves it three times.
+    /// Each run of consecutive pieces read where it lies: by the gather kernels below 512 KiB,
+    /// by the copy engine (one copy) from 512 KiB up, where it is as fast and leaves the SMs to
+    /// the training step. Without the kernels: the copy engine for runs of at least 256 KiB on
+    /// average, host staging below.
     #[default]
     Auto,
-    /// One device copy a run, straight from the source: host memory is read once.
+    /// One copy-engine copy a run, straight from the source: host memory is read once and no SM
+    /// is used, but each copy costs the copy engine microseconds of its own. (Conversions, which
+    /// the copy engine cannot make, run on the SMs.)
     Direct,
-    /// Gathered into pinned staging by the copy threads, then sent in a few large copies: fewer
-    /// copies for small rows, but each byte crosses host memory three times.
+    /// Every run read in place by the gather kernels, whatever its size.
+    Kernel,
+    /// Gathered into pinned staging by the copy threads, then sent in a few large copies: each
+    /// byte crosses host memory three times.
     Host,
 }
 
@@ -255,28 +312,37 @@ impl From<Tensor> for Gather {
 
 impl ToDevice for Gather {
     fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self> {
-        let (source, route) = match &self.state {
+        let (source, route, convert) = match &self.state {
             State::Stacked(t) => return Ok(Gather::from(cx.move_tensor(t)?)),
-            State::Pending { source, route, .. } => (source, *route),
+            State::Pending {
+                source,
+                route,
+                convert,
+                ..
+            } => (source, *route, convert.as_ref()),
         };
         if cx.device().ordinal().is_none() && source.placement().is_host() {
             return Ok(self.clone());
         }
-        let moved = cx.move_stacked(source, &self.parts(), &self.shape(), route)?;
+        let moved = cx.move_stacked(source, &self.parts(), &self.shape(), route, convert)?;
         Ok(Gather::from(moved))
     }
 }
 
 impl Pinnable for Gather {
+    /// Pinned: the stacked (and converted) tensor in the batch's block; a pinned source without
+    /// a conversion stays pending (its pieces are pinned already).
     fn pin_with(&self, cx: &mut PinContext<'_>) -> Result<Self> {
-        let source = match &self.state {
+        let (source, convert) = match &self.state {
             State::Stacked(t) => return Ok(Gather::from(cx.pin_tensor(t)?)),
-            State::Pending { source, .. } => source,
+            State::Pending {
+                source, convert, ..
+            } => (source, convert.as_ref()),
         };
-        if source.is_pinned() {
+        if source.is_pinned() && convert.is_none() {
             return Ok(self.clone());
         }
-        let pinned = cx.pin_stacked(source, &self.parts(), &self.shape())?;
+        let pinned = cx.pin_stacked(source, &self.parts(), &self.shape(), convert)?;
         Ok(Gather::from(pinned))
     }
 }
@@ -284,20 +350,85 @@ impl Pinnable for Gather {
 impl fmt::Debug for Gather {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.state {
-            State::Pending { source, runs, .. } => write!(
-                f,
-                "Gather({} {:?} from {} in {} runs, pending)",
-                source.dtype(),
-                self.shape(),
-                source.placement(),
-                runs.len()
-            ),
+            State::Pending {
+                source,
+                runs,
+                convert,
+                ..
+            } => {
+                write!(
+                    f,
+                    "Gather({} {:?} from {} in {} runs",
+                    source.dtype(),
+                    self.shape(),
+                    source.placement(),
+                    runs.len()
+                )?;
+                if let Some(c) = convert {
+                    write!(f, ", then {c:?}")?;
+                }
+                f.write_str(", pending)")
+            }
             State::Stacked(t) => write!(f, "Gather({t:?})"),
         }
     }
 }
 
+/// Runs of consecutive indices of `source`'s first dimension covering `pieces` (each a start
+/// and a length), merged where one piece starts where the last ended, and their count.
+fn runs_of(
+    source: &Tensor,
+    pieces: impl Iterator<Item = (usize, usize)>,
+    len: usize,
+    what: &str,
+) -> Result<(Vec<Range<usize>>, usize)> {
+    let unit_bytes = source.shape()[1..]
+        .iter()
+        .try_fold(source.dtype().size(), |b, &d| b.checked_mul(d));
+    let too_large = |units: usize| {
+        Error::Shape(format!(
+            "{units} {what}s of {:?} {} do not fit in memory",
+            &source.shape()[1..],
+            source.dtype()
+        ))
+    };
+    let unit_bytes = unit_bytes.ok_or_else(|| too_large(1))?;
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    let mut count: usize = 0;
+    let mut units: usize = 0;
+    for (start, n) in pieces {
+        let end = start.checked_add(n).filter(|&e| e <= len);
+        let Some(end) = end else {
+            return Err(Error::Shape(if what == "row" {
+                format!("row {start} is out of range for a source of {len} rows")
+            } else {
+                format!(
+                    "the {what} of {n} elements from {start} runs past the end of a source of \
+                     {len}"
+                )
+            }));
+        };
+        count += 1;
+        units = units.saturating_add(n);
+        if units
+            .checked_mul(unit_bytes)
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
+            return Err(too_large(count));
+        }
+        match runs.last_mut() {
+            Some(last) if last.end == start && n > 0 => last.end = end,
+            _ => runs.push(start..end),
+        }
+    }
+    Ok((runs, count))
+}
+
 const _: () = assert!(
     GATHER_DIRECT_MIN == 256 << 10,
+    "GatherRoute::Auto's docs name it"
+);
+const _: () = assert!(
+    crate::transfer::SM_MAX_PIECE == 512 << 10,
     "GatherRoute::Auto's docs name it"
 );

@@ -44,8 +44,9 @@
 //!   moved to the device by worker threads out;
 //! - [`cuda`]: driver availability, devices, copy streams and events;
 //! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
-//! - [`Gather`]: rows of a pinned (or device) dataset, stacked on the device by the copy
-//!   engine, with no collation on the host;
+//! - [`Gather`]: rows or windows of a pinned (or device) dataset, stacked on the device by the
+//!   gather kernels or the copy engine, with no collation on the host, and [`Convert`]ed on the
+//!   way (u8 pixels to normalised f32, u16 tokens to i64);
 //! - [`error`]: the one [`Error`] type;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
 
@@ -54,6 +55,7 @@
 pub mod alloc;
 pub mod batch;
 pub mod check;
+mod convert;
 pub mod copy;
 pub mod cuda;
 pub mod dtype;
@@ -73,6 +75,7 @@ pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,
 };
 pub use batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
+pub use convert::Convert;
 pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

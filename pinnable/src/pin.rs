@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::alloc::{PinnedBlock, PinnedPool};
 use crate::batch::part_align;
 use crate::check;
+use crate::convert::{self, Convert};
 use crate::copy::{self, HostCopy};
 use crate::error::Result;
 use crate::path::{FieldPath, Walk};
@@ -169,31 +170,46 @@ impl<'a> PinContext<'a> {
     }
 
     /// Pins the concatenation along dimension 0 of `parts` (host views of `source`) as one
-    /// contiguous tensor of `shape` in the batch's block.
+    /// contiguous tensor of `shape` in the batch's block, converted by `convert` (on this
+    /// thread) if given.
     pub(crate) fn pin_stacked(
         &mut self,
         source: &Tensor,
         parts: &[Tensor],
         shape: &[usize],
+        convert: Option<&Convert>,
     ) -> Result<Tensor> {
         check::dense_cpu(source, &self.path)?;
-        let bytes: usize = parts.iter().map(Tensor::nbytes).sum();
+        let layout = match convert {
+            Some(c) => Some(c.resolve(source.dtype(), shape)?),
+            None => None,
+        };
+        let dtype = layout.map_or(source.dtype(), |l| l.to);
+        let elements: usize = parts.iter().map(Tensor::numel).sum();
+        let bytes = elements * dtype.size();
         if self.pass == Pass::Measure {
             self.measured += part_align(bytes);
             return Ok(source.clone());
         }
         let (block, offset) = self.place(bytes)?;
-        let mut at = offset;
-        for p in parts {
-            let src = p.host_src("pin_memory")?;
-            // SAFETY: the parts' bytes add up to `bytes`, which `place` made room for.
-            let dst = unsafe { block.as_ptr().add(at) };
-            at += p.nbytes();
-            self.copies.push(HostCopy { src, dst });
+        if let Some((c, layout)) = convert.zip(layout) {
+            // SAFETY: `place` made room for `bytes` at `offset` in a block this walk alone
+            // writes, and no copy is queued into that room.
+            let dst = unsafe { std::slice::from_raw_parts_mut(block.as_ptr().add(offset), bytes) };
+            convert::convert_parts(c, &layout, parts, dst)?;
+        } else {
+            let mut at = offset;
+            for p in parts {
+                let src = p.host_src("pin_memory")?;
+                // SAFETY: the parts' bytes add up to `bytes`, which `place` made room for.
+                let dst = unsafe { block.as_ptr().add(at) };
+                at += p.nbytes();
+                self.copies.push(HostCopy { src, dst });
+            }
+            self.keep.push(source.clone());
         }
-        self.keep.push(source.clone());
         let storage = Storage::part(Data::Pinned(block), None);
-        Tensor::at(storage, source.dtype(), shape, offset)
+        Tensor::at(storage, dtype, shape, offset)
     }
 
     /// Room for `bytes` in the batch's block (or, past what was measured, in a block of its

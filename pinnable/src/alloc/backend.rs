@@ -17,9 +17,11 @@ pub enum BackendKind {
     /// `mmap` + `mlock`: page-locked, but not registered with any CUDA device, so copies from it
     /// are staged by the driver. Used where there is no CUDA driver.
     Mlock,
-    /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`.
+    /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP`: usable
+    /// from every context, and mapped so the device reads it in place.
     CudaHostAlloc,
-    /// `mmap`, pre-faulted, then `cuMemHostRegister` with `CU_MEMHOSTREGISTER_PORTABLE`.
+    /// `mmap`, pre-faulted, then `cuMemHostRegister` with `CU_MEMHOSTREGISTER_PORTABLE |
+    /// CU_MEMHOSTREGISTER_DEVICEMAP`.
     CudaHostRegister,
     /// Ordinary heap memory, *not* page-locked: the test double the pool's own tests (and Miri)
     /// run on. Never chosen by a [`BackendChoice`].
@@ -314,8 +316,12 @@ fn cuda_host_alloc(capacity: usize) -> Result<NonNull<u8>> {
     let ctx = context()?;
     ctx.bind_to_thread()
         .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-    // SAFETY: a context is current; PORTABLE makes the block usable from every context.
-    let p = unsafe { cudarc::driver::result::malloc_host(capacity, sys::CU_MEMHOSTALLOC_PORTABLE) }
+    // PORTABLE makes the block usable from every context, and DEVICEMAP maps it for the device
+    // (at the host address, on devices with unified addressing), so kernels can read it in
+    // place. Never write-combined.
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    // SAFETY: a context is current; the flags are valid for cuMemHostAlloc.
+    let p = unsafe { cudarc::driver::result::malloc_host(capacity, flags) }
         .map_err(|e| Error::driver("cuMemHostAlloc", e))?;
     NonNull::new(p.cast()).ok_or_else(|| Error::HostAlloc {
         requested: capacity,
@@ -371,7 +377,7 @@ fn cuda_host_register(capacity: usize, node: Option<usize>) -> Result<NonNull<u8
         sys::cuMemHostRegister_v2(
             ptr.as_ptr().cast(),
             capacity,
-            sys::CU_MEMHOSTREGISTER_PORTABLE,
+            sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
         )
     };
     if r != sys::CUresult::CUDA_SUCCESS {

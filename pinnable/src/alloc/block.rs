@@ -72,6 +72,16 @@ impl PinnedBlock {
         self.kind
     }
 
+    /// Whether the device can read the block in place, at its host address, through the
+    /// driver's mapping of it (blocks of both CUDA backends; not `mlock`ed ones). The gather
+    /// kernels read such blocks without a copy.
+    pub fn is_device_mapped(&self) -> bool {
+        matches!(
+            self.kind,
+            BackendKind::CudaHostAlloc | BackendKind::CudaHostRegister
+        )
+    }
+
     /// Records work (a copy) that reads or writes this block; the block is not reused, and
     /// [`wait_uses`](Self::wait_uses) does not return, until it completes.
     pub fn record_use(&self, fence: Arc<dyn Fence>) {

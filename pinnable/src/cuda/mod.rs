@@ -12,8 +12,11 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 use crate::error::{Error, Result};
 
 mod event;
+mod kernels;
 
 pub use event::Event;
+pub use kernels::gather_kernels;
+pub(crate) use kernels::{Function, Kernels, kernels};
 
 /// The outcome of probing the driver: the device count, or why there is no CUDA.
 static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();

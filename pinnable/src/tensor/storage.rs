@@ -95,6 +95,11 @@ impl Storage {
         self.ready.as_ref()?.get()
     }
 
+    /// Whether the bytes are pinned memory the device reads in place through its mapping.
+    pub(crate) fn is_device_mapped(&self) -> bool {
+        matches!(&self.data, Data::Pinned(b) if b.is_device_mapped())
+    }
+
     /// The host address of the bytes (pageable or pinned); `None` on a device.
     pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.data {

@@ -13,10 +13,12 @@
 //! and is recorded on every pinned block the copies read or write, which keeps those blocks
 //! from being reused or written until the copies are done.
 
+mod engine;
 mod issue;
 mod plan;
 mod stacked;
 
+pub(crate) use engine::SM_MAX_PIECE;
 pub(crate) use stacked::GATHER_DIRECT_MIN;
 
 use std::collections::{HashMap, VecDeque};
@@ -32,7 +34,8 @@ use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::path::{FieldPath, Walk};
 use crate::tensor::{Data, DeviceBuffer, Placement, Ready, Storage, Tensor};
-use issue::{Copies, Dir, DirectCopy};
+use engine::dma::{Dir, DirectCopy};
+use issue::Copies;
 use plan::{Arena, Plan, Slot, Staging};
 
 /// A value whose tensors can be moved to a CUDA device (or back to the host).
@@ -429,7 +432,7 @@ impl<'a> MoveContext<'a> {
     fn stage(&mut self, t: &Tensor, stage: *mut u8, dst: u64, mergeable: bool) -> Result<()> {
         let src = t.host_src("to_device")?;
         self.copies.staged.push(HostCopy { src, dst: stage });
-        self.copies.staged_dst.push((dst, mergeable));
+        self.copies.staged_dst.push(Some((dst, mergeable)));
         self.copies.keep.push(t.storage().clone());
         Ok(())
     }
@@ -527,7 +530,8 @@ impl<'a> MoveContext<'a> {
     }
 }
 
-/// A copy of `span` of `src`'s buffer to `dst` on (or from) `target`.
+/// A copy of `span` of `src`'s buffer to `dst` on (or from) `target`, by whichever engine the
+/// issue gives it.
 fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device) -> DirectCopy {
     let (dir, base, src_buffer) = match &src.data {
         Data::Device(d) if target.ordinal().is_some() => {
@@ -547,6 +551,8 @@ fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device
         dst,
         bytes: span.len(),
         src_buffer,
+        mapped: src.is_device_mapped(),
+        force: None,
     }
 }
 
