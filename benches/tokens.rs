@@ -1,5 +1,6 @@
 //! Token batches, nanoGPT's workload: random windows of a `train.bin` of u16 tokens (raw, as
-//! nanoGPT's `prepare.py` writes it) as `x`, `y` i64 batches on the GPU, at 12×1024, 64×2048
+//! nanoGPT's `prepare.py` writes it) as `x`, `y` i64 batches on the GPU — the u16 windows cross
+//! the link and the GPU widens them — at 12×1024, 64×2048
 //! and 256×4096, through the loader in steady state (time per batch = the window's time / its
 //! batches, after a warm-up; the consumer syncs each batch's copies), from shards read into
 //! pinned memory and from the memory-mapped file. Against nanoGPT's `get_batch` on the same
@@ -94,7 +95,7 @@ fn run(
     mut consume: impl FnMut(&TokenBatch),
 ) -> pinnable::Result<Run> {
     let windows = TokenWindows::new(shards.clone(), t)?;
-    let batcher = windows.batcher(DType::I64)?;
+    let batcher = windows.batcher(DType::I64, device)?;
     let loader = Loader::builder(windows)
         .batch_size(b)
         .shuffle(7)
@@ -157,7 +158,8 @@ fn main() {
     rep.line(&format!(
         "# token batches: random windows of nanoGPT's train.bin ({n} u16 tokens, {:.0} MB, \
          ready in {:.1} s)\n\ncores: {cores}; {batches} batches measured after a warm-up; x, y \
-         i64, built on the host by the loader's workers\n",
+         i64: on the host built by the loader's workers, on the GPU gathered from the u16 tokens \
+         and widened there\n",
         2.0 * n as f64 / 1e6,
         t.elapsed().as_secs_f64()
     ));
@@ -239,7 +241,11 @@ fn resume_once(windows: &TokenWindows, position: Position, batch: u64) -> f64 {
         .shuffle(7)
         .workers(2)
         .resume(p)
-        .build(windows.batcher(DType::I64).expect("batcher"))
+        .build(
+            windows
+                .batcher(DType::I64, &Device::cpu())
+                .expect("batcher"),
+        )
         .expect("resume");
     let mut epoch = loader.iter();
     epoch.next().expect("a batch").expect("a batch");
@@ -260,7 +266,11 @@ fn resume_part(dir: &Path, rep: &mut Report) {
     let position = Loader::builder(windows.clone())
         .batch_size(1)
         .shuffle(7)
-        .build(windows.batcher(DType::I64).expect("batcher"))
+        .build(
+            windows
+                .batcher(DType::I64, &Device::cpu())
+                .expect("batcher"),
+        )
         .expect("loader")
         .position();
     let time = |batch| {
@@ -394,9 +404,12 @@ fn gpu_part(
         }
     }
     rep.line(
-        "\nper batch: the window's wall time / its batches. Bounds: the copies of the i64 x, y \
-         (the link column) and the workers building them on the host (build, divided by the \
-         workers); with the device-side gather of windows only the u16 column crosses the link.\n",
+        "\nper batch: the window's wall time / its batches. Only the u16 windows cross the link \
+         (x's and y's read apart: twice the u16 column), read where they lie from the pinned \
+         shards, or staged by the workers from the mapped file (build, divided by the workers); \
+         the i64 column is what a host-built batch would move. Bounds: the link for the u16 \
+         bytes, the gather kernels' launch and the transfer thread's move per batch (transfer), \
+         the consumer's sync.\n",
     );
 
     // A 1 ms kernel per batch: the loader must keep up within it.

@@ -170,7 +170,7 @@ fn main() -> pinnable::Result<()> {
         o.batch_size,
         o.context
     );
-    let batcher = windows.batcher(DType::I64)?;
+    let batcher = windows.batcher(DType::I64, &device)?;
     let builder = |workers: usize| -> LoaderBuilder<TokenWindows> {
         Loader::builder(windows.clone())
             .batch_size(o.batch_size)

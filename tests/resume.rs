@@ -155,7 +155,7 @@ fn a_token_loader_resumes_byte_for_byte_with_1_4_and_8_workers() {
     };
     let batcher = TokenWindows::new(shards.clone(), context)
         .unwrap()
-        .batcher(DType::I64)
+        .batcher(DType::I64, &Device::cpu())
         .unwrap();
     let bytes = |b: pinnable::loader::TokenBatch| -> Bytes {
         vec![

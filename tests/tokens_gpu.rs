@@ -17,8 +17,13 @@ fn open(
     paths: &[std::path::PathBuf],
     format: ShardFormat,
     residency: Residency,
+    vocab: u32,
 ) -> pinnable::Result<TokenShards> {
-    let options = TokenShards::options().format(format).residency(residency);
+    // The vocabulary check lets i32 batches of u32 tokens be widened on the GPU.
+    let options = TokenShards::options()
+        .format(format)
+        .residency(residency)
+        .vocab(u64::from(vocab));
     // SAFETY: the tests write their shards before opening them, and never while they are open.
     unsafe { options.open(paths) }
 }
@@ -74,9 +79,9 @@ fn two_hundred_random_batches_reach_the_device_equal_to_the_reference() {
         };
         let (paths, reference) =
             random_shards(&mut r, dir.path(), format, token_type, context, vocab);
-        let shards = open(&paths, format, residency).unwrap();
+        let shards = open(&paths, format, residency, vocab).unwrap();
         let windows = TokenWindows::new(shards, context).unwrap();
-        let batcher = windows.batcher(dtype).unwrap();
+        let batcher = windows.batcher(dtype, &dev).unwrap();
         let loader = Loader::builder(windows)
             .batch_size(r.random_range(1..65))
             .shuffle(r.random())
@@ -121,7 +126,7 @@ fn a_run_resumed_on_the_device_delivers_the_uninterrupted_batches() {
     let (batch_size, seed) = (r.random_range(1..9), r.random::<u64>());
     let build = |workers: usize, prefetch: usize| {
         let windows = TokenWindows::new(shards.clone(), context).unwrap();
-        let batcher = windows.batcher(DType::I64).unwrap();
+        let batcher = windows.batcher(DType::I64, &dev).unwrap();
         (
             Loader::builder(windows)
                 .batch_size(batch_size)

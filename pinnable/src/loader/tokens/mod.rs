@@ -1,7 +1,8 @@
 //! Language-model data: shards of token ids as one stream of tokens ([`TokenShards`]), cut into
 //! windows of `context + 1` tokens ([`TokenWindows`]), batched into `x` and `y` — the first
 //! `context` tokens of each window and the same shifted by one — widened to i64 or i32
-//! ([`TokenBatcher`], [`TokenBatch`]).
+//! ([`TokenBatcher`], [`TokenBatch`]): on the GPU for a CUDA device, so only the u16 or u32
+//! tokens cross the link, by the loader's workers for the host.
 //!
 //! **Shards** are files of u16 or u32 token ids in any of three formats ([`ShardFormat`]):
 //! raw little-endian (nanoGPT's `train.bin`), llm.c's (a 256 × i32 header, then the tokens),
@@ -23,7 +24,7 @@
 //!
 //! ```
 //! use pinnable::loader::{Loader, TokenShards, TokenWindows};
-//! use pinnable::DType;
+//! use pinnable::{DType, Device, ToDevice};
 //!
 //! // A raw u16 shard, as nanoGPT's prepare.py writes `train.bin` (np.uint16 tofile).
 //! let tokens: Vec<u16> = (0..1000).map(|i| (i * 7 % 50257) as u16).collect();
@@ -33,11 +34,18 @@
 //! let shards = TokenShards::read([&path])?; // into pinned memory, once
 //! let windows = TokenWindows::new(shards, 64)?; // (1000 - 1) / 64 = 15 windows of 65 tokens
 //! assert_eq!(windows.len(), 15);
-//! let batcher = windows.batcher(DType::I64)?;
-//! let loader = Loader::builder(windows).batch_size(4).shuffle(1).drop_last(true).build(batcher)?;
+//! let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
+//! let batcher = windows.batcher(DType::I64, &device)?; // on a GPU: u16 cross, i64 made there
+//! let loader = Loader::builder(windows)
+//!     .batch_size(4)
+//!     .shuffle(1)
+//!     .drop_last(true)
+//!     .device(device)
+//!     .build(batcher)?;
 //! for batch in &loader {
 //!     let batch = batch?;
-//!     let (x, y) = (batch.x.tensor()?.to_vec::<i64>()?, batch.y.tensor()?.to_vec::<i64>()?);
+//!     let (x, y) = (batch.x.tensor()?, batch.y.tensor()?);
+//!     let (x, y) = (x.to_cpu(false)?.to_vec::<i64>()?, y.to_cpu(false)?.to_vec::<i64>()?);
 //!     assert_eq!(x.len(), 4 * 64);
 //!     assert_eq!(x[1..64], y[..63]); // y is x shifted by one
 //! }
@@ -244,6 +252,7 @@ impl ShardOptions {
             dtype,
             pinned,
             shards,
+            vocab: self.vocab,
         })
     }
 
@@ -429,6 +438,8 @@ pub struct TokenShards {
     tokens: usize,
     /// Every pinned shard's tokens, one after another, in one pinned block.
     pinned: Option<Tensor>,
+    /// The vocabulary size every token was checked to be below, if any.
+    vocab: Option<u64>,
 }
 
 impl TokenShards {
@@ -473,6 +484,12 @@ impl TokenShards {
     /// The token type: [`DType::U16`] or [`DType::U32`].
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// The vocabulary size every token id was checked to be below when the shards were opened
+    /// ([`ShardOptions::vocab`]), if they were.
+    pub fn vocab(&self) -> Option<u64> {
+        self.vocab
     }
 
     /// The shards, in order.

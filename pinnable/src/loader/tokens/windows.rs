@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use super::TokenShards;
 use crate::batch::TensorMut;
+use crate::convert::Convert;
+use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gather::Gather;
@@ -13,6 +15,7 @@ use crate::loader::collate::Collator;
 use crate::loader::dataset::Dataset;
 use crate::path::Walk;
 use crate::pin::{PinContext, Pinnable};
+use crate::tensor::Tensor;
 use crate::transfer::{MoveContext, ToDevice};
 
 /// The windows of `context + 1` tokens of [`TokenShards`], as a [`Dataset`]: sample `i` is
@@ -133,23 +136,46 @@ impl TokenWindows {
         })
     }
 
-    /// The batcher of these windows: batches `x` and `y` of `dtype`, [`DType::I64`] (what
-    /// PyTorch's embedding and cross-entropy take) or [`DType::I32`].
+    /// The batcher of these windows for a loader delivering to `device`: batches `x` and `y`
+    /// of `dtype`, [`DType::I64`] (what PyTorch's embedding and cross-entropy take) or
+    /// [`DType::I32`].
+    ///
+    /// For a CUDA device, only the tokens cross the link: `x` and `y` are [`Gather`]s of
+    /// windows, read by the GPU where they lie when every window of the batch is in a pinned
+    /// shard, else from the batch's pinned block, into which the loader's worker copies the
+    /// windows (a mapped shard is staged there); the move widens them on the GPU. For the host
+    /// ([`Device::cpu`]), the worker writes `x` and `y`, widened, into the batch's pinned block.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for another dtype.
-    pub fn batcher(&self, dtype: DType) -> Result<TokenBatcher> {
+    /// [`Error::Config`] for another dtype, or for i32 batches of u32 tokens on a CUDA device
+    /// without a vocabulary check that keeps them below 2³¹ ([`ShardOptions::vocab`]: the GPU
+    /// widens as Rust's `as` does, and a larger id would wrap).
+    ///
+    /// [`ShardOptions::vocab`]: super::ShardOptions::vocab
+    pub fn batcher(&self, dtype: DType, device: &Device) -> Result<TokenBatcher> {
         if !matches!(dtype, DType::I64 | DType::I32) {
             return Err(Error::Config {
                 setting: "dtype",
                 problem: format!("token batches are i64 or i32, not {dtype}"),
             });
         }
+        let on_device = device.ordinal().is_some();
+        let wraps = self.shards.vocab().is_none_or(|v| v > 1 << 31);
+        if on_device && dtype == DType::I32 && self.shards.dtype() == DType::U32 && wraps {
+            return Err(Error::Config {
+                setting: "dtype",
+                problem: "i32 batches of u32 tokens on a device need the shards opened with a \
+                          vocabulary check of at most 2^31 (ShardOptions::vocab); or take i64 \
+                          batches"
+                    .into(),
+            });
+        }
         Ok(TokenBatcher {
             shards: self.shards.clone(),
             context: self.context,
             dtype,
+            on_device,
         })
     }
 }
@@ -169,8 +195,10 @@ impl Dataset for TokenWindows {
 /// A batch of windows: `x`, the first `context` tokens of each window, and `y`, the same
 /// shifted by one token (the next-token targets), both `[batch, context]` of i64 or i32.
 ///
-/// Fields are [`Gather`]s, which a move to a device stacks where they land; batches a loader
-/// delivers are always stacked: take the tensors with [`Gather::tensor`] (a cheap handle).
+/// Fields are [`Gather`]s: a batcher for a CUDA device leaves the windows to be gathered and
+/// widened by the move, so a loader delivers them stacked on the device; take the tensors with
+/// [`Gather::tensor`] (a cheap handle once stacked; a batch that was never moved is gathered
+/// and widened on the host by that call).
 #[derive(Clone, Debug)]
 pub struct TokenBatch {
     /// The inputs, `[batch, context]`.
@@ -198,14 +226,16 @@ impl Pinnable for TokenBatch {
     }
 }
 
-/// Makes [`TokenBatch`]es of [`Window`]s, from [`TokenWindows::batcher`]: `x` and `y` are
-/// written, widened, into the batch's one pinned block by the loader's worker, and moved to
-/// the device with one copy.
+/// Makes [`TokenBatch`]es of [`Window`]s, from [`TokenWindows::batcher`]: for a CUDA device,
+/// gathers of the windows' tokens that the move widens on the GPU; for the host, `x` and `y`
+/// written, widened, into the batch's one pinned block by the loader's worker.
 #[derive(Clone, Debug)]
 pub struct TokenBatcher {
     shards: Arc<TokenShards>,
     context: usize,
     dtype: DType,
+    /// Whether the batches go to a CUDA device (gathered there) or stay on the host.
+    on_device: bool,
 }
 
 impl TokenBatcher {
@@ -264,6 +294,9 @@ impl Batcher<Window> for TokenBatcher {
                 during: "collating",
                 source: Box::new(source),
             })?;
+        if self.on_device {
+            return self.gathers(&windows, c);
+        }
         let shape = [windows.len(), self.context];
         let x = c.empty("x", self.dtype, &shape)?;
         let y = c.empty("y", self.dtype, &shape)?;
@@ -274,6 +307,61 @@ impl Batcher<Window> for TokenBatcher {
             x: Gather::from(out.take(x)?),
             y: Gather::from(out.take(y)?),
         })
+    }
+}
+
+impl TokenBatcher {
+    /// `x` and `y` as gathers of windows, widened by the move: from the shards' pinned block
+    /// when every window lies in it, else from the batch's own pinned block, where the windows'
+    /// tokens are copied first.
+    fn gathers(&self, windows: &[Window], c: &mut Collator) -> Result<TokenBatch> {
+        let shards = self.shards.shards();
+        let span = self.context + 1;
+        let pinned_at: Option<Vec<usize>> = windows
+            .iter()
+            .map(|w| Some(shards[w.shard].pinned_at()? + w.start))
+            .collect();
+        let (source, starts): (Tensor, Vec<usize>) = match (self.shards.pinned(), pinned_at) {
+            (Some(all), Some(starts)) => (all.clone(), starts),
+            _ => {
+                let slot = c.empty("windows", self.shards.dtype(), &[windows.len() * span])?;
+                let mut out = c.finish()?;
+                stage_windows(&self.shards, windows, &mut out.view_mut(slot)?)?;
+                (
+                    out.take(slot)?,
+                    (0..windows.len()).map(|i| i * span).collect(),
+                )
+            }
+        };
+        let cast = Convert::cast(self.dtype);
+        let x = Gather::windows(&source, starts.iter().copied(), self.context)?;
+        let y = Gather::windows(&source, starts.iter().map(|s| s + 1), self.context)?;
+        Ok(TokenBatch {
+            x: x.convert(cast.clone())?,
+            y: y.convert(cast)?,
+        })
+    }
+}
+
+/// Copies each window's `context + 1` tokens, one after another, into `out` (1-D, of the
+/// tokens' dtype). The windows lie within their shards (checked by the caller).
+fn stage_windows(shards: &TokenShards, windows: &[Window], out: &mut TensorMut<'_>) -> Result<()> {
+    fn copy<T: crate::dtype::Element>(
+        shards: &TokenShards,
+        windows: &[Window],
+        out: &mut TensorMut<'_>,
+    ) -> Result<()> {
+        let dst = out.as_mut_slice::<T>()?;
+        let span = dst.len() / windows.len().max(1);
+        for (w, row) in windows.iter().zip(dst.chunks_mut(span)) {
+            let src = shards.shards()[w.shard].tokens().as_slice::<T>()?;
+            row.copy_from_slice(&src[w.start..w.start + span]);
+        }
+        Ok(())
+    }
+    match shards.dtype() {
+        DType::U16 => copy::<u16>(shards, windows, out),
+        _ => copy::<u32>(shards, windows, out),
     }
 }
 
@@ -324,4 +412,69 @@ where
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{PinnedPool, PoolConfig};
+    use crate::loader::sampler::SplitMix64;
+    use crate::loader::tokens::Residency;
+
+    /// A batcher for a device gathers the same windows the host path writes: from the shards'
+    /// pinned block, or staged from mapped shards (read back by the gathers' host conversion).
+    #[test]
+    fn device_gathers_hold_what_the_host_path_writes() {
+        let mut r = SplitMix64::new(0x0007_0CE5);
+        let dir = std::env::temp_dir().join(format!("windows-gathers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let paths: Vec<_> = (0..3)
+            .map(|s| {
+                let n = 40 + r.below(200) as usize;
+                let bytes: Vec<u8> = (0..n)
+                    .flat_map(|_| (r.below(50257) as u16).to_le_bytes())
+                    .collect();
+                let p = dir.join(format!("{s}.bin"));
+                std::fs::write(&p, bytes).unwrap();
+                p
+            })
+            .collect();
+        let pool = PinnedPool::new(PoolConfig::default());
+        for residency in [Residency::Pinned, Residency::Mapped] {
+            let options = TokenShards::options().residency(residency).pool(&pool);
+            // SAFETY: the test wrote the files above and nothing writes them while mapped.
+            let shards = unsafe { options.open(&paths) }.unwrap();
+            let windows = TokenWindows::new(shards, 1 + r.below(12) as usize).unwrap();
+            for dtype in [DType::I64, DType::I32] {
+                let host = windows.batcher(dtype, &Device::cpu()).unwrap();
+                let device = TokenBatcher {
+                    on_device: true,
+                    ..host.clone()
+                };
+                let picks: Vec<Window> = (0..1 + r.below(9))
+                    .map(|_| {
+                        windows
+                            .window(r.below(windows.len() as u64) as usize)
+                            .unwrap()
+                    })
+                    .collect();
+                let a = host
+                    .batch(picks.clone(), &mut Collator::new(&pool))
+                    .unwrap();
+                let b = device.batch(picks, &mut Collator::new(&pool)).unwrap();
+                assert!(b.x.is_pending() && b.y.is_pending());
+                assert_eq!(b.x.dtype(), dtype);
+                for (a, b) in [(&a.x, &b.x), (&a.y, &b.y)] {
+                    let (a, b) = (a.tensor().unwrap(), b.tensor().unwrap());
+                    assert_eq!(a.shape(), b.shape());
+                    if dtype == DType::I64 {
+                        assert_eq!(a.to_vec::<i64>().unwrap(), b.to_vec::<i64>().unwrap());
+                    } else {
+                        assert_eq!(a.to_vec::<i32>().unwrap(), b.to_vec::<i32>().unwrap());
+                    }
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
