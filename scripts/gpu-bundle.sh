@@ -81,7 +81,7 @@ for line in open(src):
     seen.add((dest, name))
     shutil.copy2(m["executable"], os.path.join(out, dest, name))
 PY
-cp bench/torch_baseline.py bench/torch_loader.py "$out/" 2>/dev/null || true
+cp bench/torch_baseline.py bench/torch_loader.py bench/nanogpt_get_batch.py "$out/" 2>/dev/null || true
 cp bench/kernels/batch.cu "$out/kernels.cu"
 cp examples/launch_ranks.sh "$out/"
 
@@ -140,6 +140,9 @@ if [ "$what" = all ] || [ "$what" = benches ]; then
   fi
   if [ -f torch_loader.py ] && command -v python3 >/dev/null; then
     run python3 torch_loader.py --out "$PINNABLE_BENCH_OUT/torch_loader.txt"
+  fi
+  if [ -f nanogpt_get_batch.py ] && command -v python3 >/dev/null; then
+    run python3 nanogpt_get_batch.py --out "$PINNABLE_BENCH_OUT/nanogpt.txt"
   fi
   for b in benches/*; do run "$b"; done
 fi

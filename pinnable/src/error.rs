@@ -215,6 +215,41 @@ pub enum Error {
         /// What is wrong and what to do.
         problem: String,
     },
+
+    /// A file that cannot be read as a shard of tokens (raw, llm.c's format or `.npy`).
+    #[error("cannot read token shard `{path}`: {field}: {problem}")]
+    TokenShard {
+        /// The file.
+        path: String,
+        /// The part of the file that is wrong, e.g. `header[1] (version)` or `file size`.
+        field: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+
+    /// A loader position (from [`Position::from_bytes`](crate::loader::Position::from_bytes)
+    /// or its string form) that cannot be read.
+    #[error("cannot read a loader position: {problem}")]
+    Position {
+        /// What is wrong with it.
+        problem: String,
+    },
+
+    /// A position saved by a loader whose settings differ from this one's: resuming from it
+    /// would deliver other batches than the interrupted run would have.
+    #[error(
+        "cannot resume from this position: it was saved by a loader with {setting} {saved}, \
+         and this loader has {current}; build the loader as the run that saved it was built"
+    )]
+    Resume {
+        /// The setting that differs: `dataset length`, `batch size`, `world size`, `rank`,
+        /// `seed`, `drop_last`, or `batch` for a position past the end of its epoch.
+        setting: &'static str,
+        /// Its value in the position.
+        saved: String,
+        /// Its value in this loader.
+        current: String,
+    },
 }
 
 fn at(path: &Option<String>) -> String {

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod kernels;
 pub mod samples;
+pub mod tokens;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

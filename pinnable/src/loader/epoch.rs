@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::pipeline::Pipeline;
+use super::position::{Position, Progress};
 use super::stats::{Counters, EpochStats};
 use crate::error::Result;
 
@@ -16,24 +17,40 @@ use crate::error::Result;
 /// The epoch's threads run while it lives. Dropping it — after its last batch, or at any point
 /// before — stops and joins them and drops every batch in flight, whose blocks go back to the
 /// pool; the batches already taken stay valid.
+///
+/// [`position`](Self::position) says where the consumer is, to resume from after a restart.
 pub struct Epoch<T> {
     pipeline: Pipeline<T>,
     remaining: usize,
     epoch: u64,
+    progress: Arc<Progress>,
 }
 
 impl<T> Epoch<T> {
-    pub(crate) fn new(pipeline: Pipeline<T>, batches: usize, epoch: u64) -> Self {
+    pub(crate) fn new(
+        pipeline: Pipeline<T>,
+        batches: usize,
+        epoch: u64,
+        progress: Arc<Progress>,
+    ) -> Self {
         Epoch {
             pipeline,
             remaining: batches,
             epoch,
+            progress,
         }
     }
 
     /// The epoch number (which decided the shuffle).
     pub fn number(&self) -> u64 {
         self.epoch
+    }
+
+    /// Where the consumer is: after the last batch it received from this epoch, or the start
+    /// of the next epoch once every batch of this one was received. Batches the loader has
+    /// made ahead but not delivered do not count. See [`Position`].
+    pub fn position(&self) -> Position {
+        self.progress.position()
     }
 
     /// The figures so far (see [`EpochStats`]).
@@ -58,7 +75,10 @@ impl<T> Iterator for Epoch<T> {
         }
         let item = self.pipeline.next();
         match &item {
-            Some(Ok(_)) => self.remaining -= 1,
+            Some(Ok(_)) => {
+                self.remaining -= 1;
+                self.progress.received();
+            }
             Some(Err(_)) | None => self.remaining = 0,
         }
         if self.remaining == 0 {
@@ -89,16 +109,29 @@ impl<T> std::fmt::Debug for Epoch<T> {
 pub struct StreamEpoch<T> {
     pipeline: Pipeline<T>,
     epoch: u64,
+    progress: Arc<Progress>,
+    failed: bool,
 }
 
 impl<T> StreamEpoch<T> {
-    pub(crate) fn new(pipeline: Pipeline<T>, epoch: u64) -> Self {
-        StreamEpoch { pipeline, epoch }
+    pub(crate) fn new(pipeline: Pipeline<T>, epoch: u64, progress: Arc<Progress>) -> Self {
+        StreamEpoch {
+            pipeline,
+            epoch,
+            progress,
+            failed: false,
+        }
     }
 
     /// The epoch number (passed to the stream's closure).
     pub fn number(&self) -> u64 {
         self.epoch
+    }
+
+    /// Where the consumer is, as [`Epoch::position`] says; the epoch is over once the stream
+    /// has ended without an error.
+    pub fn position(&self) -> Position {
+        self.progress.position()
     }
 
     /// The figures so far (see [`EpochStats`]).
@@ -115,7 +148,14 @@ impl<T> Iterator for StreamEpoch<T> {
     type Item = Result<T>;
 
     fn next(&mut self) -> Option<Result<T>> {
-        self.pipeline.next()
+        let item = self.pipeline.next();
+        match &item {
+            Some(Ok(_)) => self.progress.received(),
+            Some(Err(_)) => self.failed = true,
+            None if !self.failed => self.progress.ended(),
+            None => {}
+        }
+        item
     }
 }
 

@@ -8,9 +8,10 @@ use super::builder::LoaderBuilder;
 use super::dataset::Dataset;
 use super::epoch::{Epoch, StreamEpoch};
 use super::pipeline::{Job, Jobs, Pipeline, Spec};
+use super::position::{Position, Progress};
 use super::sampler::Sampler;
 use super::stats::{Counters, EpochStats};
-use super::stream::{IterSource, shard_stream};
+use super::stream::{IterSource, NotSeekable, Seekable, shard_stream};
 use crate::alloc::PinnedPool;
 use crate::cuda::Device;
 use crate::error::Result;
@@ -24,8 +25,10 @@ struct Run {
     pool: PinnedPool,
     /// The epoch the next `for batch in &loader` runs.
     next_epoch: AtomicU64,
-    /// The counters of the epoch started last.
-    last: Mutex<Option<Arc<Counters>>>,
+    /// The counters and the progress of the epoch started last.
+    last: Mutex<Option<(Arc<Counters>, Arc<Progress>)>>,
+    /// Where the epoch of a position given to the builder starts, until that epoch runs.
+    resume: Mutex<Option<(u64, u64)>>,
 }
 
 impl Run {
@@ -37,7 +40,37 @@ impl Run {
             pool,
             next_epoch: AtomicU64::new(0),
             last: Mutex::new(None),
+            resume: Mutex::new(None),
         }
+    }
+
+    /// Resumes at batch `batch` of epoch `epoch`: the next `iter` runs that epoch from there.
+    fn resume_at(&self, epoch: u64, batch: u64) {
+        *self.resume.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, batch));
+        self.next_epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The batch epoch `epoch` starts at: where a position resumes it (once), else 0.
+    fn first_batch(&self, epoch: u64) -> u64 {
+        let mut resume = self.resume.lock().unwrap_or_else(|e| e.into_inner());
+        match *resume {
+            Some((e, batch)) if e == epoch => {
+                *resume = None;
+                batch
+            }
+            _ => 0,
+        }
+    }
+
+    /// The position after the batches received from the epoch started last; before any, where
+    /// the next epoch starts. `settings` gives a position under the loader's settings.
+    fn position(&self, settings: impl Fn(u64, u64) -> Position) -> Position {
+        if let Some((_, progress)) = &*self.last.lock().unwrap_or_else(|e| e.into_inner()) {
+            return progress.position();
+        }
+        let resume = *self.resume.lock().unwrap_or_else(|e| e.into_inner());
+        let (epoch, batch) = resume.unwrap_or((self.next_epoch.load(Ordering::Relaxed), 0));
+        settings(epoch, batch)
     }
 
     fn spec<S, T>(
@@ -57,13 +90,13 @@ impl Run {
         }
     }
 
-    fn started(&self, counters: Arc<Counters>) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(counters);
+    fn started(&self, counters: Arc<Counters>, progress: Arc<Progress>) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((counters, progress));
     }
 
     fn stats(&self) -> Option<EpochStats> {
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        last.as_ref().map(|c| c.snapshot())
+        last.as_ref().map(|(c, _)| c.snapshot())
     }
 
     fn take_epoch(&self) -> u64 {
@@ -157,19 +190,33 @@ where
         }
     }
 
+    /// Starts at `position` (whose settings the builder checked).
+    pub(crate) fn resume_at(self, position: &Position) -> Self {
+        self.run.resume_at(position.epoch(), position.batch());
+        self
+    }
+
     /// Runs epoch `epoch`: its threads start now. Does not change
-    /// [`next_epoch`](Self::next_epoch).
+    /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
+    /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
+    /// the last one received.
     pub fn epoch(&self, epoch: u64) -> Epoch<B::Batch> {
-        let batches = self.sampler.batches(epoch);
+        let first = self.run.first_batch(epoch);
+        // A position's batch is at most the epoch's length (checked when it was given).
+        let batches = self.sampler.batches_from(epoch, first as usize);
         let n = batches.len();
         let dataset: Arc<dyn Dataset<Sample = D::Sample>> = self.dataset.clone();
         let spec = self.run.spec(
-            Box::new(batches.into_iter().map(Job::Indices)),
+            Box::new(batches.map(Job::Indices)),
             Some(dataset),
             self.batcher.clone(),
         );
-        let e = Epoch::new(Pipeline::start(spec), n, epoch);
-        self.run.started(e.counters());
+        let progress = Progress::new(
+            self.sampler.position_at(epoch, first),
+            Some(self.sampler.len()),
+        );
+        let e = Epoch::new(Pipeline::start(spec), n, epoch, progress.clone());
+        self.run.started(e.counters(), progress);
         e
     }
 
@@ -242,6 +289,15 @@ impl<D: Dataset, B> Loader<D, B> {
     pub fn stats(&self) -> Option<EpochStats> {
         self.run.stats()
     }
+
+    /// Where the consumer is, to store in a checkpoint and resume from
+    /// ([`LoaderBuilder::resume`]): after the last batch received from the epoch started last
+    /// (at the start of the next epoch once it is over); before the first epoch, where the
+    /// loader starts. [`Epoch::position`] gives an epoch's own.
+    pub fn position(&self) -> Position {
+        self.run
+            .position(|epoch, batch| self.sampler.position_at(epoch, batch))
+    }
 }
 
 impl<D, B> IntoIterator for &Loader<D, B>
@@ -286,8 +342,8 @@ impl<D: Dataset, B> std::fmt::Debug for Loader<D, B> {
 /// assert_eq!(shapes, vec![vec![4, 4], vec![4, 4], vec![2, 4]]);
 /// # Ok::<(), pinnable::Error>(())
 /// ```
-pub struct StreamLoader<F, B> {
-    source: Arc<IterSource<F>>,
+pub struct StreamLoader<F, B, G = NotSeekable> {
+    source: Arc<IterSource<F, G>>,
     batcher: Arc<B>,
     batch_size: usize,
     drop_last: bool,
@@ -295,17 +351,18 @@ pub struct StreamLoader<F, B> {
     run: Run,
 }
 
-impl<F, I, S, B> StreamLoader<F, B>
+impl<F, I, S, B, G> StreamLoader<F, B, G>
 where
     F: Fn(u64) -> I + Send + Sync + 'static,
     I: Iterator<Item = Result<S>> + Send + 'static,
     S: Send + 'static,
     B: Batcher<S> + 'static,
     B::Batch: ToDevice + 'static,
+    G: Seekable<S> + 'static,
 {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_parts(
-        source: Arc<IterSource<F>>,
+        source: Arc<IterSource<F, G>>,
         batcher: Arc<B>,
         batch_size: usize,
         drop_last: bool,
@@ -326,19 +383,46 @@ where
     }
 
     /// Runs epoch `epoch`: opens its stream and starts its threads. Does not change
-    /// [`next_epoch`](Self::next_epoch).
+    /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
+    /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
+    /// the last one received: its stream is opened there ([`Seekable`]).
     pub fn epoch(&self, epoch: u64) -> StreamEpoch<B::Batch> {
         let (rank, world) = self.shard;
-        let items = shard_stream(self.source.open(epoch), rank, world);
-        let jobs = Chunks {
-            items,
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
+        let first = self.run.first_batch(epoch);
+        // Every rank's first `first` batches came from the stream's first
+        // `first * batch_size * world` items.
+        let skip = first
+            .saturating_mul(self.batch_size as u64)
+            .saturating_mul(world as u64);
+        let (batch_size, drop_last) = (self.batch_size, self.drop_last);
+        let jobs: Jobs<S> = if skip == 0 {
+            Box::new(Chunks {
+                items: shard_stream(self.source.open(epoch), 0, rank, world),
+                batch_size,
+                drop_last,
+            })
+        } else {
+            // A position past batch 0 is only taken by a source that can seek (checked when
+            // given), so `seek` gives a stream.
+            match self.source.seek(epoch, skip) {
+                Some(stream) => Box::new(Chunks {
+                    items: shard_stream(stream, skip as usize, rank, world),
+                    batch_size,
+                    drop_last,
+                }),
+                None => Box::new(std::iter::empty()),
+            }
         };
-        let spec = self.run.spec(Box::new(jobs), None, self.batcher.clone());
-        let e = StreamEpoch::new(Pipeline::start(spec), epoch);
-        self.run.started(e.counters());
+        let spec = self.run.spec(jobs, None, self.batcher.clone());
+        let progress = Progress::new(self.position_at(epoch, first), None);
+        let e = StreamEpoch::new(Pipeline::start(spec), epoch, progress.clone());
+        self.run.started(e.counters(), progress);
         e
+    }
+
+    /// Whether the source can start a stream mid-epoch.
+    pub(crate) fn can_seek(&self) -> bool {
+        self.source.can_seek::<S>()
     }
 
     /// Runs epoch [`next_epoch`](Self::next_epoch) and advances it: what `for batch in
@@ -348,7 +432,32 @@ where
     }
 }
 
-impl<F, B> StreamLoader<F, B> {
+impl<F, B, G> StreamLoader<F, B, G> {
+    /// Starts at `position` (whose settings the builder checked).
+    pub(crate) fn resume_at(self, position: &Position) -> Self {
+        self.run.resume_at(position.epoch(), position.batch());
+        self
+    }
+
+    /// The position at batch `batch` of epoch `epoch` under this loader's settings.
+    pub(crate) fn position_at(&self, epoch: u64, batch: u64) -> Position {
+        Position::new(
+            (epoch, batch),
+            None,
+            self.shard,
+            None,
+            self.batch_size,
+            self.drop_last,
+        )
+    }
+
+    /// Where the consumer is, as [`Loader::position`] says; to resume, the source must be
+    /// [`Seekable`].
+    pub fn position(&self) -> Position {
+        self.run
+            .position(|epoch, batch| self.position_at(epoch, batch))
+    }
+
     /// Sets the epoch the next [`iter`](Self::iter) runs.
     pub fn set_epoch(&self, epoch: u64) {
         self.run.next_epoch.store(epoch, Ordering::Relaxed);
@@ -375,13 +484,14 @@ impl<F, B> StreamLoader<F, B> {
     }
 }
 
-impl<F, I, S, B> IntoIterator for &StreamLoader<F, B>
+impl<F, I, S, B, G> IntoIterator for &StreamLoader<F, B, G>
 where
     F: Fn(u64) -> I + Send + Sync + 'static,
     I: Iterator<Item = Result<S>> + Send + 'static,
     S: Send + 'static,
     B: Batcher<S> + 'static,
     B::Batch: ToDevice + 'static,
+    G: Seekable<S> + 'static,
 {
     type Item = Result<B::Batch>;
     type IntoIter = StreamEpoch<B::Batch>;
@@ -391,7 +501,7 @@ where
     }
 }
 
-impl<F, B> std::fmt::Debug for StreamLoader<F, B> {
+impl<F, B, G> std::fmt::Debug for StreamLoader<F, B, G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamLoader")
             .field("batch_size", &self.batch_size)

@@ -10,8 +10,9 @@
 //!
 //! - **Sources** ([`dataset`]): the [`Dataset`] trait (implemented for slices, `Vec`s, `Arc`s,
 //!   references), [`FnDataset`] for closures, [`Rows`] for the rows of one big tensor,
-//!   [`NpyArray`] for a memory-mapped `.npy` file ([`npy`]), and [`IterSource`] for streams that
-//!   cannot be indexed ([`stream`]). Samples may be zero-copy views of the dataset's memory.
+//!   [`NpyArray`] for a memory-mapped `.npy` file ([`npy`]), [`TokenWindows`] for windows of
+//!   language-model token shards ([`tokens`]), and [`IterSource`] for streams that cannot be
+//!   indexed ([`stream`]). Samples may be zero-copy views of the dataset's memory.
 //! - **Collation** ([`collate`], [`batcher`]): a [`Batcher`] (any closure
 //!   `Fn(Vec<Sample>, &mut Collator) -> Result<Batch>`) plans the batch's tensors with the
 //!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
@@ -31,6 +32,10 @@
 //!   threads and returns its blocks.
 //! - **Figures** ([`stats`]): [`EpochStats`] — time the consumer waited, time loading,
 //!   collating and moving, batches/s, GB/s, pinned memory held against the bound.
+//! - **Resume** ([`position`]): a loader's [`Position`] — the epoch, the batches the consumer
+//!   received, the settings they depend on — stored in a checkpoint and given back to
+//!   [`LoaderBuilder::resume`] after a restart starts at the next batch, with any worker count,
+//!   skipping the batches before it without loading them.
 //!
 //! # Examples
 //!
@@ -88,11 +93,13 @@ pub mod launch;
 mod loaders;
 pub mod npy;
 mod pipeline;
+pub mod position;
 pub mod sampler;
 pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod tests;
+pub mod tokens;
 
 pub use batcher::{Batcher, Stack};
 pub use builder::LoaderBuilder;
@@ -102,6 +109,11 @@ pub use epoch::{Epoch, StreamEpoch};
 pub use launch::Launch;
 pub use loaders::{Loader, StreamLoader};
 pub use npy::NpyArray;
-pub use sampler::{Sampler, SplitMix64, permutation};
+pub use position::Position;
+pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
-pub use stream::IterSource;
+pub use stream::{IterSource, NotSeekable, Seekable};
+pub use tokens::{
+    Residency, Shard, ShardFormat, ShardOptions, TokenBatch, TokenBatcher, TokenShards,
+    TokenWindows, Window,
+};

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{HostBytes, Tensor};
 
 /// A read-only, private memory mapping of a whole file.
-struct Mapping {
+pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -34,7 +34,7 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps the file `path` read-only; an error names the OS's reason.
-    fn open(path: &Path) -> std::result::Result<Mapping, String> {
+    pub(crate) fn open(path: &Path) -> std::result::Result<Mapping, String> {
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| "the path contains a NUL byte".to_owned())?;
         // SAFETY: `c` is a NUL-terminated path; the flags open read-only.

@@ -6,6 +6,7 @@
 //! [`SplitMix64`] generator driving a Fisher–Yates shuffle, so it is the same everywhere and in
 //! every version of this crate that keeps the tests of this module passing.
 
+use super::position::Position;
 use crate::error::{Error, Result};
 
 /// The SplitMix64 generator (Steele, Lea and Flood): 64 bits of state, one add and a mix per
@@ -232,14 +233,79 @@ impl Sampler {
 
     /// This rank's batches of epoch `epoch`, in order: lists of dataset indices.
     pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        let indices = self.indices(epoch);
-        let mut batches: Vec<Vec<usize>> = indices
-            .chunks(self.batch_size)
-            .map(<[usize]>::to_vec)
-            .collect();
-        if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {
-            batches.pop();
+        self.batches_from(epoch, 0).collect()
+    }
+
+    /// This rank's batches of epoch `epoch` from batch `first` on (none when `first` is
+    /// [`len`](Self::len) or more), made one at a time as they are taken. Starting late costs
+    /// what starting at batch 0 costs: the epoch's order is computed (`O(len)`), and the
+    /// batches before `first` are never made.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::Sampler;
+    ///
+    /// let s = Sampler::new(10, 3)?.shuffle(5);
+    /// let all = s.batches(2);
+    /// assert_eq!(s.batches_from(2, 1).collect::<Vec<_>>(), all[1..].to_vec());
+    /// assert_eq!(s.batches_from(2, 4).len(), 0);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn batches_from(&self, epoch: u64, first: usize) -> Batches {
+        let n = self.len();
+        Batches {
+            indices: if first < n {
+                self.indices(epoch)
+            } else {
+                Vec::new()
+            },
+            batch_size: self.batch_size,
+            next: first.min(n),
+            end: n,
         }
-        batches
+    }
+
+    /// The position at batch `batch` of epoch `epoch` under this sampler's settings.
+    pub(crate) fn position_at(&self, epoch: u64, batch: u64) -> Position {
+        Position::new(
+            (epoch, batch),
+            self.seed,
+            (self.rank, self.world),
+            Some(self.len),
+            self.batch_size,
+            self.drop_last,
+        )
     }
 }
+
+/// The batches of an epoch, from [`Sampler::batches_from`]: lists of dataset indices, made as
+/// they are taken.
+#[derive(Clone, Debug)]
+pub struct Batches {
+    indices: Vec<usize>,
+    batch_size: usize,
+    next: usize,
+    end: usize,
+}
+
+impl Iterator for Batches {
+    type Item = Vec<usize>;
+
+    fn next(&mut self) -> Option<Vec<usize>> {
+        if self.next >= self.end {
+            return None;
+        }
+        let start = self.next * self.batch_size;
+        let stop = (start + self.batch_size).min(self.indices.len());
+        self.next += 1;
+        Some(self.indices[start..stop].to_vec())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.end - self.next;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Batches {}

@@ -1,0 +1,585 @@
+//! Where a loader is in its run, so that a restarted run goes on from the next batch:
+//! [`Position`].
+//!
+//! An epoch's order is a pure function of the seed, the epoch number, the dataset's length and
+//! the shard ([`Sampler`](super::Sampler)), so a position is a handful of numbers, and resuming
+//! from it computes the epoch's order and starts at the batch after the last one received: no
+//! batch is loaded, collated or replayed to get there.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+
+/// The version of [`Position`]'s byte and string forms this build writes and reads.
+const VERSION: u16 = 1;
+/// The first bytes of [`Position::to_bytes`].
+const MAGIC: &[u8; 4] = b"PNPS";
+/// The length of [`Position::to_bytes`].
+const BYTES: usize = 64;
+const PREFIX: &str = "pinnable-position/";
+
+const HAS_SEED: u16 = 1;
+const HAS_SAMPLES: u16 = 2;
+const DROP_LAST: u16 = 4;
+
+/// Where a loader is: the epoch, how many of its batches the consumer has received, and the
+/// settings those numbers depend on (the seed, the shard, the dataset's length, the batch size,
+/// `drop_last`). Store it in a checkpoint ([`to_bytes`](Self::to_bytes), or the string form of
+/// [`Display`](fmt::Display)) and give it back to [`LoaderBuilder::resume`](super::LoaderBuilder::resume)
+/// after a restart: the first batch the new loader delivers is the one the interrupted run
+/// would have delivered next, whatever the worker counts and prefetch depths of either run.
+///
+/// A position counts batches the consumer *received* (not those prefetched), from
+/// [`Loader::position`](super::Loader::position) or [`Epoch::position`](super::Epoch::position)
+/// (and their stream counterparts). At the end of an epoch it is the start of the next one.
+///
+/// A position saved by a loader with another dataset length, batch size, world size, rank,
+/// seed or `drop_last` is refused with [`Error::Resume`] naming the setting.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::loader::{Loader, Position, Stack};
+/// use pinnable::Tensor;
+///
+/// let data: Vec<Tensor> = (0..20).map(|i| Tensor::from_vec1(vec![i as f32])).collect();
+/// let build = || Loader::builder(data.clone()).batch_size(4).shuffle(7).workers(2);
+///
+/// let loader = build().build(Stack)?;
+/// let mut epoch = loader.iter();
+/// let _first = epoch.next().unwrap()?;
+/// let _second = epoch.next().unwrap()?;
+/// let saved = epoch.position().to_string(); // into the checkpoint
+/// let third = epoch.next().unwrap()?;
+/// drop(epoch);
+///
+/// // After a restart: the next batch is the third.
+/// let position: Position = saved.parse()?;
+/// assert_eq!((position.epoch(), position.batch()), (0, 2));
+/// let resumed = build().workers(1).resume(position).build(Stack)?;
+/// let mut epoch = resumed.iter();
+/// assert_eq!(epoch.len(), 3);
+/// assert_eq!(epoch.next().unwrap()?.to_vec::<f32>()?, third.to_vec::<f32>()?);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Position {
+    epoch: u64,
+    batch: u64,
+    seed: Option<u64>,
+    rank: u64,
+    world: u64,
+    /// The dataset's length; `None` for a stream.
+    samples: Option<u64>,
+    batch_size: u64,
+    drop_last: bool,
+}
+
+impl Position {
+    /// The position at batch `batch` of epoch `epoch` of a loader with these settings.
+    pub(crate) fn new(
+        (epoch, batch): (u64, u64),
+        seed: Option<u64>,
+        (rank, world): (usize, usize),
+        samples: Option<usize>,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Position {
+        Position {
+            epoch,
+            batch,
+            seed,
+            rank: rank as u64,
+            world: world as u64,
+            samples: samples.map(|s| s as u64),
+            batch_size: batch_size as u64,
+            drop_last,
+        }
+    }
+
+    /// The same settings at batch `batch` of epoch `epoch`.
+    pub(crate) fn at(self, epoch: u64, batch: u64) -> Position {
+        Position {
+            epoch,
+            batch,
+            ..self
+        }
+    }
+
+    /// The epoch the next batch belongs to.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The batches of [`epoch`](Self::epoch) the consumer has received: the next batch is
+    /// batch number `batch()` of the epoch (counting from 0).
+    pub fn batch(&self) -> u64 {
+        self.batch
+    }
+
+    /// The shuffle seed, `None` for sequential order (and streams).
+    pub fn seed(&self) -> Option<u64> {
+        self.seed
+    }
+
+    /// The rank and the world size.
+    pub fn shard(&self) -> (u64, u64) {
+        (self.rank, self.world)
+    }
+
+    /// The dataset's length in samples, `None` for a stream.
+    pub fn samples(&self) -> Option<u64> {
+        self.samples
+    }
+
+    /// The samples per batch.
+    pub fn batch_size(&self) -> u64 {
+        self.batch_size
+    }
+
+    /// Whether the short last batch is dropped.
+    pub fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// The position as 64 bytes (little-endian, with a magic number and a format version), for
+    /// a binary checkpoint.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut flags = 0;
+        if self.seed.is_some() {
+            flags |= HAS_SEED;
+        }
+        if self.samples.is_some() {
+            flags |= HAS_SAMPLES;
+        }
+        if self.drop_last {
+            flags |= DROP_LAST;
+        }
+        let mut out = Vec::with_capacity(BYTES);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&flags.to_le_bytes());
+        for v in [
+            self.epoch,
+            self.batch,
+            self.seed.unwrap_or(0),
+            self.rank,
+            self.world,
+            self.samples.unwrap_or(0),
+            self.batch_size,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), BYTES);
+        out
+    }
+
+    /// The position [`to_bytes`](Self::to_bytes) wrote.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Position`] for bytes of another length, another magic number, another format
+    /// version, unknown flags, or settings no loader has (a world of 0, a rank outside it, a
+    /// batch size of 0).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::{Loader, Position, Stack};
+    /// use pinnable::Tensor;
+    ///
+    /// let data: Vec<Tensor> = (0..8).map(|i| Tensor::from_vec1(vec![i as u8])).collect();
+    /// let loader = Loader::builder(data).batch_size(3).workers(1).build(Stack)?;
+    /// let bytes = loader.position().to_bytes();
+    /// assert_eq!(Position::from_bytes(&bytes)?, loader.position());
+    /// assert!(Position::from_bytes(&bytes[..10]).is_err());
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn from_bytes(bytes: &[u8]) -> Result<Position> {
+        let bad = |problem: String| Error::Position { problem };
+        if bytes.len() != BYTES {
+            return Err(bad(format!(
+                "{} bytes; a position is {BYTES} bytes",
+                bytes.len()
+            )));
+        }
+        if &bytes[..4] != MAGIC {
+            return Err(bad(format!(
+                "it does not start with {:?}: these bytes are not a position",
+                String::from_utf8_lossy(MAGIC)
+            )));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        check_version(u64::from(version))?;
+        let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if flags & !(HAS_SEED | HAS_SAMPLES | DROP_LAST) != 0 {
+            return Err(bad(format!("unknown flags {flags:#06x}")));
+        }
+        let word = |i: usize| {
+            let at = 8 + 8 * i;
+            u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+        };
+        for (flag, i, name) in [(HAS_SEED, 2, "seed"), (HAS_SAMPLES, 5, "dataset length")] {
+            if flags & flag == 0 && word(i) != 0 {
+                return Err(bad(format!("a {name} is stored but flagged absent")));
+            }
+        }
+        let p = Position {
+            epoch: word(0),
+            batch: word(1),
+            seed: (flags & HAS_SEED != 0).then(|| word(2)),
+            rank: word(3),
+            world: word(4),
+            samples: (flags & HAS_SAMPLES != 0).then(|| word(5)),
+            batch_size: word(6),
+            drop_last: flags & DROP_LAST != 0,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks what every loader's settings satisfy.
+    fn validate(&self) -> Result<()> {
+        let bad = |problem: String| Err(Error::Position { problem });
+        if self.world == 0 || self.rank >= self.world {
+            return bad(format!(
+                "shard {}/{}: the rank must be below the world size, which must be at least 1",
+                self.rank, self.world
+            ));
+        }
+        if self.batch_size == 0 {
+            return bad("a batch size of 0".into());
+        }
+        for v in [self.rank, self.world, self.batch_size]
+            .into_iter()
+            .chain(self.samples)
+        {
+            if usize::try_from(v).is_err() {
+                return bad(format!("{v} does not fit in this machine's usize"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a position saved under other settings than `current`'s (whose epoch and batch
+    /// are ignored), naming the first setting that differs.
+    pub(crate) fn check_settings(&self, current: &Position) -> Result<()> {
+        let differ = |setting, saved: String, current: String| {
+            Err(Error::Resume {
+                setting,
+                saved,
+                current,
+            })
+        };
+        let samples = |s: Option<u64>| match s {
+            Some(n) => format!("{n} samples"),
+            None => "a stream (no length)".to_owned(),
+        };
+        let seed = |s: Option<u64>| match s {
+            Some(s) => s.to_string(),
+            None => "none (sequential order)".to_owned(),
+        };
+        if self.samples != current.samples {
+            return differ(
+                "dataset length",
+                samples(self.samples),
+                samples(current.samples),
+            );
+        }
+        if self.batch_size != current.batch_size {
+            return differ(
+                "batch size",
+                self.batch_size.to_string(),
+                current.batch_size.to_string(),
+            );
+        }
+        if self.world != current.world {
+            return differ(
+                "world size",
+                self.world.to_string(),
+                current.world.to_string(),
+            );
+        }
+        if self.rank != current.rank {
+            return differ("rank", self.rank.to_string(), current.rank.to_string());
+        }
+        if self.seed != current.seed {
+            return differ("seed", seed(self.seed), seed(current.seed));
+        }
+        if self.drop_last != current.drop_last {
+            return differ(
+                "drop_last",
+                self.drop_last.to_string(),
+                current.drop_last.to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn check_version(version: u64) -> Result<()> {
+    if version != u64::from(VERSION) {
+        return Err(Error::Position {
+            problem: format!(
+                "format version {version}; this build of pinnable reads version {VERSION}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `pinnable-position/1 epoch=3 batch=17 seed=42 shard=0/8 samples=1000 batch_size=12
+/// drop_last=false` (`seed=none` for sequential order, `samples=stream` for a stream).
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{PREFIX}{VERSION} epoch={} batch={} seed=",
+            self.epoch, self.batch
+        )?;
+        match self.seed {
+            Some(s) => write!(f, "{s}")?,
+            None => f.write_str("none")?,
+        }
+        write!(f, " shard={}/{} samples=", self.rank, self.world)?;
+        match self.samples {
+            Some(n) => write!(f, "{n}")?,
+            None => f.write_str("stream")?,
+        }
+        write!(
+            f,
+            " batch_size={} drop_last={}",
+            self.batch_size, self.drop_last
+        )
+    }
+}
+
+/// Reads the string form that [`Display`](fmt::Display) writes.
+impl FromStr for Position {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Position> {
+        let bad = |problem: String| Error::Position { problem };
+        let mut words = s.split_whitespace();
+        let version = words
+            .next()
+            .and_then(|w| w.strip_prefix(PREFIX))
+            .ok_or_else(|| bad(format!("{s:?} does not start with {PREFIX:?}")))?;
+        check_version(
+            version
+                .parse()
+                .map_err(|_| bad(format!("format version {version:?} is not a number")))?,
+        )?;
+        const KEYS: [&str; 7] = [
+            "epoch",
+            "batch",
+            "seed",
+            "shard",
+            "samples",
+            "batch_size",
+            "drop_last",
+        ];
+        let mut values: [Option<&str>; 7] = [None; 7];
+        for word in words {
+            let (key, value) = word
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{word:?} is not key=value")))?;
+            let k = KEYS
+                .iter()
+                .position(|&k| k == key)
+                .ok_or_else(|| bad(format!("unknown key {key:?}")))?;
+            if values[k].replace(value).is_some() {
+                return Err(bad(format!("{key} is given twice")));
+            }
+        }
+        let get = |k: usize| values[k].ok_or_else(|| bad(format!("{} is missing", KEYS[k])));
+        let number = |k: usize, v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| bad(format!("{}={v:?} is not a number", KEYS[k])))
+        };
+        let optional = |k: usize, none: &str| -> Result<Option<u64>> {
+            let v = get(k)?;
+            if v == none {
+                Ok(None)
+            } else {
+                number(k, v).map(Some)
+            }
+        };
+        let (rank, world) = get(3)?
+            .split_once('/')
+            .ok_or_else(|| bad("shard is not rank/world".into()))?;
+        let p = Position {
+            epoch: number(0, get(0)?)?,
+            batch: number(1, get(1)?)?,
+            seed: optional(2, "none")?,
+            rank: number(3, rank)?,
+            world: number(3, world)?,
+            samples: optional(4, "stream")?,
+            batch_size: number(5, get(5)?)?,
+            drop_last: match get(6)? {
+                "true" => true,
+                "false" => false,
+                v => return Err(bad(format!("drop_last={v:?} is not true or false"))),
+            },
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+/// The batches one epoch's consumer has received, for its position.
+pub(crate) struct Progress {
+    /// The epoch's settings, number and first batch (where it resumed).
+    start: Position,
+    /// The batches the epoch has when its length is known (datasets, not streams).
+    batches: Option<u64>,
+    received: AtomicU64,
+    ended: AtomicBool,
+}
+
+impl Progress {
+    pub(crate) fn new(start: Position, batches: Option<usize>) -> Arc<Progress> {
+        Arc::new(Progress {
+            start,
+            batches: batches.map(|b| b as u64),
+            received: AtomicU64::new(0),
+            ended: AtomicBool::new(false),
+        })
+    }
+
+    /// The consumer received one more batch.
+    pub(crate) fn received(&self) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The stream ended with its last batch delivered.
+    pub(crate) fn ended(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+
+    /// Where the consumer is: after the last batch received, or at the start of the next epoch
+    /// once this one is over.
+    pub(crate) fn position(&self) -> Position {
+        let batch = self.start.batch + self.received.load(Ordering::Relaxed);
+        let over = self.ended.load(Ordering::Relaxed) || self.batches == Some(batch);
+        if over {
+            self.start.at(self.start.epoch + 1, 0)
+        } else {
+            self.start.at(self.start.epoch, batch)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::sampler::SplitMix64;
+
+    /// Rounds of random input (fewer under Miri, which runs each far slower).
+    const ROUNDS: usize = if cfg!(miri) { 200 } else { 20_000 };
+
+    fn random(r: &mut SplitMix64) -> Position {
+        let world = 1 + r.below(64);
+        Position {
+            epoch: r.next_u64() >> r.below(64),
+            batch: r.next_u64() >> r.below(64),
+            seed: (r.below(2) == 0).then(|| r.next_u64()),
+            rank: r.below(world),
+            world,
+            samples: (r.below(2) == 0).then(|| r.next_u64() >> 1),
+            batch_size: 1 + r.below(1 << 20),
+            drop_last: r.below(2) == 0,
+        }
+    }
+
+    #[test]
+    fn both_forms_round_trip() {
+        let mut r = SplitMix64::new(0x5EED);
+        for _ in 0..ROUNDS / 20 {
+            let p = random(&mut r);
+            assert_eq!(Position::from_bytes(&p.to_bytes()).unwrap(), p);
+            assert_eq!(p.to_string().parse::<Position>().unwrap(), p, "{p}");
+        }
+    }
+
+    #[test]
+    fn hostile_bytes_and_strings_are_errors_not_panics() {
+        let mut r = SplitMix64::new(0xBAD);
+        let good = random(&mut r).to_bytes();
+        for _ in 0..ROUNDS {
+            let mut b = good.clone();
+            match r.below(3) {
+                0 => {
+                    let i = r.below(b.len() as u64) as usize;
+                    b[i] = r.next_u64() as u8;
+                }
+                1 => b.truncate(r.below(b.len() as u64) as usize),
+                _ => b = (0..r.below(80)).map(|_| r.next_u64() as u8).collect(),
+            }
+            if let Ok(p) = Position::from_bytes(&b) {
+                assert_eq!(p.to_bytes(), b);
+            }
+        }
+        let text = random(&mut r).to_string();
+        for _ in 0..ROUNDS {
+            let mut s: Vec<char> = text.chars().collect();
+            let i = r.below(s.len() as u64) as usize;
+            match r.below(3) {
+                0 => {
+                    s[i] =
+                        char::from(b" =/0123456789abcdefghijklmnopqrstuvwxyz"[r.below(39) as usize])
+                }
+                1 => {
+                    s.remove(i);
+                }
+                _ => s.truncate(i),
+            }
+            let s: String = s.into_iter().collect();
+            let _ = s.parse::<Position>();
+        }
+        for bad in [
+            "",
+            "pinnable-position/2 epoch=0",
+            "pinnable-position/1 epoch=0 batch=0 seed=none shard=1/1 samples=4 batch_size=1 drop_last=true",
+            "pinnable-position/1 epoch=0 batch=0 seed=none shard=0/1 samples=4 batch_size=0 drop_last=true",
+            "pinnable-position/1 epoch=0 epoch=0",
+        ] {
+            assert!(bad.parse::<Position>().is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn settings_that_differ_are_named() {
+        let p = Position::new((3, 5), Some(9), (1, 4), Some(100), 8, false);
+        assert!(p.check_settings(&p.at(0, 0)).is_ok());
+        let cases: [(Position, &str); 6] = [
+            (
+                Position {
+                    samples: Some(101),
+                    ..p
+                },
+                "dataset length",
+            ),
+            (Position { samples: None, ..p }, "dataset length"),
+            (
+                Position {
+                    batch_size: 16,
+                    ..p
+                },
+                "batch size",
+            ),
+            (Position { world: 8, ..p }, "world size"),
+            (Position { rank: 2, ..p }, "rank"),
+            (Position { seed: None, ..p }, "seed"),
+        ];
+        for (current, setting) in cases {
+            match p.check_settings(&current) {
+                Err(Error::Resume { setting: s, .. }) => assert_eq!(s, setting),
+                other => panic!("{setting}: {other:?}"),
+            }
+        }
+    }
+}
