@@ -103,6 +103,11 @@ if command -v python3 >/dev/null; then
 fi
 export PINNABLE_BENCH_OUT=${PINNABLE_BENCH_OUT:-$PWD/bench-out}
 mkdir -p "$PINNABLE_BENCH_OUT"
+# The test and bench kernels (a stand-in consumer and compute step), compiled here to PTX when a
+# CUDA compiler is present.
+if [ -z "${PINNABLE_KERNELS_PTX:-}" ] && command -v nvcc >/dev/null; then
+  nvcc -ptx kernels.cu -o /tmp/pinnable-kernels.ptx && export PINNABLE_KERNELS_PTX=/tmp/pinnable-kernels.ptx
+fi
 what=${1:-all}
 case "$what" in
   tests | examples | benches | all) ;;
@@ -131,10 +136,6 @@ if [ "$what" = all ] || [ "$what" = examples ]; then
   run ./launch_ranks.sh "$gpus" examples/multi_gpu
 fi
 if [ "$what" = all ] || [ "$what" = benches ]; then
-  # The benches' kernels, compiled here to PTX when a CUDA compiler is present.
-  if command -v nvcc >/dev/null; then
-    nvcc -ptx kernels.cu -o /tmp/pinnable-kernels.ptx && export PINNABLE_KERNELS_PTX=/tmp/pinnable-kernels.ptx
-  fi
   if [ -f torch_baseline.py ] && command -v python3 >/dev/null; then
     run python3 torch_baseline.py --out "$PINNABLE_BENCH_OUT/torch.txt"
   fi
