@@ -74,6 +74,7 @@ fn main() {
             );
         }
     }
+    backends(&dev, &mut r, &mut table, ceiling);
     table.note(&format!(
         "\nraw ceiling: {:.3} ms for 32 MiB; routes: Kernel = the gather kernels, Direct = one \
          copy-engine copy a run, Host = host staging; Auto picks the kernels below 512 KiB\n\n",
@@ -83,6 +84,59 @@ fn main() {
     small_tensors(&dev, &mut r, &mut table);
     beside_compute(&dev, &source, &mut r, &mut table);
     table.save("gather.md");
+}
+
+/// The kernels by the source's backend (a block of `cuMemHostAlloc` or of `cuMemHostRegister`),
+/// and how much of a move is the host's planning (a non-blocking call's return).
+fn backends(dev: &Device, r: &mut SmallRng, table: &mut Table, ceiling: f64) {
+    use pinnable::{BackendChoice, PinnedPool, PoolConfig};
+    for backend in [
+        BackendChoice::CudaHostAlloc,
+        BackendChoice::CudaHostRegister,
+    ] {
+        let mut config = PoolConfig::default();
+        config.backend = backend;
+        let pool = PinnedPool::new(config);
+        let source = pinnable::PinContext::run(&pool, |cx| {
+            cx.pin_tensor(&Tensor::from_vec(vec![7u8; SOURCE], &[SOURCE])?)
+        })
+        .expect("pinned source");
+        for row in [256, 1 << 10, 4 << 10] {
+            let n = SOURCE / row;
+            let src = source.reshape(&[n, row]).expect("rows");
+            let rows: Vec<usize> = (0..BATCH / row).map(|_| r.random_range(0..n)).collect();
+            let g = Gather::rows(&src, rows.iter().copied())
+                .expect("rows")
+                .route(GatherRoute::Kernel);
+            let t = time(3, 15, || {
+                g.to_device(dev, false).expect("move");
+            });
+            table.row(
+                &format!(
+                    "{} rows, Kernel, source from {backend:?} (a non-blocking call returns in \
+                     {:.3} ms)",
+                    size(row),
+                    plan_time(dev, &g) * 1e3
+                ),
+                t,
+                BATCH,
+                Some(("raw copy of 32 MiB", ceiling)),
+            );
+        }
+    }
+}
+
+/// How long a non-blocking move takes to return (the host's share: planning and issuing).
+fn plan_time(dev: &Device, g: &Gather) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..10 {
+        let t = std::time::Instant::now();
+        let moved = g.to_device(dev, true).expect("move");
+        v.push(t.elapsed().as_secs_f64());
+        dev.synchronize().expect("sync");
+        drop(moved);
+    }
+    pinnable_harness::bench::median(v)
 }
 
 fn size(bytes: usize) -> String {

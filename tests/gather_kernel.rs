@@ -359,15 +359,15 @@ fn many_small_pinned_tensors_move_together_and_a_user_kernel_reads_them() {
     for (a, b) in tensors.iter().zip(&moved) {
         assert_eq!(bytes_of(&b.to_cpu(false).unwrap()), bytes_of(a));
     }
-    // Small integer values, so the f32 sum is exact whatever the order.
-    let pixels = Tensor::pinned_from_fn(&[64, 3, 32, 32], |i| (i * 7 % 251) as u8).unwrap();
-    let g = Gather::rows(&pixels, (0..64).rev())
+    // Small integer values and a sum below 2^24, so the f32 sum is exact whatever the order.
+    let pixels = Tensor::pinned_from_fn(&[8, 3, 32, 32], |i| (i * 7 % 251) as u8).unwrap();
+    let g = Gather::rows(&pixels, (0..8).rev())
         .unwrap()
         .convert(Convert::affine(DType::F32, &[1.0, 2.0, 3.0], &[0.0; 3], 1).unwrap())
         .unwrap();
     let x = g.to_device(&dev, true).unwrap().into_tensor().unwrap();
     let want: f64 = affine_bytes(
-        &ints(&pixels.narrow(0, 0, 64).unwrap()),
+        &ints(&pixels),
         3,
         1024,
         &[1.0, 2.0, 3.0],

@@ -2,8 +2,10 @@
 // its device mapping, or device memory) written into a batch's device allocation, with the
 // elements converted on the way where asked.
 //
-// One launch moves a table of tasks (`Task`, laid out as `transfer::engine::sm::Task`). Groups
-// of `1 << lane_shift` threads (one to 32) take the tasks in turn. A group reads its task's
+// One launch moves either a table of tasks (`Task`, laid out as `transfer::engine::sm::Task`),
+// or pieces of one size at the offsets a table of starts gives (`Indexed`: the rows or windows
+// of a gather, 8 bytes of table a piece), each cut into `splits` tasks. Groups of
+// `1 << lane_shift` threads (one to 32) take the tasks in turn. A group reads its task's
 // source in 16-byte chunks aligned in memory, four in flight per thread, and writes every
 // element that lies in the task to its place: small pieces get a few threads each, large ones a
 // warp, so every thread keeps reads in flight whatever the piece size. A chunk reaches at most
@@ -28,6 +30,35 @@ struct Task {
     u64 count;
     u64 first;
 };
+
+// Pieces of `piece` elements, piece `p` read from element `starts[p]` of `src` and written as
+// elements `p * piece ...` from `dst`; task `i` is part `i % splits` of piece `i / splits`.
+struct Indexed {
+    u64 src;
+    u64 dst;
+    const u64* starts;
+    u64 piece;
+    u64 splits;
+};
+
+// Task `i` of a launch: from the table, or made from the indexed pieces.
+__device__ __forceinline__ Task task(const Task* tasks, const Indexed& ix, u64 i, u32 in_size,
+                                     u32 out_size) {
+    if (tasks != 0) {
+        return tasks[i];
+    }
+    const u64 p = i / ix.splits;
+    const u64 k = i - p * ix.splits;
+    const u64 per = (ix.piece + ix.splits - 1) / ix.splits;
+    const u64 off = k * per;
+    const u64 first = p * ix.piece + off;
+    Task t;
+    t.src = ix.src + (ix.starts[p] + off) * in_size;
+    t.dst = ix.dst + first * out_size;
+    t.count = off < ix.piece ? (ix.piece - off < per ? ix.piece - off : per) : 0;
+    t.first = first;
+    return t;
+}
 
 // Sixteen bytes, loaded whole.
 struct Chunk {
@@ -65,6 +96,9 @@ __device__ __forceinline__ In element(const Chunk& c, int j) {
 template <typename Emit>
 __device__ __forceinline__ void for_chunks(const Task& t, u32 in_size, u32 lane, u32 lanes,
                                            const Emit& emit) {
+    if (t.count == 0) {
+        return;
+    }
     const u64 begin = t.src;
     const u64 end = t.src + t.count * in_size;
     const u64 a0 = begin & ~15ull;
@@ -199,14 +233,15 @@ struct Affine {
 
 // Every task of this thread's group, each handed to the emitter `make(task)` builds.
 template <typename Make>
-__device__ __forceinline__ void run_tasks(const Task* tasks, u64 n_tasks, u32 lane_shift,
-                                          u32 in_size, const Make& make) {
+__device__ __forceinline__ void run_tasks(const Task* tasks, const Indexed& ix, u64 n_tasks,
+                                          u32 lane_shift, u32 in_size, u32 out_size,
+                                          const Make& make) {
     const u32 lanes = 1u << lane_shift;
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u32 lane = (u32)tid & (lanes - 1);
     const u64 groups = ((u64)gridDim.x * blockDim.x) >> lane_shift;
     for (u64 i = tid >> lane_shift; i < n_tasks; i += groups) {
-        const Task t = tasks[i];
+        const Task t = task(tasks, ix, i, in_size, out_size);
         for_chunks(t, in_size, lane, lanes, make(t));
     }
 }
@@ -247,13 +282,18 @@ struct MakeAffine {
     }
 };
 
-extern "C" __global__ void gather_copy(const Task* tasks, u64 n_tasks, u32 lane_shift) {
-    run_tasks(tasks, n_tasks, lane_shift, 1, MakeCopy());
+// Every kernel takes the tasks (or null), the indexed pieces (used when the tasks are null),
+// the number of tasks and the group size as a shift.
+extern "C" __global__ void gather_copy(const Task* tasks, Indexed ix, u64 n_tasks,
+                                       u32 lane_shift) {
+    run_tasks(tasks, ix, n_tasks, lane_shift, 1, 1, MakeCopy());
 }
 
-#define CAST_KERNEL(name, In, Out)                                                        \
-    extern "C" __global__ void name(const Task* tasks, u64 n_tasks, u32 lane_shift) {   \
-        run_tasks(tasks, n_tasks, lane_shift, sizeof(In), MakeCast<In, Out>());           \
+#define CAST_KERNEL(name, In, Out)                                                          \
+    extern "C" __global__ void name(const Task* tasks, Indexed ix, u64 n_tasks,           \
+                                    u32 lane_shift) {                                       \
+        run_tasks(tasks, ix, n_tasks, lane_shift, sizeof(In), sizeof(Out),                  \
+                  MakeCast<In, Out>());                                                     \
     }
 
 CAST_KERNEL(gather_cast_u8_i32, u8, int)
@@ -265,15 +305,15 @@ CAST_KERNEL(gather_cast_u32_i64, u32, long long)
 
 // `scale` and `offset` hold `channels` floats each, in device memory.
 #define AFFINE_KERNEL(name, Store)                                                          \
-    extern "C" __global__ void name(const Task* tasks, u64 n_tasks, u32 lane_shift,       \
-                                    const float* scale, const float* offset, u32 channels, \
-                                    u64 inner) {                                            \
+    extern "C" __global__ void name(const Task* tasks, Indexed ix, u64 n_tasks,           \
+                                    u32 lane_shift, const float* scale,                     \
+                                    const float* offset, u32 channels, u64 inner) {         \
         MakeAffine<Store> make;                                                             \
         make.scale = scale;                                                                 \
         make.offset = offset;                                                               \
         make.channels = channels;                                                           \
         make.inner = inner;                                                                 \
-        run_tasks(tasks, n_tasks, lane_shift, 1, make);                                     \
+        run_tasks(tasks, ix, n_tasks, lane_shift, 1, Store::size, make);                    \
     }
 
 AFFINE_KERNEL(gather_affine_u8_f32, StoreF32)

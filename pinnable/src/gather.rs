@@ -27,7 +27,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::{Placement, Tensor};
-use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, ToDevice};
+use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, Stacking, ToDevice};
 
 /// Pieces of a source tensor — rows along its first dimension, or windows of a 1-D array — to
 /// be stacked into one contiguous tensor by the move that carries them, converted on the way
@@ -69,10 +69,13 @@ pub struct Gather {
 
 #[derive(Clone)]
 enum State {
-    /// Not gathered yet: runs of consecutive indices of `source`'s first dimension, in order,
-    /// stacked into `shape` (of the source's dtype), then converted by `convert`.
+    /// Not gathered yet: pieces of `piece` consecutive indices of `source`'s first dimension
+    /// from each of `starts` (also as `runs`, merged where consecutive), in order, stacked into
+    /// `shape` (of the source's dtype), then converted by `convert`.
     Pending {
         source: Tensor,
+        starts: Arc<[usize]>,
+        piece: usize,
         runs: Arc<[Range<usize>]>,
         shape: Arc<[usize]>,
         route: GatherRoute,
@@ -93,10 +96,10 @@ impl Gather {
         let Some(&len) = source.shape().first() else {
             return Err(Error::Shape("a rank-0 tensor has no rows to gather".into()));
         };
-        let (runs, count) = runs_of(source, rows.into_iter().map(|r| (r, 1)), len, "row")?;
+        let (starts, runs) = runs_of(source, rows, 1, len, "row")?;
         let mut shape = source.shape().to_vec();
-        shape[0] = count;
-        Ok(Gather::pending(source, runs, shape))
+        shape[0] = starts.len();
+        Ok(Gather::pending(source, starts, 1, runs, shape))
     }
 
     /// Windows of `len` consecutive elements of a 1-D `source`, one starting at each of
@@ -132,14 +135,23 @@ impl Gather {
                 source.numel()
             )));
         };
-        let (runs, count) = runs_of(source, starts.into_iter().map(|s| (s, len)), n, "window")?;
-        Ok(Gather::pending(source, runs, vec![count, len]))
+        let (starts, runs) = runs_of(source, starts, len, n, "window")?;
+        let count = starts.len();
+        Ok(Gather::pending(source, starts, len, runs, vec![count, len]))
     }
 
-    fn pending(source: &Tensor, runs: Vec<Range<usize>>, shape: Vec<usize>) -> Gather {
+    fn pending(
+        source: &Tensor,
+        starts: Vec<usize>,
+        piece: usize,
+        runs: Vec<Range<usize>>,
+        shape: Vec<usize>,
+    ) -> Gather {
         Gather {
             state: State::Pending {
                 source: source.clone(),
+                starts: starts.into(),
+                piece,
                 runs: runs.into(),
                 shape: shape.into(),
                 route: GatherRoute::Auto,
@@ -262,17 +274,11 @@ impl Gather {
     }
 
     /// Views of the source, one per run, in order (empty once stacked).
-    pub(crate) fn parts(&self) -> Vec<Tensor> {
-        let State::Pending { source, runs, .. } = &self.state else {
-            return Vec::new();
-        };
-        runs.iter()
-            .map(|r| {
-                source
-                    .narrow(0, r.start, r.len())
-                    .expect("runs lie within the source")
-            })
-            .collect()
+    fn parts(&self) -> Vec<Tensor> {
+        match &self.state {
+            State::Pending { source, runs, .. } => parts_of(source, runs),
+            State::Stacked(_) => Vec::new(),
+        }
     }
 }
 
@@ -312,19 +318,30 @@ impl From<Tensor> for Gather {
 
 impl ToDevice for Gather {
     fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self> {
-        let (source, route, convert) = match &self.state {
+        let stacking = match &self.state {
             State::Stacked(t) => return Ok(Gather::from(cx.move_tensor(t)?)),
             State::Pending {
                 source,
+                starts,
+                piece,
+                runs,
+                shape,
                 route,
                 convert,
-                ..
-            } => (source, *route, convert.as_ref()),
+            } => Stacking {
+                source,
+                starts,
+                piece: *piece,
+                runs,
+                shape,
+                route: *route,
+                convert: convert.as_ref(),
+            },
         };
-        if cx.device().ordinal().is_none() && source.placement().is_host() {
+        if cx.device().ordinal().is_none() && stacking.source.placement().is_host() {
             return Ok(self.clone());
         }
-        let moved = cx.move_stacked(source, &self.parts(), &self.shape(), route, convert)?;
+        let moved = cx.move_stacked(&stacking)?;
         Ok(Gather::from(moved))
     }
 }
@@ -374,31 +391,44 @@ impl fmt::Debug for Gather {
     }
 }
 
-/// Runs of consecutive indices of `source`'s first dimension covering `pieces` (each a start
-/// and a length), merged where one piece starts where the last ended, and their count.
+/// Views of `source`, one per run, in order.
+pub(crate) fn parts_of(source: &Tensor, runs: &[Range<usize>]) -> Vec<Tensor> {
+    runs.iter()
+        .map(|r| {
+            source
+                .narrow(0, r.start, r.len())
+                .expect("runs lie within the source")
+        })
+        .collect()
+}
+
+/// The starts of pieces of `n` consecutive indices of `source`'s first dimension (of `len`),
+/// checked, and the runs they cover, merged where one piece starts where the last ended.
 fn runs_of(
     source: &Tensor,
-    pieces: impl Iterator<Item = (usize, usize)>,
+    starts: impl IntoIterator<Item = usize>,
+    n: usize,
     len: usize,
     what: &str,
-) -> Result<(Vec<Range<usize>>, usize)> {
+) -> Result<(Vec<usize>, Vec<Range<usize>>)> {
     let unit_bytes = source.shape()[1..]
         .iter()
         .try_fold(source.dtype().size(), |b, &d| b.checked_mul(d));
-    let too_large = |units: usize| {
+    let too_large = |pieces: usize| {
         Error::Shape(format!(
-            "{units} {what}s of {:?} {} do not fit in memory",
+            "{pieces} {what}s of {:?} {} do not fit in memory",
             &source.shape()[1..],
             source.dtype()
         ))
     };
-    let unit_bytes = unit_bytes.ok_or_else(|| too_large(1))?;
+    let piece_bytes = unit_bytes
+        .and_then(|b| b.checked_mul(n))
+        .ok_or_else(|| too_large(1))?;
+    let starts = starts.into_iter();
+    let mut out = Vec::with_capacity(starts.size_hint().0);
     let mut runs: Vec<Range<usize>> = Vec::new();
-    let mut count: usize = 0;
-    let mut units: usize = 0;
-    for (start, n) in pieces {
-        let end = start.checked_add(n).filter(|&e| e <= len);
-        let Some(end) = end else {
+    for start in starts {
+        let Some(end) = start.checked_add(n).filter(|&e| e <= len) else {
             return Err(Error::Shape(if what == "row" {
                 format!("row {start} is out of range for a source of {len} rows")
             } else {
@@ -408,20 +438,19 @@ fn runs_of(
                 )
             }));
         };
-        count += 1;
-        units = units.saturating_add(n);
-        if units
-            .checked_mul(unit_bytes)
+        out.push(start);
+        if (out.len())
+            .checked_mul(piece_bytes)
             .is_none_or(|b| b > isize::MAX as usize)
         {
-            return Err(too_large(count));
+            return Err(too_large(out.len()));
         }
         match runs.last_mut() {
             Some(last) if last.end == start && n > 0 => last.end = end,
             _ => runs.push(start..end),
         }
     }
-    Ok((runs, count))
+    Ok((out, runs))
 }
 
 const _: () = assert!(

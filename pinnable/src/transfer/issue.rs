@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::MoveContext;
-use super::engine::sm::{SmJob, SmOp};
+use super::engine::sm::{SmJob, SmOp, SmWork};
 use super::engine::{self, dma, host};
 use crate::alloc::{Fence, PinnedBlock};
 use crate::copy::HostCopy;
@@ -110,7 +110,7 @@ impl MoveContext<'_> {
             self.copies.sm_issued += 1;
             jobs.push(SmJob {
                 op: SmOp::Copy,
-                pieces: sm_pieces,
+                work: SmWork::Pieces(sm_pieces),
             });
         }
         self.run_sm(&dev, kernels.as_deref(), &jobs)
@@ -128,7 +128,7 @@ impl MoveContext<'_> {
         kernels: Option<&Kernels>,
         jobs: &[SmJob],
     ) -> Result<()> {
-        if jobs.iter().all(|j| j.pieces.is_empty()) {
+        if jobs.iter().all(SmJob::is_empty) {
             self.copies.sm_reads.clear();
             return Ok(());
         }

@@ -7,16 +7,17 @@
 //! gathered on the host into pinned staging first, or, for a conversion where the kernels do
 //! not run, converted on the host.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use super::engine::sm::{SmJob, SmOp, SmPiece};
+use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork};
 use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
 use crate::convert::{self, Convert, Resolved};
 use crate::copy::HostCopy;
 use crate::error::{Error, Result};
-use crate::gather::GatherRoute;
+use crate::gather::{GatherRoute, parts_of};
 use crate::tensor::{Data, Tensor};
 
 /// Runs of at least this many bytes on average are copied straight from the source by
@@ -28,20 +29,32 @@ use crate::tensor::{Data, Tensor};
 /// the routes cross between 64 and 256 KiB.
 pub(crate) const GATHER_DIRECT_MIN: usize = 256 << 10;
 
+/// What a gather stacks: pieces of `piece` consecutive indices of `source`'s first dimension
+/// from each of `starts` (the same bytes as `runs`, merged where consecutive), into `shape`,
+/// converted by `convert`.
+pub(crate) struct Stacking<'a> {
+    pub(crate) source: &'a Tensor,
+    pub(crate) starts: &'a [usize],
+    pub(crate) piece: usize,
+    pub(crate) runs: &'a [Range<usize>],
+    pub(crate) shape: &'a [usize],
+    pub(crate) route: GatherRoute,
+    pub(crate) convert: Option<&'a Convert>,
+}
+
+impl Stacking<'_> {
+    /// Bytes of one index of the source's first dimension.
+    fn unit_bytes(&self) -> usize {
+        self.source.shape()[1..].iter().product::<usize>() * self.source.dtype().size()
+    }
+}
+
 impl MoveContext<'_> {
-    /// Moves the concatenation along dimension 0 of `parts` (views of `source`, each
-    /// contiguous when `source` is) into one contiguous tensor of `shape` on the target,
-    /// converting the elements by `convert`.
+    /// Moves what `s` stacks into one contiguous tensor on the target.
     ///
     /// The caller keeps a host source moved to the host as it is (nothing to copy).
-    pub(crate) fn move_stacked(
-        &mut self,
-        source: &Tensor,
-        parts: &[Tensor],
-        shape: &[usize],
-        route: GatherRoute,
-        convert: Option<&Convert>,
-    ) -> Result<Tensor> {
+    pub(crate) fn move_stacked(&mut self, s: &Stacking<'_>) -> Result<Tensor> {
+        let source = s.source;
         let host = source.placement().is_host();
         if host {
             check::dense_cpu(source, &self.path)?;
@@ -51,13 +64,14 @@ impl MoveContext<'_> {
                 source.placement()
             )));
         }
-        let layout = match convert {
-            Some(c) => Some(c.resolve(source.dtype(), shape)?),
+        let layout = match s.convert {
+            Some(c) => Some(c.resolve(source.dtype(), s.shape)?),
             None => None,
         };
-        let in_bytes: usize = parts.iter().map(Tensor::nbytes).sum();
+        let in_bytes = s.starts.len() * s.piece * s.unit_bytes();
         let out_dtype = layout.map_or(source.dtype(), |l| l.to);
         let out_bytes = in_bytes / source.dtype().size() * out_dtype.size();
+        let same_device = source.device() == *self.target;
         let kind = if !host {
             Source::Device
         } else if source.is_contiguous() && source.storage().is_device_mapped() {
@@ -69,10 +83,12 @@ impl MoveContext<'_> {
             Some(_) => crate::cuda::kernels(self.target.cuda_device("to_device")?).is_some(),
             None => false,
         };
+        // The kernels read device memory of the target only.
+        let kernels = kernels && (host || same_device);
         if layout.is_some() && (self.target.ordinal().is_none() || (!host && !kernels)) {
             return Err(self.field_error(format!(
                 "converting pieces of a tensor on {} while moving them to {} needs the gather \
-                 kernels on the target{}; convert before moving, or move without converting",
+                 kernels on that device{}; convert before moving, or move without converting",
                 source.placement(),
                 self.target,
                 crate::cuda::gather_kernels(self.target)
@@ -83,11 +99,11 @@ impl MoveContext<'_> {
         }
         let path = engine::gather_path(
             kind,
-            route,
+            s.route,
             layout.is_some(),
             kernels,
             in_bytes,
-            parts.len(),
+            s.runs.len(),
         );
         if self.pass == Pass::Measure {
             match path {
@@ -97,7 +113,7 @@ impl MoveContext<'_> {
             return Ok(source.clone());
         }
         if path == GatherPath::Staged && layout.is_none() {
-            return self.stage_stacked(source, parts, shape, in_bytes);
+            return self.stage_stacked(s, in_bytes);
         }
         // Every other path writes the result into the arena's region for single tensors.
         let (data, base, at) = match self.plan.place_single(out_bytes) {
@@ -107,39 +123,81 @@ impl MoveContext<'_> {
                 (Some(data), base, 0)
             }
         };
-        match (path, convert.zip(layout)) {
-            (GatherPath::InPlace(force), None) => {
+        let op = match s.convert.zip(layout) {
+            Some((c, layout)) => SmOp::Convert(c.clone(), layout),
+            None => SmOp::Copy,
+        };
+        match path {
+            GatherPath::InPlace(force) => {
                 self.wait_for(source);
-                let mut offset = 0;
-                for p in parts {
-                    let span = p.byte_span();
-                    let n = span.len() as u64;
-                    self.copy_alone(p, span, base + offset);
-                    if let Some(last) = self.copies.direct.last_mut() {
-                        last.force = force;
-                    }
-                    offset += n;
+                let run_bytes = in_bytes / s.runs.len().max(1);
+                match engine::in_place_engine(force, layout.is_some(), kernels, run_bytes) {
+                    Engine::Sms => self.gather_by_sms(s, op, base),
+                    Engine::CopyEngine => self.gather_by_copies(s, base, force),
                 }
             }
-            (GatherPath::InPlace(_), Some((c, layout))) => {
-                self.wait_for(source);
-                let pieces = self.pieces_in_place(source, parts, base, &layout);
-                self.copies.sm.push(SmJob {
-                    op: SmOp::Convert(c.clone(), layout),
-                    pieces,
-                });
+            GatherPath::Staged => {
+                let (SmOp::Convert(c, layout), true) = (&op, layout.is_some()) else {
+                    unreachable!("unconverted staged gathers are placed with the staged bytes")
+                };
+                self.stage_compact(s, base, c, *layout, in_bytes)?;
             }
-            (GatherPath::Staged, Some((c, layout))) => {
-                self.stage_compact(source, parts, base, c, layout, in_bytes)?;
-            }
-            (GatherPath::HostConverted, Some((c, layout))) => {
-                self.convert_on_host(parts, base, c, &layout, out_bytes)?;
-            }
-            (GatherPath::Staged | GatherPath::HostConverted, None) => {
-                unreachable!("unconverted staged gathers are placed with the staged bytes")
+            GatherPath::HostConverted => {
+                let (SmOp::Convert(c, layout), true) = (&op, layout.is_some()) else {
+                    unreachable!("only conversions are converted on the host")
+                };
+                self.convert_on_host(s, base, c, layout, out_bytes)?;
             }
         }
-        Tensor::at(self.part(data), out_dtype, shape, at)
+        Tensor::at(self.part(data), out_dtype, s.shape, at)
+    }
+
+    /// The SMs read every piece where it lies (mapped pinned or device memory) and write it,
+    /// converted by `op`, from `base` on: one launch, 8 bytes of table a piece. The source is
+    /// held and noted as read.
+    fn gather_by_sms(&mut self, s: &Stacking<'_>, op: SmOp, base: u64) {
+        let src = match &s.source.storage().data {
+            Data::Device(d) => {
+                self.copies.sm_reads.push(d.clone());
+                d.device_ptr()
+            }
+            Data::Pinned(b) => {
+                self.copies.note_block(b);
+                b.as_ptr() as u64
+            }
+            _ => unreachable!("read in place: pinned or device memory"),
+        };
+        self.copies.keep.push(s.source.storage().clone());
+        let elem = s.source.dtype().size();
+        let unit = s.unit_bytes() / elem;
+        let offset = s.source.byte_span().start / elem;
+        self.copies.sm.push(SmJob {
+            op,
+            work: SmWork::Indexed(Indexed {
+                src,
+                dst: base,
+                starts: s
+                    .starts
+                    .iter()
+                    .map(|&i| (offset + i * unit) as u64)
+                    .collect(),
+                piece: s.piece * unit,
+            }),
+        });
+    }
+
+    /// One copy-engine copy a run, straight from the source.
+    fn gather_by_copies(&mut self, s: &Stacking<'_>, base: u64, force: Option<Engine>) {
+        let mut offset = 0;
+        for p in parts_of(s.source, s.runs) {
+            let span = p.byte_span();
+            let n = span.len() as u64;
+            self.copy_alone(&p, span, base + offset);
+            if let Some(last) = self.copies.direct.last_mut() {
+                last.force = force.or(Some(Engine::CopyEngine));
+            }
+            offset += n;
+        }
     }
 
     fn field_error(&self, message: String) -> Error {
@@ -151,13 +209,8 @@ impl MoveContext<'_> {
 
     /// Unconverted pieces gathered by the copy threads into the staging block, then sent with
     /// the batch's staged bytes.
-    fn stage_stacked(
-        &mut self,
-        source: &Tensor,
-        parts: &[Tensor],
-        shape: &[usize],
-        bytes: usize,
-    ) -> Result<Tensor> {
+    fn stage_stacked(&mut self, s: &Stacking<'_>, bytes: usize) -> Result<Tensor> {
+        let parts = parts_of(s.source, s.runs);
         let slot = self.plan.place_staged(bytes).and_then(|at| {
             let arena = self.arena.as_ref()?;
             Some((at, self.staging.as_ref()?.at(at), arena.at(at)))
@@ -172,7 +225,7 @@ impl MoveContext<'_> {
         };
         let mergeable = block.is_none();
         let mut offset = 0;
-        for p in parts {
+        for p in &parts {
             let n = p.nbytes();
             if n > 0 {
                 self.stage(
@@ -187,44 +240,7 @@ impl MoveContext<'_> {
         if let Some(block) = block {
             self.copies.blocks.push(block);
         }
-        Tensor::at(self.part(data), source.dtype(), shape, at)
-    }
-
-    /// The SMs' pieces for parts read where they lie (mapped pinned or device memory), written
-    /// converted from `base` on; the sources are held and noted as read.
-    fn pieces_in_place(
-        &mut self,
-        source: &Tensor,
-        parts: &[Tensor],
-        base: u64,
-        layout: &Resolved,
-    ) -> Vec<SmPiece> {
-        let src_base = match &source.storage().data {
-            Data::Device(d) => {
-                self.copies.sm_reads.push(d.clone());
-                d.device_ptr()
-            }
-            Data::Pinned(b) => {
-                self.copies.note_block(b);
-                b.as_ptr() as u64
-            }
-            _ => unreachable!("read in place: pinned or device memory"),
-        };
-        self.copies.keep.push(source.storage().clone());
-        let mut first = 0;
-        parts
-            .iter()
-            .map(|p| {
-                let piece = SmPiece {
-                    src: src_base + p.byte_span().start as u64,
-                    dst: base + (first * layout.to.size()) as u64,
-                    count: p.numel(),
-                    first,
-                };
-                first += p.numel();
-                piece
-            })
-            .collect()
+        Tensor::at(self.part(data), s.source.dtype(), s.shape, at)
     }
 
     /// Converted pieces of a source the device cannot read in place: the copy threads gather
@@ -233,8 +249,7 @@ impl MoveContext<'_> {
     /// mapped for the device.
     fn stage_compact(
         &mut self,
-        source: &Tensor,
-        parts: &[Tensor],
+        s: &Stacking<'_>,
         base: u64,
         c: &Convert,
         layout: Resolved,
@@ -243,12 +258,13 @@ impl MoveContext<'_> {
         let block = Arc::new(self.pool.alloc(in_bytes)?);
         if !block.is_device_mapped() {
             let out_bytes = in_bytes / layout.from.size() * layout.to.size();
-            return self.convert_on_host(parts, base, c, &layout, out_bytes);
+            return self.convert_on_host(s, base, c, &layout, out_bytes);
         }
+        let parts = parts_of(s.source, s.runs);
         let mut offset = 0;
         let mut first = 0;
         let mut pieces = Vec::with_capacity(parts.len());
-        for p in parts {
+        for p in &parts {
             let n = p.nbytes();
             if n > 0 {
                 let src = p.host_src("to_device")?;
@@ -267,11 +283,11 @@ impl MoveContext<'_> {
             offset += n;
             first += p.numel();
         }
-        self.copies.keep.push(source.storage().clone());
+        self.copies.keep.push(s.source.storage().clone());
         self.copies.blocks.push(block);
         self.copies.after_staging.push(SmJob {
             op: SmOp::Convert(c.clone(), layout),
-            pieces,
+            work: SmWork::Pieces(pieces),
         });
         Ok(())
     }
@@ -280,7 +296,7 @@ impl MoveContext<'_> {
     /// copy engine: for when the gather kernels do not run.
     fn convert_on_host(
         &mut self,
-        parts: &[Tensor],
+        s: &Stacking<'_>,
         base: u64,
         c: &Convert,
         layout: &Resolved,
@@ -292,7 +308,7 @@ impl MoveContext<'_> {
         let block = Arc::new(self.pool.alloc(out_bytes)?);
         // SAFETY: the block was just allocated; nothing else refers to it yet.
         let dst = unsafe { block.as_mut_slice() };
-        convert::convert_parts(c, layout, parts, dst)?;
+        convert::convert_parts(c, layout, &parts_of(s.source, s.runs), dst)?;
         let staged = Tensor::at(
             crate::tensor::Storage::part(Data::Pinned(block), None),
             layout.to,

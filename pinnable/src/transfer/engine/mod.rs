@@ -94,6 +94,23 @@ pub(crate) fn gather_path(
     }
 }
 
+/// The engine that reads a gather's pieces in place: the one a route named; the SMs for a
+/// conversion; else the SMs where the kernels run and runs of consecutive pieces average below
+/// [`SM_MAX_PIECE`], the copy engine (one copy a run) otherwise.
+pub(crate) fn in_place_engine(
+    force: Option<Engine>,
+    converts: bool,
+    kernels: bool,
+    run_bytes: usize,
+) -> Engine {
+    match force {
+        _ if converts => Engine::Sms,
+        Some(engine) if kernels || engine == Engine::CopyEngine => engine,
+        _ if kernels && run_bytes < SM_MAX_PIECE => Engine::Sms,
+        _ => Engine::CopyEngine,
+    }
+}
+
 /// Splits merged direct copies between the copy engine and the SMs: host-to-device pieces
 /// below [`SM_MAX_PIECE`] from mapped memory go to the SMs when `kernels` are there, unless a
 /// route named the engine; everything else to the copy engine.
@@ -204,6 +221,35 @@ mod tests {
         assert_eq!(
             p(GatherRoute::Kernel, true, false),
             GatherPath::HostConverted
+        );
+    }
+
+    #[test]
+    fn in_place_pieces_go_to_the_sms_unless_runs_are_large_or_a_route_says_otherwise() {
+        assert_eq!(in_place_engine(None, false, true, 4 * KIB), Engine::Sms);
+        assert_eq!(
+            in_place_engine(None, false, true, SM_MAX_PIECE),
+            Engine::CopyEngine
+        );
+        assert_eq!(
+            in_place_engine(None, false, false, 4 * KIB),
+            Engine::CopyEngine
+        );
+        assert_eq!(
+            in_place_engine(Some(Engine::Sms), false, true, 1 << 30),
+            Engine::Sms
+        );
+        assert_eq!(
+            in_place_engine(Some(Engine::Sms), false, false, 1),
+            Engine::CopyEngine
+        );
+        assert_eq!(
+            in_place_engine(Some(Engine::CopyEngine), false, true, 1),
+            Engine::CopyEngine
+        );
+        assert_eq!(
+            in_place_engine(Some(Engine::CopyEngine), true, true, 1),
+            Engine::Sms
         );
     }
 

@@ -4,7 +4,8 @@
 //! pieces: the copy engine pays microseconds per copy, the SMs keep enough reads in flight to
 //! fill the link with pieces of any size.
 //!
-//! A launch's task table is written into a pinned block, copied to the device on the copy
+//! A launch's table — explicit tasks, or for a gather's rows and windows just each piece's
+//! start (8 bytes a piece) — is written into a pinned block, copied to the device on the copy
 //! stream (the kernels read it many times; over the link each read would cost a round trip)
 //! and freed there after the kernels, all in stream order.
 
@@ -44,12 +45,64 @@ impl SmOp {
             SmOp::Convert(_, layout) => layout.from.size(),
         }
     }
+
+    /// Bytes of one result element.
+    fn out_size(&self) -> usize {
+        match self {
+            SmOp::Copy => 1,
+            SmOp::Convert(_, layout) => layout.to.size(),
+        }
+    }
 }
 
 /// The pieces one launch moves.
 pub(crate) struct SmJob {
     pub(crate) op: SmOp,
-    pub(crate) pieces: Vec<SmPiece>,
+    pub(crate) work: SmWork,
+}
+
+/// Which pieces a launch moves.
+pub(crate) enum SmWork {
+    /// Pieces of any sizes and places.
+    Pieces(Vec<SmPiece>),
+    /// Pieces of one size (rows or windows of one source, stacked in order).
+    Indexed(Indexed),
+}
+
+/// Pieces of `piece` elements each: piece `p` is read from element `starts[p]` of the source at
+/// `src` and written as elements `p * piece ..` of the result at `dst`.
+pub(crate) struct Indexed {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) starts: Vec<u64>,
+    pub(crate) piece: usize,
+}
+
+impl SmWork {
+    fn is_empty(&self) -> bool {
+        match self {
+            SmWork::Pieces(p) => p.is_empty(),
+            SmWork::Indexed(ix) => ix.starts.is_empty() || ix.piece == 0,
+        }
+    }
+}
+
+impl SmJob {
+    /// Whether the job moves nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.work.is_empty()
+    }
+}
+
+/// `Indexed` as the kernels take it (`struct Indexed` in `gather.cu`), by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct IndexedParams {
+    src: u64,
+    dst: u64,
+    starts: u64,
+    piece: u64,
+    splits: u64,
 }
 
 /// A task as the kernels read it (`struct Task` in `gather.cu`).
@@ -86,10 +139,8 @@ fn max_blocks(kernels: &Kernels) -> u32 {
 /// Cuts `pieces` into tasks of at most [`TASK_BYTES`] source bytes (whole elements).
 fn tasks(op: &SmOp, pieces: &[SmPiece], out: &mut Vec<Task>) {
     let size = op.in_size();
-    let (out_size, per) = match op {
-        SmOp::Copy => (1, TASK_BYTES),
-        SmOp::Convert(_, layout) => (layout.to.size(), TASK_BYTES / size),
-    };
+    let out_size = op.out_size();
+    let per = per_task(op);
     for p in pieces {
         let mut done = 0;
         while done < p.count {
@@ -105,11 +156,15 @@ fn tasks(op: &SmOp, pieces: &[SmPiece], out: &mut Vec<Task>) {
     }
 }
 
-/// Threads per task, as a shift: enough that each has [`UNROLL`] chunks of an average task in
-/// flight, at most a warp.
-fn lane_shift(tasks: &[Task], in_size: usize) -> u32 {
-    let bytes: u64 = tasks.iter().map(|t| t.count * in_size as u64).sum();
-    let chunks = (bytes / 16).div_ceil(tasks.len().max(1) as u64).max(1);
+/// Source elements of a task at most: [`TASK_BYTES`] of them.
+fn per_task(op: &SmOp) -> usize {
+    TASK_BYTES / op.in_size()
+}
+
+/// Threads per task, as a shift, for `tasks` tasks of `bytes` source bytes in all: enough that
+/// each has [`UNROLL`] chunks of an average task in flight, at most a warp.
+fn lane_shift(bytes: u64, tasks: usize) -> u32 {
+    let chunks = (bytes / 16).div_ceil(tasks.max(1) as u64).max(1);
     let lanes = (chunks / UNROLL as u64).clamp(1, 32);
     63 - lanes.leading_zeros() // log2, rounded down
 }
@@ -130,17 +185,56 @@ pub(crate) unsafe fn launch(
     pool: &PinnedPool,
     jobs: &[SmJob],
 ) -> Result<Option<Arc<PinnedBlock>>> {
-    let mut table: Vec<Task> = Vec::new();
-    let mut spans = Vec::with_capacity(jobs.len());
+    // One table: each job's tasks or starts, then every job's per-channel coefficients.
+    let mut table: Vec<u64> = Vec::new();
+    let mut plans = Vec::with_capacity(jobs.len());
+    let mut tasks_of = Vec::new();
     for job in jobs {
-        let start = table.len();
-        tasks(&job.op, &job.pieces, &mut table);
-        spans.push(start..table.len());
+        let at = table.len();
+        let plan = match &job.work {
+            SmWork::Pieces(pieces) => {
+                tasks_of.clear();
+                tasks(&job.op, pieces, &mut tasks_of);
+                for t in &tasks_of {
+                    table.extend_from_slice(&[t.src, t.dst, t.count, t.first]);
+                }
+                let shift = lane_shift(
+                    tasks_of.iter().map(|t| t.count).sum::<u64>() * job.op.in_size() as u64,
+                    tasks_of.len(),
+                );
+                Plan {
+                    at,
+                    n: tasks_of.len() as u64,
+                    shift,
+                    indexed: None,
+                }
+            }
+            SmWork::Indexed(ix) => {
+                table.extend_from_slice(&ix.starts);
+                let per = per_task(&job.op);
+                let splits = ix.piece.div_ceil(per).max(1) as u64;
+                let task_elems = ix.piece.div_ceil(splits as usize);
+                let n = ix.starts.len() as u64 * splits;
+                let shift = lane_shift(n * (task_elems * job.op.in_size()) as u64, n as usize);
+                Plan {
+                    at,
+                    n,
+                    shift,
+                    indexed: Some(IndexedParams {
+                        src: ix.src,
+                        dst: ix.dst,
+                        starts: 0,
+                        piece: ix.piece as u64,
+                        splits,
+                    }),
+                }
+            }
+        };
+        plans.push(plan);
     }
-    if table.is_empty() {
+    if plans.iter().all(|p| p.n == 0) {
         return Ok(None);
     }
-    // The per-channel coefficients follow the tasks.
     let mut coefficients: Vec<f32> = Vec::new();
     let mut coefficient_at = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -151,18 +245,18 @@ pub(crate) unsafe fn launch(
             coefficients.extend_from_slice(offset);
         }
     }
-    let task_bytes = std::mem::size_of_val(table.as_slice());
-    let bytes = task_bytes + std::mem::size_of_val(coefficients.as_slice());
+    let table_bytes = std::mem::size_of_val(table.as_slice());
+    let bytes = table_bytes + std::mem::size_of_val(coefficients.as_slice());
     let block = Arc::new(pool.alloc(bytes)?);
     // SAFETY: the block was just allocated and nothing else refers to it; both parts fit in
-    // `bytes`, the tasks first (the block is page-aligned, so aligned for them).
+    // `bytes`, the table first (the block is page-aligned, so aligned for it).
     unsafe {
         let p = block.as_ptr();
-        std::ptr::copy_nonoverlapping(table.as_ptr().cast::<u8>(), p, task_bytes);
+        std::ptr::copy_nonoverlapping(table.as_ptr().cast::<u8>(), p, table_bytes);
         std::ptr::copy_nonoverlapping(
             coefficients.as_ptr().cast::<u8>(),
-            p.add(task_bytes),
-            bytes - task_bytes,
+            p.add(table_bytes),
+            bytes - table_bytes,
         );
     }
     let stream = dev.copy_stream.cu_stream();
@@ -178,14 +272,14 @@ pub(crate) unsafe fn launch(
     .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e));
     let launched = copied.and_then(|()| {
         jobs.iter()
-            .zip(&spans)
+            .zip(&plans)
             .zip(&coefficient_at)
-            .try_for_each(|((job, span), &coef)| {
-                let table_at = on_device + (span.start * size_of::<Task>()) as u64;
-                let coef_at = on_device + (task_bytes + coef * size_of::<f32>()) as u64;
-                // SAFETY: the table holds `span` tasks whose ranges the caller vouches for;
-                // the coefficients follow it; forwarded preconditions.
-                unsafe { launch_one(dev, kernels, job, &table[span.clone()], table_at, coef_at) }
+            .try_for_each(|((job, plan), &coef)| {
+                let table_at = on_device + (plan.at * 8) as u64;
+                let coef_at = on_device + (table_bytes + coef * size_of::<f32>()) as u64;
+                // SAFETY: the table holds the plan's tasks or starts, whose ranges the caller
+                // vouches for; the coefficients follow it; forwarded preconditions.
+                unsafe { launch_one(dev, kernels, job, plan, table_at, coef_at) }
             })
     });
     // Freed in stream order, after the kernels that read it (also when a launch failed: the
@@ -196,24 +290,34 @@ pub(crate) unsafe fn launch(
     launched.and(freed).map(|()| Some(block))
 }
 
-/// Launches one job's kernel over its tasks, whose table is at `table_at` on the device.
+/// One job's launch: where its table starts (in u64s), its task count and group size, and its
+/// indexed pieces (`None` for a table of tasks).
+struct Plan {
+    at: usize,
+    n: u64,
+    shift: u32,
+    indexed: Option<IndexedParams>,
+}
+
+/// Launches one job's kernel, whose table (tasks or starts) is at `table_at` on the device.
 ///
 /// # Safety
 ///
-/// As [`launch`]; `table_at` holds `tasks` and `coef_at` the job's coefficients, on the device.
+/// As [`launch`]; `table_at` holds the plan's tasks or starts and `coef_at` the job's
+/// coefficients, on the device.
 unsafe fn launch_one(
     dev: &CudaDevice,
     kernels: &Kernels,
     job: &SmJob,
-    tasks: &[Task],
+    plan: &Plan,
     table_at: u64,
     coef_at: u64,
 ) -> Result<()> {
-    if tasks.is_empty() {
+    if plan.n == 0 {
         return Ok(());
     }
-    let shift = lane_shift(tasks, job.op.in_size());
-    let threads = (tasks.len() as u64) << shift;
+    let shift = plan.shift;
+    let threads = plan.n << shift;
     let blocks = threads
         .div_ceil(u64::from(BLOCK))
         .min(u64::from(max_blocks(kernels))) as u32;
@@ -238,9 +342,20 @@ unsafe fn launch_one(
             (f, None)
         }
     };
-    let (mut table, mut n, mut lane_shift) = (table_at, tasks.len() as u64, shift);
+    let (mut tasks, mut indexed) = match plan.indexed {
+        Some(ix) => (
+            0u64,
+            IndexedParams {
+                starts: table_at,
+                ..ix
+            },
+        ),
+        None => (table_at, IndexedParams::default()),
+    };
+    let (mut n, mut lane_shift) = (plan.n, shift);
     let mut params: Vec<*mut std::ffi::c_void> = vec![
-        (&mut table as *mut u64).cast(),
+        (&mut tasks as *mut u64).cast(),
+        (&mut indexed as *mut IndexedParams).cast(),
         (&mut n as *mut u64).cast(),
         (&mut lane_shift as *mut u32).cast(),
     ];
@@ -317,14 +432,15 @@ mod tests {
     #[test]
     fn small_tasks_get_a_few_lanes_large_ones_a_warp() {
         let mut out = Vec::new();
+        let shift = |out: &[Task]| lane_shift(out.iter().map(|t| t.count).sum(), out.len());
         tasks(&SmOp::Copy, &[piece(0, 256, 0); 8], &mut out);
-        assert_eq!(lane_shift(&out, 1), 2); // 16 chunks: 4 lanes of 4
+        assert_eq!(shift(&out), 2); // 16 chunks: 4 lanes of 4
         out.clear();
         tasks(&SmOp::Copy, &[piece(0, 1 << 20, 0)], &mut out);
         assert_eq!(out.len(), 64);
-        assert_eq!(lane_shift(&out, 1), 5);
+        assert_eq!(shift(&out), 5);
         out.clear();
         tasks(&SmOp::Copy, &[piece(0, 3, 0)], &mut out);
-        assert_eq!(lane_shift(&out, 1), 0);
+        assert_eq!(shift(&out), 0);
     }
 }
