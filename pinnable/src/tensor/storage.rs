@@ -295,10 +295,6 @@ impl DeviceBuffer {
         }
     }
 
-    pub(crate) fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
-    }
-
     /// The device address of the first byte.
     pub(crate) fn device_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
         use cudarc::driver::DevicePtr;
