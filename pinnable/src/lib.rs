@@ -48,6 +48,13 @@
 //!   engine, with no collation on the host;
 //! - [`error`]: the one [`Error`] type;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
+//!
+//! **Soundness.** No safe call can cause undefined behaviour, read out of bounds, or race the
+//! GPU: tensors share memory copy-on-write, every asynchronous copy carries a ready event that
+//! readers wait for, memory is freed only after its recorded readers, device views are ordered
+//! on the one stream they were made for, and the cudarc handles users get keep cudarc's own
+//! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
+//! functions are `unsafe` and why.
 
 #![warn(missing_docs)]
 
@@ -59,6 +66,8 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod fanout;
+#[cfg(test)]
+mod fuzz;
 mod gather;
 mod impls;
 pub mod interop;
