@@ -147,8 +147,7 @@ fn from_host_bytes_reads_whole_aligned_elements_or_refuses() {
     }
     // The case from the report: one byte into the buffer, three more of offset, u32.
     let err = Tensor::from_host_bytes(Arc::new(Shifted::new(32, 1)), DType::U32, &[2], 3)
-        .err()
-        .expect("a byte offset of 3 is not a whole number of u32 elements");
+        .expect_err("a byte offset of 3 is not a whole number of u32 elements");
     assert!(err.to_string().contains("multiple of 4"), "{err}");
     // An aligned start at a whole-element offset is accepted.
     let t = Tensor::from_host_bytes(Arc::new(Shifted::new(32, 0)), DType::U32, &[2], 4).unwrap();

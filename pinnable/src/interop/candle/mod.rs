@@ -112,6 +112,7 @@ macro_rules! with_elem {
         }
     };
 }
+#[cfg_attr(not(feature = "candle-cuda"), allow(unused_imports))]
 pub(crate) use with_elem;
 
 /// A candle tensor's storage, read-locked for as long as this value lives, so candle's
@@ -138,6 +139,7 @@ impl ReadLocked {
     }
 
     /// Identifies the storage: equal for every tensor over it (views included).
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
     pub(crate) fn storage_id(&self) -> usize {
         std::ptr::from_ref::<candle::Storage>(&self.guard).addr()
     }
