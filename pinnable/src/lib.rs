@@ -30,6 +30,13 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 //!
+//! **Soundness.** No safe call can cause undefined behaviour, read out of bounds, or race the
+//! GPU: tensors share memory copy-on-write, every asynchronous copy carries a ready event that
+//! readers wait for, memory is freed only after its recorded readers, device views are ordered
+//! on the one stream they were made for, and the cudarc handles users get keep cudarc's own
+//! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
+//! functions are `unsafe` and why.
+//!
 //! The modules, in the order a batch meets them:
 //! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
 //! - [`batch`]: batches built in place in one pinned block ([`BatchLayout`], [`PinnedBatch`]);
@@ -48,13 +55,6 @@
 //!   engine, with no collation on the host;
 //! - [`error`]: the one [`Error`] type;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
-//!
-//! **Soundness.** No safe call can cause undefined behaviour, read out of bounds, or race the
-//! GPU: tensors share memory copy-on-write, every asynchronous copy carries a ready event that
-//! readers wait for, memory is freed only after its recorded readers, device views are ordered
-//! on the one stream they were made for, and the cudarc handles users get keep cudarc's own
-//! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
-//! functions are `unsafe` and why.
 
 #![warn(missing_docs)]
 
@@ -66,8 +66,6 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod fanout;
-#[cfg(test)]
-mod fuzz;
 mod gather;
 mod impls;
 pub mod interop;
@@ -77,6 +75,9 @@ pub mod path;
 pub mod pin;
 pub mod tensor;
 pub mod transfer;
+
+#[cfg(test)]
+mod fuzz;
 
 pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,
