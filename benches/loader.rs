@@ -324,7 +324,7 @@ fn gpu_part(
             if spin_ns > 0 {
                 k.spin(&compute, spin_ns);
             }
-            let ptr = view.device_ptr(&compute).0;
+            let ptr = view.device_ptr();
             k.read_sum(&compute, ptr, b.0.numel(), sum_ptr);
             drop(view);
             compute.synchronize().expect("sync");

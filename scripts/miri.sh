@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the host-side unit tests under Miri, over the heap test-double pool (no OS or driver
 # call): the pinned allocator (size classes, free lists, pending fences, budget, stats), the
-# loader (sampler, collation, the worker/transfer threads, shutdown), tensors and batches.
+# loader (sampler, collation, the worker/transfer threads, shutdown, panics in user code on
+# them, the `.npy` parser fed arbitrary bytes), tensors (over borrowed host bytes too: whole,
+# aligned elements, read once) and batches, and the property-test harness itself. SAFETY.md
+# lists which test covers which hole.
 #
 #   scripts/miri.sh              # all of them
 #   scripts/miri.sh FILTER...    # other unit-test filters, e.g. `loader::tests::collator`
@@ -16,6 +19,6 @@ fi
 export MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-strict-provenance"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-miri}"
 if [ $# -eq 0 ]; then
-    set -- alloc:: loader:: tensor:: batch::
+    set -- alloc:: loader:: tensor:: batch:: fuzz::
 fi
 exec cargo +nightly miri test -p pinnable --lib -- "$@"

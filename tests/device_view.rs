@@ -32,22 +32,24 @@ fn cuda_view_mut_writes_in_place_after_the_copy_and_before_later_readers() {
             .pin_memory()
             .unwrap();
         let new: Vec<f32> = (0..n).map(|_| r.random()).collect();
+        let new_on = stream.clone_htod(&new).unwrap();
         // Keep the copy in flight, so the write must wait for it ...
         hold_stream(&copy, 20);
         let mut on = src.to_device(&dev, true).unwrap();
         {
             let mut view = on.cuda_view_mut::<f32>(&stream).unwrap();
             assert_eq!(view.len(), n);
-            // ... and the write itself late, so the read below must wait for it.
+            // ... and the write itself late (a device copy: the call does not wait for it), so
+            // the read below must wait for it.
             hold_stream(&stream, 20);
-            stream.memcpy_htod(&new, &mut view.as_view_mut()).unwrap();
+            view.copy_from(&new_on).unwrap();
         }
         let back = on.to_cpu(true).unwrap();
         assert_eq!(back.to_vec::<f32>().unwrap(), new);
         // A read-only view on a third stream sees the write too.
         let other = dev.cuda_context().unwrap().new_stream().unwrap();
         let view = on.cuda_view::<f32>(&other).unwrap();
-        assert_eq!(other.clone_dtoh(&*view).unwrap(), new);
+        assert_eq!(view.to_vec().unwrap(), new);
     }
 }
 
@@ -68,7 +70,7 @@ fn cuda_view_mut_waits_for_readers_of_the_old_values() {
         let back = on.to_cpu(true).unwrap(); // reads the old values, late
         {
             let mut view = on.cuda_view_mut::<i32>(&stream).unwrap();
-            stream.memset_zeros(&mut view.as_view_mut()).unwrap();
+            view.fill_zeros().unwrap();
         }
         assert_eq!(back.to_vec::<i32>().unwrap(), src.to_vec::<i32>().unwrap());
         assert!(
@@ -142,16 +144,17 @@ fn a_leaked_writable_view_still_orders_later_reads_after_its_writes() {
             .to_device(&dev, false)
             .unwrap();
         let new: Vec<f32> = (0..n).map(|_| r.random()).collect();
+        let new_on = stream.clone_htod(&new).unwrap();
         let mut view = on.cuda_view_mut::<f32>(&stream).unwrap();
         // The write runs late; the view is leaked (safe code), so its drop never records it.
         hold_stream(&stream, 50);
-        stream.memcpy_htod(&new, &mut view.as_view_mut()).unwrap();
+        view.copy_from(&new_on).unwrap();
         std::mem::forget(view);
         // The read must still come after the write.
         assert_eq!(on.to_cpu(false).unwrap().to_vec::<f32>().unwrap(), new);
         let other = dev.cuda_context().unwrap().new_stream().unwrap();
         let view = on.cuda_view::<f32>(&other).unwrap();
-        assert_eq!(other.clone_dtoh(&*view).unwrap(), new);
+        assert_eq!(view.to_vec().unwrap(), new);
     }
 }
 
@@ -173,12 +176,12 @@ fn a_leaked_read_view_still_orders_later_writes_after_its_reads() {
         let view = on.cuda_view::<f32>(&reader).unwrap();
         // The read runs late; the view is leaked, so its drop never records it.
         hold_stream(&reader, 50);
-        reader.memcpy_dtod(&*view, &mut seen).unwrap();
+        view.copy_to(&mut seen).unwrap();
         std::mem::forget(view);
         // The overwrite must still wait for that read.
         {
             let mut w = on.cuda_view_mut::<f32>(&writer).unwrap();
-            writer.memset_zeros(&mut w.as_view_mut()).unwrap();
+            w.fill_zeros().unwrap();
         }
         assert_eq!(
             reader.clone_dtoh(&seen).unwrap(),
@@ -194,5 +197,51 @@ fn a_leaked_read_view_still_orders_later_writes_after_its_reads() {
         );
         // The leaked view keeps the memory: dropping the tensor must not free it under the read.
         drop(on);
+    }
+}
+
+#[test]
+fn a_view_reads_on_its_own_stream_after_the_copy() {
+    let _serial = serial();
+    let test = "a_view_reads_on_its_own_stream_after_the_copy";
+    let Some(dev) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let ctx = dev.cuda_context().unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let copy = dev.copy_stream().unwrap().clone();
+    for _ in 0..5 {
+        let n = r.random_range(1..100_000);
+        let src = random_tensor(&mut r, DType::F32, &[n])
+            .pin_memory()
+            .unwrap();
+        let want = src.to_vec::<f32>().unwrap();
+        hold_stream(&copy, 20); // the copy runs late: every read below must wait for it
+        let on = src.to_device(&dev, true).unwrap();
+        let view = on.cuda_view::<f32>(&stream).unwrap();
+        assert_eq!(view.len(), n);
+        assert!(std::sync::Arc::ptr_eq(view.stream(), &stream));
+        let mut mine = stream.alloc_zeros::<f32>(n).unwrap();
+        view.copy_to(&mut mine).unwrap();
+        let mut host = vec![0f32; n];
+        view.copy_to_host(&mut host).unwrap();
+        assert_eq!(host, want);
+        // The cudarc view, on the view's own stream (the `unsafe` contract).
+        // SAFETY: used on `view.stream()` only, while the view lives.
+        let theirs = stream.clone_dtoh(&unsafe { view.as_cuda_view() }).unwrap();
+        assert_eq!(theirs, want);
+        drop(view);
+        assert_eq!(stream.clone_dtoh(&mine).unwrap(), want);
+        let mut wrong = vec![0f32; n + 1];
+        let view = on.cuda_view::<f32>(&stream).unwrap();
+        let err = view.copy_to_host(&mut wrong).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "invalid shape: copy_to_host needs {n} elements, as many as the view holds, not {}",
+                n + 1
+            )
+        );
     }
 }

@@ -385,7 +385,7 @@ fn device_exports_wait_for_the_copy_and_device_imports_share_memory() {
         let back = Tensor::from_dlpack(dl).unwrap();
         assert_eq!(back.placement(), pinnable::Placement::Cuda(0));
         assert_eq!(back.to_cpu(false).unwrap().to_vec::<f32>().unwrap(), host);
-        let again = back.to_dlpack().unwrap();
+        let again = back.to_dlpack_on(&consumer).unwrap();
         assert_eq!(again.dl_tensor().data as u64, ptr, "no device copy");
     }
 }
@@ -425,7 +425,8 @@ fn foreign_device_memory_is_read_only_and_device_bools_are_refused() {
     let src = random_tensor(&mut r, DType::F32, &[n]);
     let on = src.to_device(&dev, false).unwrap();
     // Through the raw form, as a foreign producer hands it over: no longer known as ours.
-    let raw = on.to_dlpack().unwrap().into_raw_versioned().unwrap();
+    let copy = dev.copy_stream().unwrap();
+    let raw = on.to_dlpack_on(copy).unwrap().into_raw_versioned().unwrap();
     // SAFETY: `raw` came from `into_raw_versioned` just above and nothing writes its data.
     let mut imported =
         Tensor::from_dlpack(unsafe { DlpackTensor::from_raw_versioned(raw) }.unwrap()).unwrap();
@@ -440,7 +441,11 @@ fn foreign_device_memory_is_read_only_and_device_bools_are_refused() {
     let flags = random_tensor(&mut r, DType::Bool, &[16])
         .to_device(&dev, false)
         .unwrap();
-    let raw = flags.to_dlpack().unwrap().into_raw_versioned().unwrap();
+    let raw = flags
+        .to_dlpack_on(copy)
+        .unwrap()
+        .into_raw_versioned()
+        .unwrap();
     // SAFETY: as above.
     let err =
         Tensor::from_dlpack(unsafe { DlpackTensor::from_raw_versioned(raw) }.unwrap()).unwrap_err();

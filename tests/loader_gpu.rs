@@ -55,3 +55,73 @@ fn a_thousand_random_batches_reach_the_device_intact() {
     );
     assert_eq!(pool.stats().in_use_bytes, 0, "every block back in the pool");
 }
+
+/// A batch whose host copy panics when dropped, once its move has been issued.
+struct Fragile {
+    values: pinnable::Tensor,
+    armed: bool,
+}
+
+impl Drop for Fragile {
+    fn drop(&mut self) {
+        if self.armed {
+            panic!("a host batch panicked when dropped");
+        }
+    }
+}
+
+impl ToDevice for Fragile {
+    fn to_device_with(&self, cx: &mut pinnable::MoveContext<'_>) -> pinnable::Result<Self> {
+        Ok(Fragile {
+            values: self.values.to_device_with(cx)?,
+            armed: false,
+        })
+    }
+}
+
+#[test]
+fn a_host_batch_that_panics_when_dropped_after_its_move_fails_that_batch() {
+    let test = "a_host_batch_that_panics_when_dropped_after_its_move_fails_that_batch";
+    let Some(dev) = cuda_or_skip(test) else {
+        return;
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let loader = Loader::builder((0..40i64).collect::<Vec<i64>>())
+            .batch_size(4)
+            .workers(2)
+            .prefetch(1)
+            .device(dev)
+            .build_with(|s: Vec<i64>, c: &mut Collator| {
+                let x = c.stack_scalars("x", s.iter().copied())?;
+                let values = c.finish()?.take(x)?;
+                // Batch 3 (samples 12..16) panics when the transfer thread drops its host copy.
+                Ok(Fragile {
+                    values,
+                    armed: s[0] == 12,
+                })
+            })
+            .unwrap();
+        let results: Vec<_> = loader
+            .iter()
+            .map(|b| b.map(|b| b.values.to_cpu(false).unwrap().to_vec::<i64>().unwrap()))
+            .collect();
+        let _ = tx.send(results);
+    });
+    let results = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the epoch hung");
+    assert_eq!(
+        results.len(),
+        4,
+        "three batches, then the failed one: {results:?}"
+    );
+    assert_eq!(results[2].as_ref().unwrap(), &[8, 9, 10, 11]);
+    match &results[3] {
+        Err(pinnable::Error::Panicked { what, message }) => {
+            assert!(what.contains("batch 3"), "{what}");
+            assert_eq!(message, "a host batch panicked when dropped");
+        }
+        other => panic!("expected a panic error for batch 3, got {other:?}"),
+    }
+}

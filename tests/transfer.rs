@@ -195,7 +195,7 @@ fn consumer_on_another_stream_waits_for_the_ready_event() {
         let mut host = vec![0f32; 1 << 20];
         {
             let view = on.cuda_view::<f32>(&user).unwrap();
-            user.memcpy_dtoh(&*view, &mut host).unwrap();
+            view.copy_to_host(&mut host).unwrap();
         }
         user.synchronize().unwrap();
         assert_eq!(host, t.to_vec::<f32>().unwrap());

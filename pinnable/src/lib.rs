@@ -30,6 +30,13 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 //!
+//! **Soundness.** No safe call can cause undefined behaviour, read out of bounds, or race the
+//! GPU: tensors share memory copy-on-write, every asynchronous copy carries a ready event that
+//! readers wait for, memory is freed only after its recorded readers, device views are ordered
+//! on the one stream they were made for, and the cudarc handles users get keep cudarc's own
+//! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
+//! functions are `unsafe` and why.
+//!
 //! The modules, in the order a batch meets them:
 //! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
 //! - [`batch`]: batches built in place in one pinned block ([`BatchLayout`], [`PinnedBatch`]);
@@ -70,6 +77,9 @@ pub mod path;
 pub mod pin;
 pub mod tensor;
 pub mod transfer;
+
+#[cfg(test)]
+mod fuzz;
 
 pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,

@@ -106,10 +106,21 @@ enum DeviceKind {
 
 /// One CUDA device as this crate uses it: its primary context and a dedicated non-blocking
 /// copy stream, shared by every `Device` handle with the same ordinal.
+///
+/// Two cudarc handles on the one primary context: `ctx`, the crate's own, with cudarc's event
+/// tracking off (the crate orders every use of its buffers itself, and tracking would record
+/// events on every copy and allocation); and `user`, cudarc's default with tracking on, the
+/// only one handed out. cudarc keeps the tracking switch per handle, not per driver context, so
+/// nothing a user reaches through [`Device::cuda_context`] or [`Device::copy_stream`] (or
+/// another library's own handle, such as candle's) is untracked.
 pub(crate) struct CudaDevice {
     pub(crate) ordinal: usize,
+    /// Never handed out: its tracking is off.
     pub(crate) ctx: Arc<CudaContext>,
+    /// Never handed out: a stream of `ctx`.
     pub(crate) copy_stream: Arc<CudaStream>,
+    /// What users get.
+    user: UserHandles,
     name: String,
     total_memory: usize,
     events: Mutex<Vec<CudaEvent>>,
@@ -205,19 +216,28 @@ impl Device {
         Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.0"))
     }
 
-    /// The cudarc context this device uses, for interoperating with cudarc kernels.
+    /// A cudarc context of this device (its primary context), for cudarc work of your own:
+    /// streams for [`Tensor::cuda_view`](crate::Tensor::cuda_view), kernels, allocations.
+    ///
+    /// It is cudarc's default kind of handle, with cudarc's event tracking on and already more
+    /// than one stream: safe cudarc calls through it (and through streams and slices made from
+    /// it) are ordered between streams by cudarc, as they would be in a program without this
+    /// crate. The crate's own copies go through a handle of their own, which is never handed
+    /// out (see `SAFETY.md`).
     pub fn cuda_context(&self) -> Option<&Arc<CudaContext>> {
         match &self.kind {
             DeviceKind::Cpu => None,
-            DeviceKind::Cuda(d) => Some(&d.ctx),
+            DeviceKind::Cuda(d) => Some(&d.user.ctx),
         }
     }
 
-    /// The dedicated copy stream that every transfer to or from this device is issued on.
+    /// The dedicated copy stream that every transfer to or from this device is issued on, as a
+    /// stream of [`cuda_context`](Self::cuda_context): work enqueued on it runs in order with
+    /// the copies (a wait on it waits for them; a kernel on it delays them).
     pub fn copy_stream(&self) -> Option<&Arc<CudaStream>> {
         match &self.kind {
             DeviceKind::Cpu => None,
-            DeviceKind::Cuda(d) => Some(&d.copy_stream),
+            DeviceKind::Cuda(d) => Some(&d.user.copy_stream),
         }
     }
 
@@ -304,13 +324,18 @@ impl CudaDevice {
     fn open(ordinal: usize) -> Result<CudaDevice> {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
-        // SAFETY: this crate orders every use of its device buffers itself: copies record a
-        // ready event that consumers wait on, and a buffer is freed on the copy stream only
-        // after that stream has waited on every recorded reader (see `tensor::DeviceBuffer`).
+        // SAFETY: this handle is the crate's alone (`CudaDevice::ctx`, never handed out, nor
+        // anything made through it: the copy stream, device buffers' slices), and the crate
+        // orders every use of its device buffers itself: copies record a ready event that
+        // consumers wait on, views are ordered on their one stream, and a buffer is freed on
+        // the copy stream only after that stream has waited on every recorded reader (see
+        // `tensor::DeviceBuffer`). Other handles on the same primary context, ours for users
+        // included, keep cudarc's tracking: the switch belongs to this handle only.
         unsafe { ctx.disable_event_tracking() };
         let copy_stream = ctx
             .new_stream()
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let user = UserHandles::open(ordinal, &copy_stream)?;
         keep_freed_memory(&ctx);
         let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
         let total_memory = ctx.total_mem().unwrap_or(0);
@@ -318,6 +343,7 @@ impl CudaDevice {
             ordinal,
             ctx,
             copy_stream,
+            user,
             name,
             total_memory,
             events: Mutex::new(Vec::new()),
@@ -352,6 +378,37 @@ impl CudaDevice {
         unsafe { result::event::record(event.cu_event(), stream) }
             .map_err(|e| Error::driver("cuEventRecord", e))?;
         Ok(event)
+    }
+}
+
+/// The handles on a device that users get: a cudarc context of the primary context with
+/// cudarc's event tracking on, and the crate's copy stream as one of its streams.
+struct UserHandles {
+    ctx: Arc<CudaContext>,
+    copy_stream: Arc<CudaStream>,
+    /// A stream of `ctx` kept open, so that cudarc is in its multi-stream mode from the start
+    /// and orders every slice made through `ctx` between streams (in its single-stream mode it
+    /// orders nothing, assuming all work is on one stream, which the copy stream is not).
+    _second: Arc<CudaStream>,
+}
+
+impl UserHandles {
+    fn open(ordinal: usize, copy_stream: &CudaStream) -> Result<UserHandles> {
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| Error::driver("cuDevicePrimaryCtxRetain", e))?;
+        let second = ctx
+            .new_stream()
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        // SAFETY: the copy stream is a stream of this same primary context, and it lives for
+        // the rest of the process: the `CudaDevice` that owns it is only ever made by
+        // `Device::cuda`, which keeps it in `DEVICES` for good. Work through the wrapper runs on
+        // that stream in order with the crate's copies, which is all the sharing there is.
+        let copy_stream = unsafe { ctx.wrap_borrowed_stream(copy_stream.cu_stream()) };
+        Ok(UserHandles {
+            ctx,
+            copy_stream,
+            _second: second,
+        })
     }
 }
 

@@ -89,9 +89,12 @@ mod builder;
 pub mod collate;
 pub mod dataset;
 mod epoch;
+mod guard;
 pub mod launch;
 mod loaders;
 pub mod npy;
+#[cfg(test)]
+mod panic_tests;
 mod pipeline;
 pub mod position;
 pub mod sampler;

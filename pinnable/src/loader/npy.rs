@@ -18,7 +18,7 @@ use std::sync::Arc;
 use super::dataset::{Dataset, Rows};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::{HostBytes, Tensor};
+use crate::tensor::{External, HostBytes, Tensor, contiguous_strides};
 
 /// A read-only, private memory mapping of a whole file.
 pub(crate) struct Mapping {
@@ -115,7 +115,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
         );
     }
     let (major, minor) = (bytes[6], bytes[7]);
-    let (len, start) = match major {
+    let (len, start): (usize, usize) = match major {
         1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
         2 | 3 if bytes.len() >= 12 => {
             let n = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
@@ -130,10 +130,11 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
             ));
         }
     };
-    let end = start + len;
-    let text = bytes
-        .get(start..end)
+    let end = start
+        .checked_add(len)
+        .filter(|&end| end <= bytes.len())
         .ok_or("the file ends inside its header")?;
+    let text = &bytes[start..end];
     let text = std::str::from_utf8(text).map_err(|_| "the header is not text")?;
     let dict = parse_dict(text)?;
     let field = |key: &str| -> std::result::Result<&Value, String> {
@@ -407,19 +408,62 @@ impl NpyArray {
     ///    satisfy this.
     pub unsafe fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
         let path = path.as_ref();
+        let name = path.display().to_string();
+        let mapping = Mapping::open(path).map_err(|problem| Error::Npy {
+            path: name.clone(),
+            problem,
+        })?;
+        NpyArray::parse(Arc::new(mapping), &name)
+    }
+
+    /// A `.npy` file already in memory (read from an archive, received over the network) as
+    /// a dataset of its rows, each a zero-copy view of `bytes`. `name` stands for the file in
+    /// errors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Npy`] naming `name` and what to do, as for [`open`](Self::open).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pinnable::loader::{Dataset, NpyArray};
+    ///
+    /// let header = "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }";
+    /// let mut file = b"\x93NUMPY\x01\x00".to_vec();
+    /// file.extend((header.len() as u16).to_le_bytes());
+    /// file.extend(header.as_bytes());
+    /// file.extend([1u8, 2, 3, 4, 5, 6]);
+    /// let array = NpyArray::from_host_bytes(Arc::new(file), "in-memory.npy")?;
+    /// assert_eq!(array.get(1)?.to_vec::<u8>()?, vec![4, 5, 6]);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn from_host_bytes(bytes: Arc<dyn HostBytes>, name: &str) -> Result<NpyArray> {
+        NpyArray::parse(bytes, name)
+    }
+
+    /// Parses the header and views the data, both in the one answer `bytes` gives.
+    fn parse(bytes: Arc<dyn HostBytes>, name: &str) -> Result<NpyArray> {
         let err = |problem: String| Error::Npy {
-            path: path.display().to_string(),
+            path: name.to_owned(),
             problem,
         };
-        let mapping = Arc::new(Mapping::open(path).map_err(err)?);
-        let header = parse_header(mapping.host_bytes()).map_err(err)?;
-        let tensor =
-            Tensor::from_host_bytes(mapping, header.dtype, &header.shape, header.data_offset)
-                .map_err(|e| {
-                    err(format!(
-                        "the data does not match the header ({e}); the file may be truncated"
-                    ))
-                })?;
+        let bytes = External::new(bytes);
+        let header = parse_header(bytes.bytes()).map_err(err)?;
+        let (strides, _) = contiguous_strides(&header.shape).map_err(|e| err(e.to_string()))?;
+        let tensor = Tensor::over_host_bytes(
+            bytes,
+            header.dtype,
+            &header.shape,
+            &strides,
+            header.data_offset,
+        )
+        .map_err(|e| {
+            err(format!(
+                "the data does not match the header ({e}); the file may be truncated"
+            ))
+        })?;
         let rows = Rows::new(tensor.clone()).ok();
         Ok(NpyArray { tensor, rows })
     }
@@ -445,6 +489,9 @@ impl Dataset for NpyArray {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_tests;
 
 #[cfg(test)]
 mod descr_tests {

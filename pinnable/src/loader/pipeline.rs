@@ -16,6 +16,13 @@
 //! workers finish the sample they are loading, the transfer thread returns, and every thread is
 //! joined before [`Pipeline::shutdown`] returns, with every batch in flight dropped (its block
 //! back in the pool).
+//!
+//! **Panics.** Every call into user code on these threads (a dataset's `get`, a stream's `next`,
+//! the batcher, `to_device`, and the `Drop` of samples and batches) runs under a guard. A panic
+//! while a batch is being made or moved, its samples' and host copy's `Drop` included, is that
+//! batch's [`Error::Panicked`], delivered in its place. A panic in the `Drop` of a batch the
+//! consumer never receives (the epoch ended first) is caught where it happens and let go: the
+//! panic hook has reported it, and no thread is left behind or blocked.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -28,6 +35,7 @@ use std::time::Instant;
 use super::batcher::Batcher;
 use super::collate::Collator;
 use super::dataset::Dataset;
+use super::guard::{Held, discard, drop_each, drop_guarded, drop_quietly, guarded, panic_message};
 use super::stats::Counters;
 use crate::alloc::PinnedPool;
 use crate::cuda::{Device, Event};
@@ -36,27 +44,6 @@ use crate::transfer::ToDevice;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The text of a panic's payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_owned()
-    }
-}
-
-/// Runs `f`, turning a panic into [`Error::Panicked`] naming `what`.
-fn guarded<R>(what: impl FnOnce() -> String, f: impl FnOnce() -> Result<R>) -> Result<R> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        Err(Error::Panicked {
-            what: what(),
-            message: panic_message(&*p),
-        })
-    })
 }
 
 /// The epoch's jobs, in batch order.
@@ -126,14 +113,14 @@ impl Drop for PermitInner {
 /// A worker's result, in whatever order workers finish.
 struct Done<T> {
     batch: usize,
-    result: Result<T>,
+    result: Result<Held<T>>,
     samples: usize,
     permit: Permit,
 }
 
 /// What the consumer receives, in batch order.
 struct Ready<T> {
-    result: Result<T>,
+    result: Result<Held<T>>,
     samples: usize,
     _permit: Option<Permit>,
 }
@@ -224,7 +211,10 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
                 .name(format!("loader-w{i}"))
                 .spawn(move || {
                     on_node(&node);
-                    worker(&work, &tx)
+                    worker(&work, &tx);
+                    // The last worker out drops the dataset, the batcher and the stream: user
+                    // code whose `Drop` must not take the thread down with a panic.
+                    drop_quietly(work);
                 })
                 .map(|h| pipeline.threads.push(h));
         }
@@ -262,7 +252,7 @@ impl<T> Pipeline<T> {
                 _permit,
             }) => {
                 self.counters.took(samples, start.elapsed());
-                Some(Ok(batch))
+                Some(Ok(batch.into_inner()))
             }
             Ok(Ready { result: Err(e), .. }) => {
                 self.shutdown();
@@ -323,8 +313,17 @@ fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
         let Some((batch, job)) = next else {
             return; // the epoch's jobs are all taken
         };
+        // Every user call in `run` has a guard of its own; this one catches whatever else
+        // panics, so the batch this worker claimed is always delivered, if only as an error.
         let (result, samples) = match job {
-            Ok(job) => run(work, batch, job),
+            Ok(job) => {
+                catch_unwind(AssertUnwindSafe(|| run(work, batch, job))).unwrap_or_else(|p| {
+                    let message = panic_message(&*p);
+                    discard(p);
+                    let what = format!("making batch {batch}");
+                    (Err(Error::Panicked { what, message }), 0)
+                })
+            }
             Err(e) => (Err(e), 0),
         };
         let done = Done {
@@ -340,9 +339,9 @@ fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
 }
 
 /// Loads and collates one batch; returns it with its sample count.
-fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Result<T>, usize) {
+fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Result<Held<T>>, usize) {
     let start = Instant::now();
-    let loaded = load(work, job);
+    let loaded = load(work, batch, job);
     work.counters.add_load(start.elapsed());
     let (indices, samples) = match loaded {
         Ok(v) => v,
@@ -353,18 +352,29 @@ fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Resul
     let mut c = Collator::for_batch(&work.pool, indices, work.counters.clone());
     let result = guarded(
         || format!("the batcher (batch {batch})"),
-        || work.batcher.batch(samples, &mut c),
+        || work.batcher.batch(samples, &mut c).map(Held::new),
     );
     work.counters.add_collate(start.elapsed());
     (result, n)
 }
 
 /// A batch's samples and their indices (dataset indices, or stream positions).
-fn load<S: Send, T: Send>(work: &Work<S, T>, job: Job<S>) -> Result<(Vec<usize>, Vec<S>)> {
+///
+/// When a sample fails, the samples already loaded are dropped here, each under a guard: a
+/// panic in a sample's `Drop` becomes batch `batch`'s error, naming the failure it interrupted.
+fn load<S: Send, T: Send>(
+    work: &Work<S, T>,
+    batch: usize,
+    job: Job<S>,
+) -> Result<(Vec<usize>, Vec<S>)> {
     let failed = |index: usize, e: Error| Error::Sample {
         index,
         during: "loading",
         source: Box::new(e),
+    };
+    let drop_all = |e: &Error, samples: Vec<S>, rest: Vec<(usize, Result<S>)>| {
+        let what = || format!("dropping the samples of batch {batch} after: {e}");
+        drop_each(what, samples).and(drop_each(what, rest))
     };
     match job {
         Job::Indices(indices) => {
@@ -376,21 +386,43 @@ fn load<S: Send, T: Send>(work: &Work<S, T>, job: Job<S>) -> Result<(Vec<usize>,
             for &i in &indices {
                 if work.gate.is_stopped() {
                     // The epoch is over and this batch is never delivered: skip the rest.
-                    return Err(Error::Config {
+                    let e = Error::Config {
                         setting: "epoch",
                         problem: "stopped".into(),
-                    });
+                    };
+                    drop_all(&e, samples, Vec::new())?;
+                    return Err(e);
                 }
-                let sample = guarded(|| "the dataset's `get`".into(), || dataset.get(i));
-                samples.push(sample.map_err(|e| failed(i, e))?);
+                match guarded(|| "the dataset's `get`".into(), || dataset.get(i)) {
+                    Ok(sample) => samples.push(sample),
+                    Err(e) => {
+                        let e = failed(i, e);
+                        drop_all(&e, samples, Vec::new())?;
+                        return Err(e);
+                    }
+                }
             }
             Ok((indices, samples))
         }
-        Job::Read(items) => items
-            .into_iter()
-            .map(|(pos, r)| r.map(|s| (pos, s)).map_err(|e| failed(pos, e)))
-            .collect::<Result<Vec<_>>>()
-            .map(|v| v.into_iter().unzip()),
+        Job::Read(items) => {
+            let mut positions = Vec::with_capacity(items.len());
+            let mut samples = Vec::with_capacity(items.len());
+            let mut items = items.into_iter();
+            while let Some((pos, item)) = items.next() {
+                match item {
+                    Ok(sample) => {
+                        positions.push(pos);
+                        samples.push(sample);
+                    }
+                    Err(e) => {
+                        let e = failed(pos, e);
+                        drop_all(&e, samples, items.collect())?;
+                        return Err(e);
+                    }
+                }
+            }
+            Ok((positions, samples))
+        }
     }
 }
 
@@ -421,7 +453,7 @@ fn transfer<T: ToDevice>(
             } = done;
             let result = result.and_then(|batch| {
                 let start = Instant::now();
-                let moved = move_batch(batch, &device, &permit, &mut copying);
+                let moved = move_batch(batch, next - 1, &device, &permit, &mut copying);
                 counters.add_transfer(start.elapsed());
                 moved
             });
@@ -472,23 +504,30 @@ fn transfer<T: ToDevice>(
 }
 
 /// `batch` on `device`: itself on the host; otherwise moved without blocking, with an event
-/// recorded after its copy that keeps the batch's permit until the copy has finished.
+/// recorded after its copy that keeps the batch's permit until the copy has finished. The host
+/// batch is dropped here, and its `Drop` may be the user's: a panic there fails batch `number`.
 fn move_batch<T: ToDevice>(
-    batch: T,
+    batch: Held<T>,
+    number: usize,
     device: &Device,
     permit: &Permit,
     copying: &mut VecDeque<(Event, Permit)>,
-) -> Result<T> {
+) -> Result<Held<T>> {
     if device.is_cpu() {
         return Ok(batch);
     }
+    let batch = batch.into_inner();
     let moved = guarded(
-        || "moving a batch to the device".into(),
-        || batch.to_device(device, true),
-    )?;
+        || format!("moving batch {number} to the device"),
+        || batch.to_device(device, true).map(Held::new),
+    );
     // The source batch goes back to the pool here; the pool holds its block until the copy
     // recorded on it completes.
-    drop(batch);
+    let dropped = drop_guarded(
+        || format!("dropping batch {number}'s host copy after its move"),
+        batch,
+    );
+    let moved = dropped.and(moved)?;
     let event = device.cuda_device("loader")?.record()?;
     copying.push_back((event, permit.clone()));
     Ok(moved)

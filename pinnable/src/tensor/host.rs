@@ -3,19 +3,23 @@
 
 use std::sync::Arc;
 
-use super::{Data, HostBuf, HostBytes, HostSrc, Placement, Storage, Tensor, contiguous_strides};
+use super::{
+    Data, External, HostBuf, HostBytes, HostSrc, Placement, Storage, Tensor, contiguous_strides,
+};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
 impl Tensor {
     /// A contiguous tensor of `dtype` and `shape` viewing `owner`'s bytes from `byte_offset`,
     /// without a copy (a memory-mapped array, another library's buffer). The tensor keeps
-    /// `owner` alive and only reads it.
+    /// `owner` alive and only reads it: the bytes `owner` answers with now, which it keeps
+    /// reading whatever `owner` answers later (see [`HostBytes`]).
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] if the bytes are too few for the shape, or the first element is not
-    /// aligned for `dtype`.
+    /// [`Error::Shape`] if the bytes are too few for the shape, `byte_offset` is not a whole
+    /// number of elements, the first element is not aligned for `dtype`, or a `bool` byte is
+    /// not 0 or 1.
     ///
     /// # Examples
     ///
@@ -34,34 +38,71 @@ impl Tensor {
         shape: &[usize],
         byte_offset: usize,
     ) -> Result<Tensor> {
-        let (_, n) = contiguous_strides(shape)?;
-        let have = owner.host_bytes();
-        let need = n
-            .checked_mul(dtype.size())
-            .and_then(|b| b.checked_add(byte_offset));
-        if need.is_none_or(|need| need > have.len()) {
-            return Err(Error::Shape(format!(
-                "{shape:?} {dtype} elements from byte {byte_offset} do not fit in {} bytes",
+        let (strides, _) = contiguous_strides(shape)?;
+        Tensor::over_host_bytes(External::new(owner), dtype, shape, &strides, byte_offset)
+            .map_err(Error::Shape)
+    }
+
+    /// A tensor viewing `bytes` (the owner's one answer) from `byte_offset` with `shape` and
+    /// `strides` (in elements): checked so that every element it reaches lies within those
+    /// bytes, aligned for `dtype` and, for `bool`, 0 or 1. The one place tensors over borrowed
+    /// host bytes are made; the error says what is wrong.
+    pub(crate) fn over_host_bytes(
+        bytes: External,
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        byte_offset: usize,
+    ) -> std::result::Result<Tensor, String> {
+        let elem = dtype.size();
+        let have = bytes.bytes();
+        if !byte_offset.is_multiple_of(elem) {
+            return Err(format!(
+                "{dtype} elements start at a multiple of {elem} bytes from the start of the \
+                 bytes; byte {byte_offset} is not one"
+            ));
+        }
+        let numel = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let last = shape.iter().zip(strides).try_fold(0usize, |at, (&d, &s)| {
+            d.checked_sub(1).map_or(Some(at), |d| {
+                d.checked_mul(s).and_then(|x| x.checked_add(at))
+            })
+        });
+        // The end of the last element reached, in bytes from the start of `have`.
+        let end = match (numel, last) {
+            (Some(0), _) => Some(byte_offset),
+            (Some(_), Some(last)) => last
+                .checked_add(1)
+                .and_then(|n| n.checked_mul(elem))
+                .and_then(|n| n.checked_add(byte_offset)),
+            _ => None,
+        };
+        if end.is_none_or(|end| end > have.len()) {
+            return Err(format!(
+                "{shape:?} {dtype} elements (strides {strides:?}) from byte {byte_offset} do not \
+                 fit in {} bytes",
                 have.len()
-            )));
+            ));
         }
         let addr = have.as_ptr() as usize + byte_offset;
-        if !addr.is_multiple_of(dtype.size()) {
-            return Err(Error::Shape(format!(
-                "{dtype} elements must start at a multiple of {} bytes; byte {byte_offset} of \
-                 this buffer does not",
-                dtype.size()
-            )));
+        if numel != Some(0) && !addr.is_multiple_of(elem) {
+            return Err(format!(
+                "{dtype} elements must be aligned to {elem} bytes, and byte {byte_offset} of \
+                 these bytes is not (the bytes start at address {:#x})",
+                have.as_ptr() as usize
+            ));
         }
-        if dtype == DType::Bool && have[byte_offset..byte_offset + n].iter().any(|&b| b > 1) {
-            return Err(Error::Shape("bool elements must be 0 or 1".into()));
+        if dtype == DType::Bool && !bools_valid(&have[byte_offset..], shape, strides) {
+            return Err("bool elements must be 0 or 1".into());
         }
-        Tensor::at(
-            Arc::new(Storage::new(Data::External(owner))),
+        let storage = Arc::new(Storage::new(Data::External(bytes)));
+        Ok(Tensor::from_parts(
+            storage,
             dtype,
             shape,
-            byte_offset,
-        )
+            strides,
+            byte_offset / elem,
+        ))
     }
 
     /// A contiguous copy in pageable host memory (or `self` if already contiguous on the host).
@@ -212,5 +253,34 @@ impl Tensor {
         // SAFETY: `buf` has `nbytes` writable bytes; the source is live (held by `self`).
         unsafe { src.gather(buf.as_ptr()) };
         Tensor::from_storage(Storage::new(Data::Host(buf)), self.dtype, &self.shape)
+    }
+}
+
+/// Whether every element that `shape` and `strides` reach in `bytes` (one byte each, the first
+/// at `bytes[0]`) is 0 or 1; the caller checked that they lie within `bytes`.
+fn bools_valid(bytes: &[u8], shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut idx = vec![0usize; shape.len()];
+    let mut at = 0usize;
+    loop {
+        if bytes.get(at).is_none_or(|&b| b > 1) {
+            return false;
+        }
+        let mut d = shape.len();
+        loop {
+            if d == 0 {
+                return true;
+            }
+            d -= 1;
+            idx[d] += 1;
+            at += strides[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            at -= shape[d] * strides[d];
+            idx[d] = 0;
+        }
     }
 }

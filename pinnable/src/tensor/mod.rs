@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use layout::Dims;
 pub(crate) use layout::{HostSrc, contiguous_strides};
 pub use storage::HostBytes;
-pub(crate) use storage::{Data, DeviceBuffer, HostBuf, Ready, Storage};
+pub(crate) use storage::{Data, DeviceBuffer, External, HostBuf, Ready, Storage};
 pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.
@@ -136,7 +136,14 @@ impl Tensor {
         shape: &[usize],
         byte_offset: usize,
     ) -> Result<Tensor> {
-        debug_assert_eq!(byte_offset % dtype.size(), 0);
+        // Elements are counted from the buffer's start: an offset between two of them would be
+        // rounded down and read other bytes, misaligned.
+        if !byte_offset.is_multiple_of(dtype.size()) {
+            return Err(Error::Shape(format!(
+                "{dtype} elements start at a multiple of {} bytes; byte {byte_offset} is not one",
+                dtype.size()
+            )));
+        }
         let (strides, _) = contiguous_strides(shape)?;
         Ok(Tensor {
             storage,

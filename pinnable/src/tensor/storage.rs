@@ -34,7 +34,7 @@ pub(crate) type Ready = Arc<OnceLock<Arc<Event>>>;
 pub(crate) enum Data {
     Host(HostBuf),
     /// Read-only host bytes owned elsewhere (a memory-mapped file, another library's array).
-    External(Arc<dyn HostBytes>),
+    External(External),
     Pinned(Arc<PinnedBlock>),
     Device(Arc<DeviceBuffer>),
 }
@@ -68,7 +68,7 @@ impl Storage {
     pub(crate) fn buffer_id(&self) -> usize {
         match &self.data {
             Data::Host(h) => h.ptr.as_ptr() as usize,
-            Data::External(e) => Arc::as_ptr(e).cast::<u8>() as usize,
+            Data::External(e) => Arc::as_ptr(&e.owner).cast::<u8>() as usize,
             Data::Pinned(b) => Arc::as_ptr(b) as usize,
             Data::Device(d) => Arc::as_ptr(d) as usize,
         }
@@ -104,7 +104,7 @@ impl Storage {
     pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.data {
             Data::Host(h) => Some(h.ptr.as_ptr()),
-            Data::External(e) => Some(e.host_bytes().as_ptr().cast_mut()),
+            Data::External(e) => Some(e.ptr.as_ptr()),
             Data::Pinned(b) => Some(b.as_ptr()),
             Data::Device(_) => None,
         }
@@ -114,8 +114,38 @@ impl Storage {
 /// Host memory owned elsewhere that tensors can view without a copy: a memory-mapped file,
 /// an array another library owns. Tensors only read it; a write through
 /// [`Tensor::as_mut_slice`](crate::Tensor::as_mut_slice) goes to a private copy.
+///
+/// A safe trait: an implementation may return any slice its signature allows. The crate asks
+/// once, when a tensor is made over the value
+/// ([`Tensor::from_host_bytes`](crate::Tensor::from_host_bytes)), checks the tensor against that
+/// answer, and from then on reads only that answer's bytes, never asking again. That answer
+/// stays valid for as long as the tensor lives whatever the implementation does: it borrows
+/// the value, which the tensor keeps alive in its `Arc` (whose contents never move) and never
+/// borrows mutably. So an implementation that answers differently later (shorter, elsewhere)
+/// cannot make a tensor read out of bounds; its tensors keep the first answer.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use pinnable::{DType, HostBytes, Tensor};
+///
+/// /// Little-endian u16 samples inside a larger record.
+/// struct Record { raw: Vec<u8> }
+///
+/// impl HostBytes for Record {
+///     fn host_bytes(&self) -> &[u8] {
+///         &self.raw
+///     }
+/// }
+///
+/// let raw: Vec<u8> = (0..16).collect();
+/// let t = Tensor::from_host_bytes(Arc::new(Record { raw }), DType::U8, &[4], 4)?;
+/// assert_eq!(t.to_vec::<u8>()?, vec![4, 5, 6, 7]);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 pub trait HostBytes: Send + Sync + 'static {
-    /// The bytes. Must return the same, unchanging bytes for as long as the value lives.
+    /// The bytes. Asked once per tensor made over the value; see the trait docs.
     fn host_bytes(&self) -> &[u8];
 }
 
@@ -124,6 +154,49 @@ impl HostBytes for Vec<u8> {
         self
     }
 }
+
+/// Host bytes owned elsewhere, as the owner answered once: the address and length are read
+/// when the storage is made and kept, so later answers of the owner never matter.
+pub(crate) struct External {
+    owner: Arc<dyn HostBytes>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl External {
+    /// Asks `owner` for its bytes, once.
+    pub(crate) fn new(owner: Arc<dyn HostBytes>) -> External {
+        let bytes = owner.host_bytes();
+        let (ptr, len) = (NonNull::from(bytes).cast::<u8>(), bytes.len());
+        External { owner, ptr, len }
+    }
+
+    /// The bytes the owner answered with.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` and `len` are the slice `owner.host_bytes()` returned, a shared borrow of
+        // `*owner`. That value lives as long as `self.owner` does, at the same address (an
+        // `Arc`'s contents never move), and is never borrowed mutably while we hold a handle on
+        // it (`Arc::get_mut` fails while this one exists; we never call it): so the borrow may
+        // last as long as `self`, and the bytes stay valid and unchanged for it, whatever later
+        // calls return.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for External {
+    fn clone(&self) -> External {
+        External {
+            owner: self.owner.clone(),
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+// SAFETY: the owner is `Send + Sync` and `ptr` only reads bytes it keeps alive (see `bytes`).
+unsafe impl Send for External {}
+// SAFETY: as for Send; shared access only reads.
+unsafe impl Sync for External {}
 
 /// A `Vec<T>`'s allocation, type-erased: tensors built from vectors take them over without a copy.
 pub(crate) struct HostBuf {
@@ -225,10 +298,6 @@ impl DeviceBuffer {
             foreign: Some(owner),
             released: false,
         }
-    }
-
-    pub(crate) fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
     }
 
     /// The device address of the first byte.

@@ -94,3 +94,137 @@ fn borrowed_bytes_are_checked_and_viewed_without_a_copy() {
     assert_eq!(bytes[0], 0);
     assert_eq!(w.to_vec::<u8>().unwrap(), [200, 1, 2, 3]);
 }
+
+/// Host bytes that start where the test says within a vector: any slice is a valid answer
+/// under the [`HostBytes`] contract, however its first byte is aligned.
+struct Shifted {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl Shifted {
+    /// `len` bytes `0, 1, 2, ...` whose first byte's address is `misalign` past a multiple of 8.
+    fn new(len: usize, misalign: usize) -> Shifted {
+        let bytes: Vec<u8> = (0..len + 8).map(|i| i as u8).collect();
+        let start = (0..8)
+            .find(|s| (bytes.as_ptr() as usize + s) % 8 == misalign)
+            .expect("some start in 0..8 has each residue");
+        Shifted { bytes, start }
+    }
+}
+
+impl HostBytes for Shifted {
+    fn host_bytes(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+}
+
+#[test]
+fn from_host_bytes_reads_whole_aligned_elements_or_refuses() {
+    // Every first-byte alignment of the owner's slice and every byte offset: a tensor that is
+    // made must read exactly the elements at its offset, through an aligned slice.
+    for misalign in 0..8 {
+        for offset in 0..12 {
+            let owner = Arc::new(Shifted::new(32, misalign));
+            let have = owner.host_bytes().to_vec();
+            let made = Tensor::from_host_bytes(owner, DType::U32, &[2], offset);
+            let Ok(t) = made else {
+                continue;
+            };
+            let want: Vec<u32> = have[offset..offset + 8]
+                .chunks(4)
+                .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(
+                t.to_vec::<u32>().unwrap(),
+                want,
+                "misalign {misalign}, byte_offset {offset}: read other bytes"
+            );
+            let slice = t.as_slice::<u32>().unwrap();
+            assert!(slice.as_ptr().is_aligned(), "a misaligned &[u32]");
+            assert_eq!(slice, &want[..]);
+        }
+    }
+    // The case from the report: one byte into the buffer, three more of offset, u32.
+    let err = Tensor::from_host_bytes(Arc::new(Shifted::new(32, 1)), DType::U32, &[2], 3)
+        .expect_err("a byte offset of 3 is not a whole number of u32 elements");
+    assert!(err.to_string().contains("multiple of 4"), "{err}");
+    // An aligned start at a whole-element offset is accepted.
+    let t = Tensor::from_host_bytes(Arc::new(Shifted::new(32, 0)), DType::U32, &[2], 4).unwrap();
+    assert_eq!(t.numel(), 2);
+}
+
+/// A safe `HostBytes` whose answer shrinks after the first call (the trait cannot stop it).
+struct Shrinking {
+    first: Vec<u8>,
+    later: Vec<u8>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl HostBytes for Shrinking {
+    fn host_bytes(&self) -> &[u8] {
+        use std::sync::atomic::Ordering;
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            &self.first
+        } else {
+            &self.later
+        }
+    }
+}
+
+/// Where `got` first differs from `want` (a length difference counts), for short messages.
+fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
+    let n = got.len().min(want.len());
+    (0..n)
+        .find(|&i| got[i] != want[i])
+        .or((got.len() != want.len()).then_some(n))
+}
+
+#[test]
+fn host_bytes_are_read_once_and_every_read_uses_that_answer() {
+    use std::sync::atomic::Ordering;
+    let n = if cfg!(miri) { 1 << 10 } else { 64 << 10 };
+    let owner = Arc::new(Shrinking {
+        first: (0..n).map(|i| (i * 7 + 3) as u8).collect(),
+        later: vec![0xEE; 4],
+        calls: Default::default(),
+    });
+    let want = owner.first.clone();
+    let t = Tensor::from_host_bytes(owner.clone(), DType::U8, &[n / 64, 64], 0).unwrap();
+    let check = |what: &str, got: &[u8], want: &[u8]| {
+        let at = first_difference(got, want);
+        assert!(
+            at.is_none(),
+            "{what}: read other bytes (first difference at byte {at:?})"
+        );
+    };
+    // Every host read: a copy out, a slice, a view, a strided gather, a pinned copy and a
+    // write into a batch.
+    check("to_vec", &t.to_vec::<u8>().unwrap(), &want);
+    check("as_slice", t.as_slice::<u8>().unwrap(), &want);
+    check(
+        "select",
+        &t.select(0, 3).unwrap().to_vec::<u8>().unwrap(),
+        &want[192..256],
+    );
+    let column: Vec<u8> = want.iter().step_by(64).copied().collect();
+    let tt = t.transpose(0, 1).unwrap().contiguous().unwrap();
+    check("contiguous", &tt.to_vec::<u8>().unwrap()[..n / 64], &column);
+    let pool = PinnedPool::heap(PoolConfig::default());
+    let pinned = crate::pin::PinContext::run(&pool, |cx| cx.pin_tensor(&t)).unwrap();
+    check("pinned copy", &pinned.to_vec::<u8>().unwrap(), &want);
+    let mut layout = BatchLayout::new();
+    let slot = layout.push(DType::U8, &[n / 64, 64]).unwrap();
+    let mut batch = layout.allocate_in(&pool).unwrap();
+    batch.view_mut(slot).copy_from(&t).unwrap();
+    check(
+        "copy_from",
+        &batch.finish()[0].to_vec::<u8>().unwrap(),
+        &want,
+    );
+    assert_eq!(
+        owner.calls.load(Ordering::SeqCst),
+        1,
+        "asked once, when made"
+    );
+}

@@ -197,12 +197,12 @@ fn copy_into_candle<T: CudaDType + DeviceRepr + crate::dtype::Element>(
     }
     let stream = cdev.cuda_stream();
     // The view orders candle's stream after the copy that fills `t`, and records the copy
-    // below as a reader of `t`'s memory.
+    // below (on that stream) as a reader of `t`'s memory.
     let view = t.cuda_view::<T>(&stream)?;
-    let driver = |e| crate::Error::driver("cuMemcpyDtoDAsync", e);
     // SAFETY: filled by the copy right below, before anything else on candle's stream.
-    let mut slice = unsafe { stream.alloc::<T>(t.numel()) }.map_err(driver)?;
-    stream.memcpy_dtod(&*view, &mut slice).map_err(driver)?;
+    let mut slice = unsafe { stream.alloc::<T>(t.numel()) }
+        .map_err(|e| crate::Error::driver("cuMemAllocAsync", e))?;
+    view.copy_to(&mut slice)?;
     drop(view);
     let storage = candle::CudaStorage::wrap_cuda_slice(slice, cdev.clone());
     Ok(candle::Tensor::from_storage(

@@ -42,7 +42,7 @@ use candle_core::backend::BackendStorage;
 use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::{Data, HostBytes, Storage, Tensor};
+use crate::tensor::{External, HostBytes, Tensor};
 
 fn error(message: impl Into<String>) -> Error {
     Error::Interop {
@@ -112,6 +112,7 @@ macro_rules! with_elem {
         }
     };
 }
+#[cfg_attr(not(feature = "candle-cuda"), allow(unused_imports))]
 pub(crate) use with_elem;
 
 /// A candle tensor's storage, read-locked for as long as this value lives, so candle's
@@ -138,6 +139,7 @@ impl ReadLocked {
     }
 
     /// Identifies the storage: equal for every tensor over it (views included).
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
     pub(crate) fn storage_id(&self) -> usize {
         std::ptr::from_ref::<candle::Storage>(&self.guard).addr()
     }
@@ -152,14 +154,20 @@ impl ReadLocked {
         let (ptr, len) = cpu_bytes(cpu)?;
         let owner = Arc::new(LockedBytes { ptr, len });
         let layout = t.layout();
-        let storage = Arc::new(Storage::new(Data::External(owner)));
-        Ok(Some(Tensor::from_parts(
-            storage,
-            dtype,
-            layout.dims(),
-            layout.stride(),
-            layout.start_offset(),
-        )))
+        // Checked against the storage's bytes: candle's layout is not taken on trust.
+        let offset = layout.start_offset().checked_mul(dtype.size());
+        let view = offset
+            .ok_or_else(|| "the start offset overflows".to_owned())
+            .and_then(|at| {
+                Tensor::over_host_bytes(
+                    External::new(owner),
+                    dtype,
+                    layout.dims(),
+                    layout.stride(),
+                    at,
+                )
+            });
+        view.map(Some).map_err(error)
     }
 }
 

@@ -13,7 +13,8 @@ use crate::tensor::{Data, Tensor};
 
 /// The consumer's stream that a device export is ordered on.
 pub(super) enum Consumer {
-    /// The export waited on the host; nothing to record at the end.
+    /// A host export, which waited on the host for the tensor's copy; nothing to record at the
+    /// end (the host's reads are done when the deleter runs).
     Host,
     Stream(Arc<CudaStream>),
     /// A stream another library owns (kept valid by the caller of `to_dlpack_on_raw`).
@@ -74,12 +75,19 @@ unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
 }
 
 impl Tensor {
-    /// Exports the tensor as DLPack, without a copy. Waits on the host for a pending copy
+    /// Exports a host tensor as DLPack, without a copy. Waits on the host for a pending copy
     /// into the tensor first, so any consumer, on any stream, reads complete data.
+    ///
+    /// A device tensor is exported with [`to_dlpack_on`](Self::to_dlpack_on) instead, naming
+    /// the stream its consumer works on: with no stream, nothing could keep the memory from
+    /// being freed and reused (it is, in stream order, on the device's copy stream) while the
+    /// consumer's kernels still read it, since the deleter runs when the consumer's host code
+    /// lets go, not when its kernels finish.
     ///
     /// # Errors
     ///
-    /// [`Error::Driver`] if the pending copy failed.
+    /// [`Error::Interop`] for a device tensor (see above); [`Error::Driver`] if the pending
+    /// copy failed.
     ///
     /// # Examples
     ///
@@ -93,6 +101,14 @@ impl Tensor {
     /// # Ok::<(), pinnable::Error>(())
     /// ```
     pub fn to_dlpack(&self) -> Result<DlpackTensor> {
+        if let Data::Device(buf) = &self.storage().data {
+            return Err(error(format!(
+                "a cuda:{} tensor is exported for the stream its consumer works on, so that its \
+                 memory outlives the consumer's kernels: use `to_dlpack_on(&stream)`, or \
+                 `to_dlpack_on_raw` with the `stream` argument of Python's `__dlpack__`",
+                buf.device.ordinal
+            )));
+        }
         self.storage().wait_ready()?;
         self.export(Consumer::Host)
     }

@@ -7,7 +7,9 @@ use super::*;
 use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::tensor::{Data, DeviceBuffer, HostBuf, HostBytes, Storage, Tensor, contiguous_strides};
+use crate::tensor::{
+    Data, DeviceBuffer, External, HostBuf, HostBytes, Storage, Tensor, contiguous_strides,
+};
 
 impl Tensor {
     /// A tensor over a DLPack tensor's memory, without a copy; see the [module docs](crate::interop::dlpack) for
@@ -90,11 +92,9 @@ impl Tensor {
                     len: span,
                     _dl: dl,
                 };
-                if dtype == DType::Bool {
-                    check_bools(owner.host_bytes(), &shape, &strides)?;
-                }
-                let storage = Arc::new(Storage::new(Data::External(Arc::new(owner))));
-                Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
+                // Checked there against the span: in bounds, aligned, and bools 0 or 1.
+                Tensor::over_host_bytes(External::new(Arc::new(owner)), dtype, &shape, &strides, 0)
+                    .map_err(error)
             }
             ffi::KDL_CUDA if dtype == DType::Bool => Err(error(
                 "bool tensors on a CUDA device cannot be imported: their bytes cannot be checked \
@@ -142,30 +142,5 @@ impl HostBytes for ForeignHost {
         // SAFETY: `from_raw_*`'s callers promise these bytes are readable and unchanging while
         // the DLPack tensor is held, which `self` does.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-/// Checks that every element a bool view reaches is 0 or 1.
-fn check_bools(bytes: &[u8], shape: &[usize], strides: &[usize]) -> Result<()> {
-    let mut idx = vec![0usize; shape.len()];
-    let mut at = 0usize;
-    loop {
-        if bytes.get(at).is_none_or(|&b| b > 1) {
-            return Err(error("bool elements must be 0 or 1"));
-        }
-        let mut d = shape.len();
-        loop {
-            if d == 0 {
-                return Ok(());
-            }
-            d -= 1;
-            idx[d] += 1;
-            at += strides[d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            at -= shape[d] * strides[d];
-            idx[d] = 0;
-        }
     }
 }

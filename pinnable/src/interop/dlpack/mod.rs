@@ -9,17 +9,20 @@
 //! reach every tensor sharing it (consumers without read-only tensors, PyTorch among them,
 //! share the memory anyway; write through this crate's own API instead).
 //!
-//! **The ready event.** Nobody reads half-copied data:
-//! - a host export, and a device export through [`Tensor::to_dlpack`](crate::Tensor::to_dlpack), first wait on the host
+//! **The ready event.** Nobody reads half-copied data, and nobody reads freed memory:
+//! - a host export ([`Tensor::to_dlpack`](crate::Tensor::to_dlpack)) first waits on the host
 //!   for the copy that fills the tensor;
-//! - a device export through [`Tensor::to_dlpack_on`](crate::Tensor::to_dlpack_on) (or [`Tensor::to_dlpack_on_raw`](crate::Tensor::to_dlpack_on_raw), for the
-//!   `stream` argument of Python's `__dlpack__`) does not block: it makes the *consumer's*
-//!   stream wait for the copy, and when the consumer calls the deleter it records that stream's
-//!   work as a reader, so the memory is not reused before the kernels the consumer queued on
-//!   that stream are done.
+//! - a device export names the stream its consumer works on:
+//!   [`Tensor::to_dlpack_on`](crate::Tensor::to_dlpack_on) (or
+//!   [`Tensor::to_dlpack_on_raw`](crate::Tensor::to_dlpack_on_raw), for the `stream` argument
+//!   of Python's `__dlpack__`) does not block: it makes the *consumer's* stream wait for the
+//!   copy, and when the consumer calls the deleter it records that stream's work as a reader,
+//!   so the memory is not freed or reused before the kernels the consumer queued on that stream
+//!   are done. `to_dlpack` refuses a device tensor: with no stream named, nothing could order
+//!   the free after the consumer's kernels.
 //!
 //! The consumer must call the deleter only once it no longer uses the memory (the DLPack
-//! contract); work it queued on streams other than the one named at export is not tracked.
+//! contract), and order work it queued on other streams before the stream it named.
 //!
 //! **Import.** [`Tensor::from_dlpack`](crate::Tensor::from_dlpack) takes a [`DlpackTensor`] another library produced:
 //! - host memory (`kDLCPU`, `kDLCUDAHost`) becomes a read-only host tensor over it, without a
