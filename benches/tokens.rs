@@ -330,7 +330,7 @@ impl Consumer {
                 let (sum, _g) = self.sum.device_ptr(&self.compute);
                 for v in [&vx, &vy] {
                     // The i64 tokens read as pairs of f32: every byte is read once.
-                    let ptr = v.device_ptr(&self.compute).0;
+                    let ptr = v.device_ptr();
                     k.read_sum(&self.compute, ptr, 2 * v.len(), sum);
                 }
             }

@@ -390,13 +390,9 @@ fn many_small_pinned_tensors_move_together_and_a_user_kernel_reads_them() {
         .to_device(&dev, false)
         .unwrap();
     {
-        use cudarc::driver::DevicePtr;
         let xv = x.cuda_view::<f32>(&stream).unwrap();
-        let mut ov = out.cuda_view_mut::<f32>(&stream).unwrap();
-        let ov = ov.as_view_mut();
-        let (xp, _x_read) = xv.device_ptr(&stream);
-        let (op, _o_write) = ov.device_ptr(&stream);
-        kernels.read_sum(&stream, xp, x.numel(), op);
+        let ov = out.cuda_view_mut::<f32>(&stream).unwrap();
+        kernels.read_sum(&stream, xv.device_ptr(), x.numel(), ov.device_ptr());
     }
     let got = out.to_cpu(false).unwrap().to_vec::<f32>().unwrap()[0];
     assert_eq!(
