@@ -41,6 +41,12 @@ fn main() {
     let mut r = rng("bench gather");
     println!("gather kernels: {:?}", pinnable::cuda::gather_kernels(&dev));
     let ceiling = raw_one_copy(&dev, BATCH);
+    // `PINNABLE_BENCH_ONLY=small` runs the small tensors' figure alone.
+    if std::env::var("PINNABLE_BENCH_ONLY").as_deref() == Ok("small") {
+        let mut table = Table::new("# Gather: small tensors only\n");
+        small_tensors(&dev, &mut r, &mut table);
+        return;
+    }
     let mut table = Table::new(&format!(
         "# Gather: {} MiB batches of random rows of a {} MiB pinned array, {} ({})\n",
         BATCH >> 20,
@@ -239,9 +245,10 @@ fn conversions(dev: &Device, r: &mut SmallRng, table: &mut Table) {
     table.note("\n");
 }
 
-/// 1000 pinned tensors of 4 KiB, each in a block of its own, moved together.
+/// 1000 pinned tensors of 4 KiB moved together: each in a block of its own, and as every other
+/// row of one block (the same pieces, one mapping); and how long the call takes to return.
 fn small_tensors(dev: &Device, r: &mut SmallRng, table: &mut Table) {
-    let tensors: Vec<Tensor> = (0..1000)
+    let own: Vec<Tensor> = (0..1000)
         .map(|_| {
             let t = random_tensor(r, DType::F32, &[1024]);
             let mut p = Tensor::empty_pinned(DType::F32, &[1024]).unwrap();
@@ -251,18 +258,55 @@ fn small_tensors(dev: &Device, r: &mut SmallRng, table: &mut Table) {
             p
         })
         .collect();
-    let t = time(5, 30, || {
-        tensors.to_device(dev, true).expect("move");
-        dev.synchronize().expect("sync");
-    });
+    let block = random_tensor(r, DType::F32, &[2000, 1024])
+        .pin_memory()
+        .unwrap();
+    let rows: Vec<Tensor> = (0..1000)
+        .map(|i| block.narrow(0, 2 * i, 1).unwrap())
+        .collect();
     let raw = raw_one_copy(dev, 1000 << 12);
-    table.note("## 1000 pinned tensors of 4 KiB, `to_device(true)` + sync (median of 30)\n\n");
-    table.row(
-        "1000 × 4 KiB pinned tensors",
-        t,
-        1000 << 12,
-        Some(("raw copy of 4 MB", raw)),
-    );
+    table.note(&format!(
+        "## 1000 pinned tensors of 4 KiB, `to_device(true)` + sync (median of 30; gather \
+         kernels {})\n\n",
+        if pinnable::cuda::gather_kernels(dev).is_ok() {
+            "on"
+        } else {
+            "off"
+        }
+    ));
+    for (what, tensors) in [
+        ("each in a block of its own", &own),
+        ("every other row of one block", &rows),
+    ] {
+        let back = tensors.to_device(dev, true).expect("move");
+        assert_eq!(
+            bytes_of(&back[999].to_cpu(false).unwrap()),
+            bytes_of(&tensors[999]),
+            "a move the bench times is wrong"
+        );
+        let t = time(5, 30, || {
+            tensors.to_device(dev, true).expect("move");
+            dev.synchronize().expect("sync");
+        });
+        let mut returns = Vec::new();
+        for _ in 0..30 {
+            let start = std::time::Instant::now();
+            let moved = tensors.to_device(dev, true).expect("move");
+            returns.push(start.elapsed().as_secs_f64());
+            dev.synchronize().expect("sync");
+            drop(moved);
+        }
+        let returned = pinnable_harness::bench::median(returns);
+        table.row(
+            &format!(
+                "1000 × 4 KiB pinned tensors, {what} (the call returns in {:.3} ms)",
+                returned * 1e3
+            ),
+            t,
+            1000 << 12,
+            Some(("raw copy of 4 MB", raw)),
+        );
+    }
     table.note("\n");
 }
 
@@ -289,31 +333,37 @@ fn beside_compute(dev: &Device, source: &Tensor, r: &mut SmallRng, table: &mut T
         (ctx.new_event(f).unwrap(), ctx.new_event(f).unwrap())
     };
     // Calibrate the kernel to about 60 ms alone.
-    let busy_ms = |iters: u64| {
+    let busy_ms = |iters: u64, blocks_per_sm: u32| {
         let (a, b) = events();
         a.record(&compute).unwrap();
-        kernels.busy(&compute, sms, 4, iters, out_ptr);
+        kernels.busy(&compute, sms, blocks_per_sm, iters, out_ptr);
         b.record(&compute).unwrap();
         compute.synchronize().unwrap();
         f64::from(a.elapsed_ms(&b).unwrap())
     };
-    busy_ms(1000);
-    let iters = (1e5 * 60.0 / busy_ms(100_000)) as u64;
-    let alone: Vec<f64> = (0..5).map(|_| busy_ms(iters)).collect();
+    busy_ms(1000, 4);
+    let iters = (1e5 * 60.0 / busy_ms(100_000, 4)) as u64;
+    let alone: Vec<f64> = (0..5).map(|_| busy_ms(iters, 4)).collect();
     let alone = pinnable_harness::bench::median(alone);
+    let full: Vec<f64> = (0..5).map(|_| busy_ms(iters, 8)).collect();
+    let alone_full = pinnable_harness::bench::median(full);
     table.note(&format!(
-        "## Beside a compute kernel on every SM ({sms} SMs × 4 blocks of 256 threads, {alone:.1} \
-         ms alone)\n\n| rows | route | batches/s while busy | × ceiling | compute kernel's \
-         slowdown |\n| --- | --- | --- | --- | --- |\n"
+        "## Beside a compute kernel on every SM ({sms} SMs × 4 blocks of 256 threads, half the \
+         threads an SM holds: {alone:.1} ms alone; × 8 blocks, every thread slot: {alone_full:.1} \
+         ms)\n\n| rows | route | blocks a SM | batches/s while busy | × ceiling | compute \
+         kernel's slowdown |\n| --- | --- | --- | --- | --- | --- |\n"
     ));
     let copy = dev.copy_stream().unwrap().clone();
     let ceiling = raw_one_copy(dev, BATCH);
-    for (row, route) in [
-        (4 << 10, GatherRoute::Auto),
-        (4 << 10, GatherRoute::Direct),
-        (4 << 10, GatherRoute::Host),
-        (1 << 20, GatherRoute::Auto),
-        (1 << 20, GatherRoute::Kernel),
+    for (row, route, blocks_per_sm) in [
+        (4 << 10, GatherRoute::Auto, 4),
+        (4 << 10, GatherRoute::Direct, 4),
+        (4 << 10, GatherRoute::Host, 4),
+        (1 << 20, GatherRoute::Auto, 4),
+        (1 << 20, GatherRoute::Kernel, 4),
+        (4 << 10, GatherRoute::Auto, 8),
+        (4 << 10, GatherRoute::Host, 8),
+        (1 << 20, GatherRoute::Auto, 8),
     ] {
         let n = SOURCE / row;
         let src = source.reshape(&[n, row]).unwrap();
@@ -325,8 +375,13 @@ fn beside_compute(dev: &Device, source: &Tensor, r: &mut SmallRng, table: &mut T
             g.to_device(dev, false).unwrap();
         });
         let (ca, cb) = events();
+        let alone = if blocks_per_sm == 4 {
+            alone
+        } else {
+            alone_full
+        };
         ca.record(&compute).unwrap();
-        kernels.busy(&compute, sms, 4, iters, out_ptr);
+        kernels.busy(&compute, sms, blocks_per_sm, iters, out_ptr);
         cb.record(&compute).unwrap();
         // Batches while the kernel runs: as many as take about half its time when idle; only
         // those finished before the kernel count.
@@ -346,14 +401,15 @@ fn beside_compute(dev: &Device, source: &Tensor, r: &mut SmallRng, table: &mut T
         let inside: Vec<f64> = done.iter().map(at).filter(|&t| t <= busy).collect();
         if inside.len() < 2 {
             table.note(&format!(
-                "| {} | {route:?} | fewer than 2 batches finished inside the kernel | | |\n",
+                "| {} | {route:?} | {blocks_per_sm} | fewer than 2 batches finished inside the \
+                 kernel | | |\n",
                 size(row)
             ));
             continue;
         }
         let gathered = (inside[inside.len() - 1] - inside[0]) / 1e3 / (inside.len() - 1) as f64;
         let line = format!(
-            "| {} | {route:?} | {:.0} ({:.3} ms a batch) | {:.2}× | {:+.1}% |\n",
+            "| {} | {route:?} | {blocks_per_sm} | {:.0} ({:.3} ms a batch) | {:.2}× | {:+.1}% |\n",
             size(row),
             1.0 / gathered,
             gathered * 1e3,

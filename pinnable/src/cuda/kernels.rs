@@ -7,7 +7,7 @@
 //! that is said once, on standard error, and [`gather_kernels`] reports why.
 
 use std::ffi::CStr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 
@@ -68,29 +68,38 @@ impl Kernels {
     }
 }
 
-/// Per ordinal: not yet tried, or the kernels, or why they are not there.
-type Loaded = Option<std::result::Result<Arc<Kernels>, String>>;
+/// Per ordinal: the kernels, or why they are not there, once tried.
+type Loaded = Arc<OnceLock<std::result::Result<Arc<Kernels>, String>>>;
 static LOADED: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
+
+/// The slot of `ordinal` (taken under the lock; loading happens outside it).
+fn slot(ordinal: usize) -> Loaded {
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if loaded.len() <= ordinal {
+        loaded.resize_with(ordinal + 1, Default::default);
+    }
+    loaded[ordinal].clone()
+}
 
 /// The gather kernels of `dev`, loaded on first use; `None` (said once) when they cannot run.
 pub(crate) fn kernels(dev: &CudaDevice) -> Option<Arc<Kernels>> {
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if loaded.len() <= dev.ordinal {
-        loaded.resize(dev.ordinal + 1, None);
-    }
-    let slot = &mut loaded[dev.ordinal];
-    if slot.is_none() {
-        let result = load(dev);
-        if let Err(why) = &result {
-            eprintln!(
-                "pinnable: the gather kernels are off on cuda:{} ({why}); small pieces move by \
-                 the copy engine and host staging instead",
-                dev.ordinal
-            );
-        }
-        *slot = Some(result);
-    }
-    slot.as_ref().and_then(|r| r.as_ref().ok().cloned())
+    loaded(dev).as_ref().ok().cloned()
+}
+
+fn loaded(dev: &CudaDevice) -> std::result::Result<Arc<Kernels>, String> {
+    slot(dev.ordinal)
+        .get_or_init(|| {
+            let result = load(dev);
+            if let Err(why) = &result {
+                eprintln!(
+                    "pinnable: the gather kernels are off on cuda:{} ({why}); small pieces move \
+                     by the copy engine and host staging instead",
+                    dev.ordinal
+                );
+            }
+            result
+        })
+        .clone()
 }
 
 /// Whether the gather kernels run on `device`: `Ok(())`, or why not (loading them if no move
@@ -116,14 +125,7 @@ pub fn gather_kernels(device: &Device) -> std::result::Result<(), String> {
     let dev = device
         .cuda_device("gather_kernels")
         .map_err(|e| e.to_string())?;
-    if kernels(dev).is_some() {
-        return Ok(());
-    }
-    let loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    match loaded.get(dev.ordinal) {
-        Some(Some(Err(why))) => Err(why.clone()),
-        _ => Err("not loaded".into()),
-    }
+    loaded(dev).map(|_| ())
 }
 
 fn load(dev: &CudaDevice) -> std::result::Result<Arc<Kernels>, String> {

@@ -100,8 +100,9 @@ impl MoveContext<'_> {
         // Counted as issued before the calls: on an error some may have been enqueued, and
         // `fence_launched` must then guard every block they might read.
         let from = std::mem::replace(&mut c.direct_issued, c.direct.len());
-        let mut jobs = std::mem::take(&mut c.sm);
-        c.sm_issued += jobs.len();
+        let pending = std::mem::take(&mut c.sm);
+        c.sm_issued += pending.len();
+        let mut jobs = engine::sm::merged(pending);
         let kernels = self.kernels(&dev);
         let merged = dma::merge(&self.copies.direct[from..]);
         let (dma_runs, sm_pieces) = engine::assign(merged, kernels.is_some());

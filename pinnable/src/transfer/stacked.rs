@@ -10,7 +10,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork};
+use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork, Starts};
 use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
@@ -34,7 +34,7 @@ pub(crate) const GATHER_DIRECT_MIN: usize = 256 << 10;
 /// converted by `convert`.
 pub(crate) struct Stacking<'a> {
     pub(crate) source: &'a Tensor,
-    pub(crate) starts: &'a [usize],
+    pub(crate) starts: &'a Arc<[usize]>,
     pub(crate) piece: usize,
     pub(crate) runs: &'a [Range<usize>],
     pub(crate) shape: &'a [usize],
@@ -176,12 +176,12 @@ impl MoveContext<'_> {
             work: SmWork::Indexed(Indexed {
                 src,
                 dst: base,
-                starts: s
-                    .starts
-                    .iter()
-                    .map(|&i| (offset + i * unit) as u64)
-                    .collect(),
                 piece: s.piece * unit,
+                starts: vec![Starts {
+                    values: s.starts.clone(),
+                    offset,
+                    unit,
+                }],
             }),
         });
     }

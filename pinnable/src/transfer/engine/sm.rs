@@ -74,15 +74,30 @@ pub(crate) enum SmWork {
 pub(crate) struct Indexed {
     pub(crate) src: u64,
     pub(crate) dst: u64,
-    pub(crate) starts: Vec<u64>,
     pub(crate) piece: usize,
+    /// The starts, in lists one after another.
+    pub(crate) starts: Vec<Starts>,
+}
+
+/// Starts of pieces, in source elements: `offset + v * unit` for each `v` of `values` (a
+/// gather's own list of rows or windows, shared, not copied).
+pub(crate) struct Starts {
+    pub(crate) values: Arc<[usize]>,
+    pub(crate) offset: usize,
+    pub(crate) unit: usize,
+}
+
+impl Indexed {
+    fn count(&self) -> usize {
+        self.starts.iter().map(|s| s.values.len()).sum()
+    }
 }
 
 impl SmWork {
     fn is_empty(&self) -> bool {
         match self {
             SmWork::Pieces(p) => p.is_empty(),
-            SmWork::Indexed(ix) => ix.starts.is_empty() || ix.piece == 0,
+            SmWork::Indexed(ix) => ix.count() == 0 || ix.piece == 0,
         }
     }
 }
@@ -91,6 +106,26 @@ impl SmJob {
     /// Whether the job moves nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.work.is_empty()
+    }
+
+    /// Takes `next` into `self` when both are pieces of one size from one source, converted
+    /// alike, and `next`'s land right after `self`'s (a batch's `x` and `y`): one launch then
+    /// moves both.
+    pub(crate) fn absorb(&mut self, next: &mut SmJob) -> bool {
+        let (SmWork::Indexed(a), SmWork::Indexed(b)) = (&mut self.work, &mut next.work) else {
+            return false;
+        };
+        let same_op = match (&self.op, &next.op) {
+            (SmOp::Copy, SmOp::Copy) => true,
+            (SmOp::Convert(c, l), SmOp::Convert(d, m)) => c == d && l == m,
+            _ => false,
+        };
+        let end = a.dst + (a.count() * a.piece * self.op.out_size()) as u64;
+        if !same_op || a.src != b.src || a.piece != b.piece || b.dst != end {
+            return false;
+        }
+        a.starts.append(&mut b.starts);
+        true
     }
 }
 
@@ -169,6 +204,17 @@ fn lane_shift(bytes: u64, tasks: usize) -> u32 {
     63 - lanes.leading_zeros() // log2, rounded down
 }
 
+/// `jobs` with each taking in the ones after it that it can ([`SmJob::absorb`]).
+pub(crate) fn merged(jobs: Vec<SmJob>) -> Vec<SmJob> {
+    let mut out: Vec<SmJob> = Vec::with_capacity(jobs.len());
+    for mut job in jobs {
+        if !out.last_mut().is_some_and(|last| last.absorb(&mut job)) {
+            out.push(job);
+        }
+    }
+    out
+}
+
 /// Launches `jobs` on `dev`'s copy stream. Returns the pinned block holding the task table:
 /// the caller records the move's ready event on it, so it is not reused while the table copy
 /// may still read it.
@@ -185,12 +231,13 @@ pub(crate) unsafe fn launch(
     pool: &PinnedPool,
     jobs: &[SmJob],
 ) -> Result<Option<Arc<PinnedBlock>>> {
-    // One table: each job's tasks or starts, then every job's per-channel coefficients.
+    // One table: each job's tasks or starts, then every job's per-channel coefficients. The
+    // starts (most of a gather's table) are written straight into the pinned block below.
     let mut table: Vec<u64> = Vec::new();
     let mut plans = Vec::with_capacity(jobs.len());
     let mut tasks_of = Vec::new();
+    let mut at = 0;
     for job in jobs {
-        let at = table.len();
         let plan = match &job.work {
             SmWork::Pieces(pieces) => {
                 tasks_of.clear();
@@ -210,11 +257,10 @@ pub(crate) unsafe fn launch(
                 }
             }
             SmWork::Indexed(ix) => {
-                table.extend_from_slice(&ix.starts);
                 let per = per_task(&job.op);
                 let splits = ix.piece.div_ceil(per).max(1) as u64;
                 let task_elems = ix.piece.div_ceil(splits as usize);
-                let n = ix.starts.len() as u64 * splits;
+                let n = ix.count() as u64 * splits;
                 let shift = lane_shift(n * (task_elems * job.op.in_size()) as u64, n as usize);
                 Plan {
                     at,
@@ -230,11 +276,16 @@ pub(crate) unsafe fn launch(
                 }
             }
         };
+        at += match &job.work {
+            SmWork::Pieces(_) => tasks_of.len() * 4,
+            SmWork::Indexed(ix) => ix.count(),
+        };
         plans.push(plan);
     }
     if plans.iter().all(|p| p.n == 0) {
         return Ok(None);
     }
+    let table_len = at;
     let mut coefficients: Vec<f32> = Vec::new();
     let mut coefficient_at = Vec::with_capacity(jobs.len());
     for job in jobs {
@@ -245,19 +296,41 @@ pub(crate) unsafe fn launch(
             coefficients.extend_from_slice(offset);
         }
     }
-    let table_bytes = std::mem::size_of_val(table.as_slice());
+    let table_bytes = table_len * 8;
     let bytes = table_bytes + std::mem::size_of_val(coefficients.as_slice());
     let block = Arc::new(pool.alloc(bytes)?);
-    // SAFETY: the block was just allocated and nothing else refers to it; both parts fit in
-    // `bytes`, the table first (the block is page-aligned, so aligned for it).
-    unsafe {
-        let p = block.as_ptr();
-        std::ptr::copy_nonoverlapping(table.as_ptr().cast::<u8>(), p, table_bytes);
-        std::ptr::copy_nonoverlapping(
-            coefficients.as_ptr().cast::<u8>(),
-            p.add(table_bytes),
-            bytes - table_bytes,
-        );
+    {
+        // SAFETY: the block was just allocated, nothing else refers to it, and it holds
+        // `bytes` >= `table_len` u64s (page-aligned, so aligned for them) then the floats.
+        let (words, floats) = unsafe {
+            let p = block.as_ptr();
+            (
+                std::slice::from_raw_parts_mut(p.cast::<u64>(), table_len),
+                std::slice::from_raw_parts_mut(
+                    p.add(table_bytes).cast::<f32>(),
+                    coefficients.len(),
+                ),
+            )
+        };
+        floats.copy_from_slice(&coefficients);
+        let mut tasks = table.iter();
+        for (job, plan) in jobs.iter().zip(&plans) {
+            let mut slot = words[plan.at..].iter_mut();
+            match &job.work {
+                SmWork::Pieces(_) => {
+                    for (w, t) in slot.by_ref().zip(tasks.by_ref().take(plan.n as usize * 4)) {
+                        *w = *t;
+                    }
+                }
+                SmWork::Indexed(ix) => {
+                    for list in &ix.starts {
+                        for (w, &v) in slot.by_ref().zip(list.values.iter()) {
+                            *w = (list.offset + v * list.unit) as u64;
+                        }
+                    }
+                }
+            }
+        }
     }
     let stream = dev.copy_stream.cu_stream();
     // SAFETY: the stream is the device's live copy stream; its context is current (the caller
