@@ -168,7 +168,11 @@ impl MoveContext<'_> {
             _ => unreachable!("read in place: pinned or device memory"),
         };
         self.copies.keep.push(s.source.storage().clone());
-        let elem = s.source.dtype().size();
+        // The kernels count a plain copy in bytes, a conversion in source elements.
+        let elem = match &op {
+            SmOp::Copy => 1,
+            SmOp::Convert(_, layout) => layout.from.size(),
+        };
         let unit = s.unit_bytes() / elem;
         let offset = s.source.byte_span().start / elem;
         self.copies.sm.push(SmJob {
