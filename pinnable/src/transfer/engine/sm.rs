@@ -313,24 +313,7 @@ pub(crate) unsafe fn launch(
             )
         };
         floats.copy_from_slice(&coefficients);
-        let mut tasks = table.iter();
-        for (job, plan) in jobs.iter().zip(&plans) {
-            let mut slot = words[plan.at..].iter_mut();
-            match &job.work {
-                SmWork::Pieces(_) => {
-                    for (w, t) in slot.by_ref().zip(tasks.by_ref().take(plan.n as usize * 4)) {
-                        *w = *t;
-                    }
-                }
-                SmWork::Indexed(ix) => {
-                    for list in &ix.starts {
-                        for (w, &v) in slot.by_ref().zip(list.values.iter()) {
-                            *w = (list.offset + v * list.unit) as u64;
-                        }
-                    }
-                }
-            }
-        }
+        write_table(jobs, &plans, &table, words);
     }
     let stream = dev.copy_stream.cu_stream();
     // SAFETY: the stream is the device's live copy stream; its context is current (the caller
@@ -361,6 +344,30 @@ pub(crate) unsafe fn launch(
     let freed = unsafe { result::free_async(on_device, stream) }
         .map_err(|e| Error::driver("cuMemFreeAsync", e));
     launched.and(freed).map(|()| Some(block))
+}
+
+/// Writes every job's table into `words`: the tasks (already laid out in `tasks`) of jobs of
+/// pieces, the starts of indexed jobs, each from its plan's place.
+fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], words: &mut [u64]) {
+    let mut tasks = tasks.iter();
+    for (job, plan) in jobs.iter().zip(plans) {
+        let mut slot = words[plan.at..].iter_mut();
+        match &job.work {
+            SmWork::Pieces(_) => {
+                for (t, w) in tasks.by_ref().take(plan.n as usize * 4).zip(slot.by_ref()) {
+                    *w = *t;
+                }
+            }
+            SmWork::Indexed(ix) => {
+                // Values first in each zip: an exhausted list must not take a slot.
+                for list in &ix.starts {
+                    for (&v, w) in list.values.iter().zip(slot.by_ref()) {
+                        *w = (list.offset + v * list.unit) as u64;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One job's launch: where its table starts (in u64s), its task count and group size, and its
@@ -500,6 +507,49 @@ mod tests {
             (out[1].src, out[1].dst, out[1].count, out[1].first),
             (1000 + 16384, (1 << 40) + 8192 * 8, 1808, 8197)
         );
+    }
+
+    fn indexed(values: &[usize], offset: usize, dst: u64) -> SmJob {
+        SmJob {
+            op: SmOp::Copy,
+            work: SmWork::Indexed(Indexed {
+                src: 1 << 20,
+                dst,
+                piece: 4,
+                starts: vec![Starts {
+                    values: values.into(),
+                    offset,
+                    unit: 4,
+                }],
+            }),
+        }
+    }
+
+    #[test]
+    fn jobs_whose_results_follow_each_other_merge_and_their_starts_follow_too() {
+        let jobs = merged(vec![
+            indexed(&[3, 1], 8, 1000),
+            indexed(&[0, 2, 5], 8, 1008),
+            indexed(&[7], 8, 5000), // not where the last one ends
+        ]);
+        assert_eq!(jobs.len(), 2);
+        let plans = [
+            Plan {
+                at: 0,
+                n: 5,
+                shift: 0,
+                indexed: None,
+            },
+            Plan {
+                at: 5,
+                n: 1,
+                shift: 0,
+                indexed: None,
+            },
+        ];
+        let mut words = vec![u64::MAX; 6];
+        write_table(&jobs, &plans, &[], &mut words);
+        assert_eq!(words, [20, 12, 8, 16, 28, 36]);
     }
 
     #[test]
