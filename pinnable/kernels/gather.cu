@@ -4,7 +4,7 @@
 //
 // One launch moves either a table of tasks (`Task`, laid out as `transfer::engine::sm::Task`),
 // or pieces of one size at the offsets a table of starts gives (`Indexed`: the rows or windows
-// of a gather, 8 bytes of table a piece), each cut into `splits` tasks. Groups of
+// of a gather, 4 or 8 bytes of table a piece), each cut into `splits` tasks. Groups of
 // `1 << lane_shift` threads (one to 32) take the tasks in turn. A group reads its task's
 // source in 16-byte chunks aligned in memory, four in flight per thread, and writes every
 // element that lies in the task to its place: small pieces get a few threads each, large ones a
@@ -31,14 +31,17 @@ struct Task {
     u64 first;
 };
 
-// Pieces of `piece` elements, piece `p` read from element `starts[p]` of `src` and written as
-// elements `p * piece ...` from `dst`; task `i` is part `i % splits` of piece `i / splits`.
+// Pieces of `piece` elements each, piece `p` read from byte `src + starts[p] * stride` on and
+// written as elements `p * piece ...` from `dst`; task `i` is part `i % splits` of piece
+// `i / splits`. The starts are u64s when `wide`, else u32s.
 struct Indexed {
     u64 src;
     u64 dst;
-    const u64* starts;
+    const void* starts;
     u64 piece;
     u64 splits;
+    u64 stride;
+    u64 wide;
 };
 
 // Task `i` of a launch: from the table, or made from the indexed pieces.
@@ -53,7 +56,9 @@ __device__ __forceinline__ Task task(const Task* tasks, const Indexed& ix, u64 i
     const u64 off = k * per;
     const u64 first = p * ix.piece + off;
     Task t;
-    t.src = ix.src + (ix.starts[p] + off) * in_size;
+    const u64 start = ix.wide ? reinterpret_cast<const u64*>(ix.starts)[p]
+                              : reinterpret_cast<const u32*>(ix.starts)[p];
+    t.src = ix.src + start * ix.stride + off * in_size;
     t.dst = ix.dst + first * out_size;
     t.count = off < ix.piece ? (ix.piece - off < per ? ix.piece - off : per) : 0;
     t.first = first;

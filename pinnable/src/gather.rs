@@ -27,7 +27,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::{Placement, Tensor};
-use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, Stacking, ToDevice};
+use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, Stacking, StartTable, ToDevice};
 
 /// Pieces of a source tensor — rows along its first dimension, or windows of a 1-D array — to
 /// be stacked into one contiguous tensor by the move that carries them, converted on the way
@@ -74,7 +74,7 @@ enum State {
     /// `shape` (of the source's dtype), then converted by `convert`.
     Pending {
         source: Tensor,
-        starts: Arc<[usize]>,
+        starts: Arc<StartTable>,
         piece: usize,
         runs: Arc<[Range<usize>]>,
         shape: Arc<[usize]>,
@@ -150,7 +150,7 @@ impl Gather {
         Gather {
             state: State::Pending {
                 source: source.clone(),
-                starts: starts.into(),
+                starts: Arc::new(StartTable::new(&starts)),
                 piece,
                 runs: runs.into(),
                 shape: shape.into(),

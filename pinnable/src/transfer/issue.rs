@@ -147,10 +147,8 @@ impl MoveContext<'_> {
         // `keep`, its block in `blocks`) that the device reads in place (mapped pinned memory or
         // device memory, chosen by `engine`), into this move's reservation, which nothing reads
         // before the ready event recorded after these kernels.
-        let table = unsafe { engine::sm::launch(dev, kernels, self.pool, jobs) }?;
-        if let Some(table) = table {
-            self.copies.blocks.push(table);
-        }
+        let read = unsafe { engine::sm::launch(dev, kernels, self.pool, jobs) }?;
+        self.copies.blocks.extend(read);
         // Device sources the kernels read: a later free or in-place write waits for them.
         for b in std::mem::take(&mut self.copies.sm_reads) {
             let read = dev

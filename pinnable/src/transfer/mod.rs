@@ -19,6 +19,7 @@ mod plan;
 mod stacked;
 
 pub(crate) use engine::SM_MAX_PIECE;
+pub(crate) use engine::starts::StartTable;
 pub(crate) use stacked::{GATHER_DIRECT_MIN, Stacking};
 
 use std::collections::{HashMap, VecDeque};

@@ -10,7 +10,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork, Starts};
+use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork};
+use super::engine::starts::StartTable;
 use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
@@ -34,7 +35,7 @@ pub(crate) const GATHER_DIRECT_MIN: usize = 256 << 10;
 /// converted by `convert`.
 pub(crate) struct Stacking<'a> {
     pub(crate) source: &'a Tensor,
-    pub(crate) starts: &'a Arc<[usize]>,
+    pub(crate) starts: &'a Arc<StartTable>,
     pub(crate) piece: usize,
     pub(crate) runs: &'a [Range<usize>],
     pub(crate) shape: &'a [usize],
@@ -173,19 +174,15 @@ impl MoveContext<'_> {
             SmOp::Copy => 1,
             SmOp::Convert(_, layout) => layout.from.size(),
         };
-        let unit = s.unit_bytes() / elem;
-        let offset = s.source.byte_span().start / elem;
+        let unit = s.unit_bytes();
         self.copies.sm.push(SmJob {
             op,
             work: SmWork::Indexed(Indexed {
-                src,
+                src: src + s.source.byte_span().start as u64,
                 dst: base,
-                piece: s.piece * unit,
-                starts: vec![Starts {
-                    values: s.starts.clone(),
-                    offset,
-                    unit,
-                }],
+                piece: s.piece * unit / elem,
+                stride: unit,
+                starts: vec![s.starts.clone()],
             }),
         });
     }

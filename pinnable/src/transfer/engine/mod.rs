@@ -16,6 +16,7 @@
 pub(super) mod dma;
 pub(super) mod host;
 pub(crate) mod sm;
+pub(crate) mod starts;
 
 use crate::gather::GatherRoute;
 use dma::{Dir, DirectCopy};

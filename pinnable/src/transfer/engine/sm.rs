@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
+use super::starts::StartTable;
 use crate::alloc::{PinnedBlock, PinnedPool};
 use crate::convert::{Convert, Resolved};
 use crate::cuda::{CudaDevice, Function, Kernels};
@@ -69,27 +70,29 @@ pub(crate) enum SmWork {
     Indexed(Indexed),
 }
 
-/// Pieces of `piece` elements each: piece `p` is read from element `starts[p]` of the source at
-/// `src` and written as elements `p * piece ..` of the result at `dst`.
+/// Pieces of `piece` elements each: piece `p` is read from byte `src + starts[p] * stride` on
+/// and written as elements `p * piece ..` of the result at `dst`.
 pub(crate) struct Indexed {
     pub(crate) src: u64,
     pub(crate) dst: u64,
     pub(crate) piece: usize,
-    /// The starts, in lists one after another.
-    pub(crate) starts: Vec<Starts>,
-}
-
-/// Starts of pieces, in source elements: `offset + v * unit` for each `v` of `values` (a
-/// gather's own list of rows or windows, shared, not copied).
-pub(crate) struct Starts {
-    pub(crate) values: Arc<[usize]>,
-    pub(crate) offset: usize,
-    pub(crate) unit: usize,
+    /// Bytes of the source per unit of a start.
+    pub(crate) stride: usize,
+    /// The starts, in tables one after another (each a gather's own, shared, not copied).
+    pub(crate) starts: Vec<Arc<StartTable>>,
 }
 
 impl Indexed {
     fn count(&self) -> usize {
-        self.starts.iter().map(|s| s.values.len()).sum()
+        self.starts.iter().map(|s| s.len()).sum()
+    }
+
+    fn wide(&self) -> bool {
+        self.starts.first().is_some_and(|s| s.is_wide())
+    }
+
+    fn table_bytes(&self) -> usize {
+        self.starts.iter().map(|s| s.bytes()).sum()
     }
 }
 
@@ -121,7 +124,9 @@ impl SmJob {
             _ => false,
         };
         let end = a.dst + (a.count() * a.piece * self.op.out_size()) as u64;
-        if !same_op || a.src != b.src || a.piece != b.piece || b.dst != end {
+        let alike =
+            a.src == b.src && a.piece == b.piece && a.stride == b.stride && a.wide() == b.wide();
+        if !same_op || !alike || b.dst != end {
             return false;
         }
         a.starts.append(&mut b.starts);
@@ -138,6 +143,8 @@ struct IndexedParams {
     starts: u64,
     piece: u64,
     splits: u64,
+    stride: u64,
+    wide: u64,
 }
 
 /// A task as the kernels read it (`struct Task` in `gather.cu`).
@@ -215,9 +222,9 @@ pub(crate) fn merged(jobs: Vec<SmJob>) -> Vec<SmJob> {
     out
 }
 
-/// Launches `jobs` on `dev`'s copy stream. Returns the pinned block holding the task table:
-/// the caller records the move's ready event on it, so it is not reused while the table copy
-/// may still read it.
+/// Launches `jobs` on `dev`'s copy stream. Returns every pinned block the table's copies read
+/// (the launch's own, and the gathers' tables of starts): the caller records the move's ready
+/// event on them, so they are not reused while those copies may still read them.
 ///
 /// # Safety
 ///
@@ -230,27 +237,29 @@ pub(crate) unsafe fn launch(
     kernels: &Kernels,
     pool: &PinnedPool,
     jobs: &[SmJob],
-) -> Result<Option<Arc<PinnedBlock>>> {
-    // One table: each job's tasks or starts, then every job's per-channel coefficients. The
-    // starts (most of a gather's table) are written straight into the pinned block below.
-    let mut table: Vec<u64> = Vec::new();
+) -> Result<Vec<Arc<PinnedBlock>>> {
+    // The device table: the host part (tasks, tables of starts on the heap, coefficients),
+    // written into one pinned block and copied at once, then the tables of starts already in
+    // pinned blocks, each copied as it is.
+    let mut host = Layout::default();
+    let mut pinned_len = 0;
     let mut plans = Vec::with_capacity(jobs.len());
     let mut tasks_of = Vec::new();
-    let mut at = 0;
+    let mut tasks_all: Vec<u64> = Vec::new();
     for job in jobs {
         let plan = match &job.work {
             SmWork::Pieces(pieces) => {
                 tasks_of.clear();
                 tasks(&job.op, pieces, &mut tasks_of);
                 for t in &tasks_of {
-                    table.extend_from_slice(&[t.src, t.dst, t.count, t.first]);
+                    tasks_all.extend_from_slice(&[t.src, t.dst, t.count, t.first]);
                 }
                 let shift = lane_shift(
                     tasks_of.iter().map(|t| t.count).sum::<u64>() * job.op.in_size() as u64,
                     tasks_of.len(),
                 );
                 Plan {
-                    at,
+                    at: Place::Host(host.take(tasks_of.len() * 32)),
                     n: tasks_of.len() as u64,
                     shift,
                     indexed: None,
@@ -262,6 +271,14 @@ pub(crate) unsafe fn launch(
                 let task_elems = ix.piece.div_ceil(splits as usize);
                 let n = ix.count() as u64 * splits;
                 let shift = lane_shift(n * (task_elems * job.op.in_size()) as u64, n as usize);
+                let bytes = ix.table_bytes();
+                let at = if ix.starts.iter().all(|t| t.pinned().is_some()) {
+                    let at = pinned_len;
+                    pinned_len = (pinned_len + bytes).next_multiple_of(8);
+                    Place::Pinned(at)
+                } else {
+                    Place::Host(host.take(bytes))
+                };
                 Plan {
                     at,
                     n,
@@ -272,69 +289,79 @@ pub(crate) unsafe fn launch(
                         starts: 0,
                         piece: ix.piece as u64,
                         splits,
+                        stride: ix.stride as u64,
+                        wide: u64::from(ix.wide()),
                     }),
                 }
             }
         };
-        at += match &job.work {
-            SmWork::Pieces(_) => tasks_of.len() * 4,
-            SmWork::Indexed(ix) => ix.count(),
-        };
         plans.push(plan);
     }
     if plans.iter().all(|p| p.n == 0) {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let table_len = at;
     let mut coefficients: Vec<f32> = Vec::new();
     let mut coefficient_at = Vec::with_capacity(jobs.len());
     for job in jobs {
-        coefficient_at.push(coefficients.len());
+        coefficient_at.push(host.len + coefficients.len() * 4);
         if let SmOp::Convert(c, _) = &job.op {
             let (scale, offset) = c.coefficients();
             coefficients.extend_from_slice(scale);
             coefficients.extend_from_slice(offset);
         }
     }
-    let table_bytes = table_len * 8;
-    let bytes = table_bytes + std::mem::size_of_val(coefficients.as_slice());
-    let block = Arc::new(pool.alloc(bytes)?);
+    let host_bytes = (host.len + coefficients.len() * 4).next_multiple_of(8);
+    let block = Arc::new(pool.alloc(host_bytes.max(8))?);
+    // SAFETY: the block was just allocated and nothing else refers to it; it holds
+    // `host_bytes`.
+    let words = unsafe { &mut block.as_mut_slice()[..host_bytes] };
+    write_table(jobs, &plans, &tasks_all, words);
+    for (c, out) in coefficients
+        .iter()
+        .zip(words[host.len..].chunks_exact_mut(4))
     {
-        // SAFETY: the block was just allocated, nothing else refers to it, and it holds
-        // `bytes` >= `table_len` u64s (page-aligned, so aligned for them) then the floats.
-        let (words, floats) = unsafe {
-            let p = block.as_ptr();
-            (
-                std::slice::from_raw_parts_mut(p.cast::<u64>(), table_len),
-                std::slice::from_raw_parts_mut(
-                    p.add(table_bytes).cast::<f32>(),
-                    coefficients.len(),
-                ),
-            )
-        };
-        floats.copy_from_slice(&coefficients);
-        write_table(jobs, &plans, &table, words);
+        out.copy_from_slice(&c.to_ne_bytes());
     }
     let stream = dev.copy_stream.cu_stream();
+    let total = host_bytes + pinned_len;
     // SAFETY: the stream is the device's live copy stream; its context is current (the caller
     // bound it).
-    let on_device = unsafe { result::malloc_async(stream, bytes) }
+    let on_device = unsafe { result::malloc_async(stream, total) }
         .map_err(|e| Error::driver("cuMemAllocAsync", e))?;
-    // SAFETY: `bytes` of the pinned block (alive until the ready event, recorded by the
-    // caller, completes) into the allocation just made, in stream order.
-    let copied = unsafe {
-        sys::cuMemcpyHtoDAsync_v2(on_device, block.as_ptr().cast(), bytes, stream).result()
+    let copy = |dst: u64, src: *const u8, bytes: usize| {
+        // SAFETY: `bytes` of a pinned block (alive until the ready event, recorded by the
+        // caller on every block returned, completes) into the allocation made above, in
+        // stream order.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream).result() }
+            .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
+    };
+    let mut read = vec![block.clone()];
+    let mut copied = copy(on_device, block.as_ptr(), host_bytes);
+    for (job, plan) in jobs.iter().zip(&plans) {
+        if let (SmWork::Indexed(ix), Place::Pinned(at)) = (&job.work, plan.at) {
+            let mut dst = on_device + (host_bytes + at) as u64;
+            for t in &ix.starts {
+                let b = t.pinned().expect("placed with the pinned tables");
+                copied = copied.and_then(|()| copy(dst, b.as_ptr(), t.bytes()));
+                read.push(b.clone());
+                dst += t.bytes() as u64;
+            }
+        }
     }
-    .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e));
     let launched = copied.and_then(|()| {
         jobs.iter()
             .zip(&plans)
             .zip(&coefficient_at)
             .try_for_each(|((job, plan), &coef)| {
-                let table_at = on_device + (plan.at * 8) as u64;
-                let coef_at = on_device + (table_bytes + coef * size_of::<f32>()) as u64;
+                let table_at = on_device
+                    + match plan.at {
+                        Place::Host(at) => at,
+                        Place::Pinned(at) => host_bytes + at,
+                    } as u64;
+                let coef_at = on_device + coef as u64;
                 // SAFETY: the table holds the plan's tasks or starts, whose ranges the caller
-                // vouches for; the coefficients follow it; forwarded preconditions.
+                // vouches for; the coefficients are where `coefficient_at` says; forwarded
+                // preconditions.
                 unsafe { launch_one(dev, kernels, job, plan, table_at, coef_at) }
             })
     });
@@ -343,37 +370,72 @@ pub(crate) unsafe fn launch(
     // SAFETY: allocated above on this stream; freed once.
     let freed = unsafe { result::free_async(on_device, stream) }
         .map_err(|e| Error::driver("cuMemFreeAsync", e));
-    launched.and(freed).map(|()| Some(block))
+    launched.and(freed).map(|()| read)
 }
 
-/// Writes every job's table into `words`: the tasks (already laid out in `tasks`) of jobs of
-/// pieces, the starts of indexed jobs, each from its plan's place.
-fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], words: &mut [u64]) {
+/// The host part of a launch's table, laid out as it is filled: each part 8-byte aligned.
+#[derive(Default)]
+struct Layout {
+    len: usize,
+}
+
+impl Layout {
+    /// Room for `bytes`; its offset.
+    fn take(&mut self, bytes: usize) -> usize {
+        let at = self.len;
+        self.len = (self.len + bytes).next_multiple_of(8);
+        at
+    }
+}
+
+/// Where a job's table lies in the device table: at this offset of the host part, or of the
+/// part copied from pinned tables of starts.
+#[derive(Clone, Copy)]
+enum Place {
+    Host(usize),
+    Pinned(usize),
+}
+
+/// Writes the host part of the table into `bytes`: the tasks (already laid out in `tasks`) of
+/// jobs of pieces, and the tables of starts of indexed jobs placed there.
+fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], bytes: &mut [u8]) {
     let mut tasks = tasks.iter();
     for (job, plan) in jobs.iter().zip(plans) {
-        let mut slot = words[plan.at..].iter_mut();
+        let Place::Host(at) = plan.at else {
+            continue;
+        };
+        let mut out = &mut bytes[at..];
         match &job.work {
             SmWork::Pieces(_) => {
-                for (t, w) in tasks.by_ref().take(plan.n as usize * 4).zip(slot.by_ref()) {
-                    *w = *t;
+                for (t, w) in tasks
+                    .by_ref()
+                    .take(plan.n as usize * 4)
+                    .zip(out.chunks_exact_mut(8))
+                {
+                    w.copy_from_slice(&t.to_ne_bytes());
                 }
             }
             SmWork::Indexed(ix) => {
-                // Values first in each zip: an exhausted list must not take a slot.
-                for list in &ix.starts {
-                    for (&v, w) in list.values.iter().zip(slot.by_ref()) {
-                        *w = (list.offset + v * list.unit) as u64;
-                    }
+                for t in &ix.starts {
+                    let n = t.bytes();
+                    let src = match (t.heap(), t.pinned()) {
+                        (Some(h), _) => h,
+                        // SAFETY: nothing writes a table of starts once it is built.
+                        (None, Some(b)) => unsafe { &b.as_slice()[..n] },
+                        (None, None) => unreachable!("a table is on the heap or pinned"),
+                    };
+                    out[..n].copy_from_slice(src);
+                    out = &mut out[n..];
                 }
             }
         }
     }
 }
 
-/// One job's launch: where its table starts (in u64s), its task count and group size, and its
-/// indexed pieces (`None` for a table of tasks).
+/// One job's launch: where its table lies, its task count and group size, and its indexed
+/// pieces (`None` for a table of tasks).
 struct Plan {
-    at: usize,
+    at: Place,
     n: u64,
     shift: u32,
     indexed: Option<IndexedParams>,
@@ -509,18 +571,15 @@ mod tests {
         );
     }
 
-    fn indexed(values: &[usize], offset: usize, dst: u64) -> SmJob {
+    fn indexed(values: &[usize], dst: u64) -> SmJob {
         SmJob {
             op: SmOp::Copy,
             work: SmWork::Indexed(Indexed {
                 src: 1 << 20,
                 dst,
                 piece: 4,
-                starts: vec![Starts {
-                    values: values.into(),
-                    offset,
-                    unit: 4,
-                }],
+                stride: 4,
+                starts: vec![Arc::new(StartTable::new(values))],
             }),
         }
     }
@@ -528,28 +587,32 @@ mod tests {
     #[test]
     fn jobs_whose_results_follow_each_other_merge_and_their_starts_follow_too() {
         let jobs = merged(vec![
-            indexed(&[3, 1], 8, 1000),
-            indexed(&[0, 2, 5], 8, 1008),
-            indexed(&[7], 8, 5000), // not where the last one ends
+            indexed(&[3, 1], 1000),
+            indexed(&[0, 2, 5], 1008),
+            indexed(&[7], 5000), // not where the last one ends
         ]);
         assert_eq!(jobs.len(), 2);
         let plans = [
             Plan {
-                at: 0,
+                at: Place::Host(0),
                 n: 5,
                 shift: 0,
                 indexed: None,
             },
             Plan {
-                at: 5,
+                at: Place::Host(24),
                 n: 1,
                 shift: 0,
                 indexed: None,
             },
         ];
-        let mut words = vec![u64::MAX; 6];
-        write_table(&jobs, &plans, &[], &mut words);
-        assert_eq!(words, [20, 12, 8, 16, 28, 36]);
+        let mut bytes = vec![0xffu8; 32];
+        write_table(&jobs, &plans, &[], &mut bytes);
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(words, [3, 1, 0, 2, 5, u32::MAX, 7, u32::MAX]);
     }
 
     #[test]
