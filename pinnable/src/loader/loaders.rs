@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::batcher::Batcher;
 use super::builder::LoaderBuilder;
+use super::collate::EpochSeed;
 use super::dataset::Dataset;
 use super::epoch::{Epoch, StreamEpoch};
 use super::pipeline::{Job, Jobs, Pipeline, Spec};
@@ -45,6 +46,7 @@ impl Run {
         jobs: Jobs<S>,
         dataset: Option<Arc<dyn Dataset<Sample = S>>>,
         batcher: Arc<dyn Batcher<S, Batch = T>>,
+        seed: EpochSeed,
     ) -> Spec<S, T> {
         Spec {
             jobs,
@@ -54,6 +56,7 @@ impl Run {
             prefetch: self.prefetch,
             device: self.device.clone(),
             pool: self.pool.clone(),
+            seed,
         }
     }
 
@@ -167,6 +170,10 @@ where
             Box::new(batches.into_iter().map(Job::Indices)),
             Some(dataset),
             self.batcher.clone(),
+            EpochSeed {
+                seed: self.sampler.seed(),
+                epoch,
+            },
         );
         let e = Epoch::new(Pipeline::start(spec), n, epoch);
         self.run.started(e.counters());
@@ -335,7 +342,8 @@ where
             batch_size: self.batch_size,
             drop_last: self.drop_last,
         };
-        let spec = self.run.spec(Box::new(jobs), None, self.batcher.clone());
+        let seed = EpochSeed { seed: None, epoch };
+        let spec = self.run.spec(Box::new(jobs), None, self.batcher.clone(), seed);
         let e = StreamEpoch::new(Pipeline::start(spec), epoch);
         self.run.started(e.counters());
         e

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::batcher::Batcher;
-use super::collate::Collator;
+use super::collate::{Collator, EpochSeed};
 use super::dataset::Dataset;
 use super::stats::Counters;
 use crate::alloc::PinnedPool;
@@ -147,6 +147,7 @@ pub(crate) struct Spec<S, T> {
     pub(crate) prefetch: usize,
     pub(crate) device: Device,
     pub(crate) pool: PinnedPool,
+    pub(crate) seed: EpochSeed,
 }
 
 /// What the workers share.
@@ -156,6 +157,7 @@ struct Work<S, T> {
     dataset: Option<Arc<dyn Dataset<Sample = S>>>,
     batcher: Arc<dyn Batcher<S, Batch = T>>,
     pool: PinnedPool,
+    seed: EpochSeed,
     gate: Arc<Gate>,
     counters: Arc<Counters>,
 }
@@ -186,6 +188,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             dataset: spec.dataset,
             batcher: spec.batcher,
             pool: spec.pool,
+            seed: spec.seed,
             gate: gate.clone(),
             counters: counters.clone(),
         });
@@ -350,7 +353,7 @@ fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Resul
     };
     let n = samples.len();
     let start = Instant::now();
-    let mut c = Collator::for_batch(&work.pool, indices, work.counters.clone());
+    let mut c = Collator::for_batch(&work.pool, indices, work.seed, work.counters.clone());
     let result = guarded(
         || format!("the batcher (batch {batch})"),
         || work.batcher.batch(samples, &mut c),
