@@ -212,7 +212,10 @@ const INLINE_DIMS: usize = 6;
 /// per sample of a batch) allocates nothing.
 #[derive(Clone)]
 enum Dims {
-    Inline { len: usize, dims: [usize; INLINE_DIMS] },
+    Inline {
+        len: usize,
+        dims: [usize; INLINE_DIMS],
+    },
     Heap(Vec<usize>),
 }
 

@@ -47,7 +47,9 @@
 //! - [`Gather`]: rows of a pinned (or device) dataset, stacked on the device by the copy
 //!   engine, with no collation on the host;
 //! - [`error`]: the one [`Error`] type;
-//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
+//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
+//! - `image` (the `image` feature): folders of JPEG and PNG files decoded straight into the
+//!   batch's pinned block, with the standard crops and flips.
 
 #![warn(missing_docs)]
 
@@ -60,6 +62,8 @@ pub mod dtype;
 pub mod error;
 pub mod fanout;
 mod gather;
+#[cfg(feature = "image")]
+pub mod image;
 mod impls;
 pub mod interop;
 pub mod loader;

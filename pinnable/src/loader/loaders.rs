@@ -343,7 +343,9 @@ where
             drop_last: self.drop_last,
         };
         let seed = EpochSeed { seed: None, epoch };
-        let spec = self.run.spec(Box::new(jobs), None, self.batcher.clone(), seed);
+        let spec = self
+            .run
+            .spec(Box::new(jobs), None, self.batcher.clone(), seed);
         let e = StreamEpoch::new(Pipeline::start(spec), epoch);
         self.run.started(e.counters());
         e

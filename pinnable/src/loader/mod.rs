@@ -105,3 +105,6 @@ pub use npy::NpyArray;
 pub use sampler::{Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
 pub use stream::IterSource;
+
+#[cfg(feature = "image")]
+pub(crate) use pipeline::panic_message;
