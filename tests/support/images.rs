@@ -74,9 +74,10 @@ pub enum Jpeg {
     Progressive,
     /// One channel: the picture's luma.
     Gray,
-    /// Adobe CMYK (inverted), from the picture as `C = 255 - R`, ..., `K = 0`.
+    /// Adobe CMYK (inverted, every plane at full resolution), from the picture as
+    /// `C = 255 - R`, ..., `K = 0`.
     Cmyk,
-    /// Adobe YCCK, the same CMYK.
+    /// Adobe YCCK (4:2:0), the same CMYK.
     Ycck,
 }
 
@@ -97,7 +98,8 @@ pub fn jpeg(
     let mut out = Vec::new();
     let mut e = Encoder::new(&mut out, quality);
     match kind {
-        Jpeg::Full => e.set_sampling_factor(SamplingFactor::R_4_4_4),
+        // Adobe's CMYK files keep every plane at full resolution.
+        Jpeg::Full | Jpeg::Cmyk => e.set_sampling_factor(SamplingFactor::R_4_4_4),
         Jpeg::Progressive => e.set_progressive(true),
         _ => e.set_sampling_factor(SamplingFactor::R_4_2_0),
     }

@@ -196,20 +196,37 @@ impl Decoder {
             .set_max_width(usize::MAX)
             .set_max_height(usize::MAX);
         let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-        d.decode_headers()
-            .map_err(|e| format!("corrupt JPEG: {e}"))?;
+        let segments = segments(bytes);
+        d.decode_headers().map_err(|e| {
+            if segments.ends_in_headers || !segments.whole {
+                format!(
+                    "truncated JPEG: its {} bytes end before its end-of-image marker ({})",
+                    bytes.len(),
+                    words(e)
+                )
+            } else {
+                format!("corrupt JPEG: {}", words(e))
+            }
+        })?;
         let (width, height) = d.dimensions().ok_or("corrupt JPEG: no frame header")?;
         self.check_size(width, height)?;
-        if !jpeg_is_whole(bytes) {
+        if !segments.whole {
             return Err(format!(
                 "truncated JPEG: its {} bytes end before the end-of-image marker",
                 bytes.len()
             ));
         }
+        if segments.key_plane_finer && d.input_colorspace() == Some(ColorSpace::CMYK) {
+            return Err(
+                "a CMYK JPEG whose key plane alone is at full resolution: this layout \
+                        is not supported (re-save it with every plane at full resolution)"
+                    .into(),
+            );
+        }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
         self.image.reshape(width, height);
         d.decode_into(&mut self.image.pixels)
-            .map_err(|e| format!("corrupt JPEG: {e}"))?;
+            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
         Ok(orientation)
     }
 
@@ -222,7 +239,9 @@ impl Decoder {
         };
         let mut d = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
         d.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
-        let mut reader = d.read_info().map_err(|e| format!("corrupt PNG: {e}"))?;
+        let mut reader = d
+            .read_info()
+            .map_err(|e| format!("corrupt PNG: {}", words(e)))?;
         let info = reader.info();
         let (width, height) = (info.width as usize, info.height as usize);
         self.check_size(width, height)?;
@@ -256,7 +275,7 @@ impl Decoder {
         };
         reader
             .next_frame(out)
-            .map_err(|e| format!("corrupt or truncated PNG: {e}"))?;
+            .map_err(|e| format!("corrupt or truncated PNG: {}", words(e)))?;
         let rgb = &mut self.image.pixels;
         match channels {
             4 => {
@@ -280,14 +299,33 @@ impl Decoder {
     }
 }
 
-/// Whether a JPEG holds an end-of-image marker after the start of its first scan. A file cut
-/// short (a transfer or a disk that stopped) lacks it; entropy-coded data never holds the
-/// marker's bytes, and a thumbnail's own marker comes before the first scan.
-fn jpeg_is_whole(bytes: &[u8]) -> bool {
+/// A decoder's error in words, without the line breaks some end with.
+fn words(e: impl std::fmt::Display) -> String {
+    e.to_string().trim().to_owned()
+}
+
+/// What the segments of a JPEG tell before it is decoded.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Segments {
+    /// An end-of-image marker follows the start of the first scan. A file cut short (a
+    /// transfer or a disk that stopped) lacks it; entropy-coded data never holds the marker's
+    /// bytes, and a thumbnail's own marker comes before the first scan.
+    whole: bool,
+    /// The first component's sampling factors are below another's in a four-component
+    /// frame: a layout (CMYK with only its key plane at full resolution) zune-jpeg decodes
+    /// wrongly, so it is refused rather than decoded into wrong colours.
+    key_plane_finer: bool,
+    /// The bytes end inside the headers, before any scan.
+    ends_in_headers: bool,
+}
+
+fn segments(bytes: &[u8]) -> Segments {
+    let mut found = Segments::default();
     let mut i = 2;
     let scan = loop {
         let Some(&marker) = bytes.get(i + 1) else {
-            return false;
+            found.ends_in_headers = true;
+            return found;
         };
         if bytes[i] != 0xFF || marker == 0xFF {
             // Fill bytes, or stray bytes between segments: step to the next 0xFF.
@@ -296,17 +334,29 @@ fn jpeg_is_whole(bytes: &[u8]) -> bool {
         }
         match marker {
             0xDA => break i,
-            0xD9 => return false,
+            0xD9 => return found,
             0x01 | 0xD0..=0xD8 => i += 2,
             _ => {
                 let Some(len) = bytes.get(i + 2..i + 4) else {
-                    return false;
+                    found.ends_in_headers = true;
+                    return found;
                 };
-                i += 2 + usize::from(u16::from_be_bytes([len[0], len[1]]));
+                let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                // A frame header: precision, height, width, components, then 3 bytes each.
+                if matches!(marker, 0xC0..=0xC2) && bytes.get(i + 9) == Some(&4) {
+                    if let Some(c) = bytes.get(i + 10..i + 22) {
+                        let first = c[1];
+                        found.key_plane_finer = c
+                            .chunks(3)
+                            .any(|p| p[1] >> 4 > first >> 4 || p[1] & 15 > first & 15);
+                    }
+                }
+                i += 2 + len;
             }
         }
     };
-    bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9])
+    found.whole = bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]);
+    found
 }
 
 #[cfg(test)]
@@ -318,17 +368,34 @@ mod tests {
         // SOI, an APP1 holding an end marker (a thumbnail's), SOS, data, EOI.
         let mut f = vec![0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
         f.extend([0xFF, 0xDA, 0x00, 0x02, 0x12, 0x34, 0xFF, 0x00, 0x56]);
-        assert!(!jpeg_is_whole(&f), "the thumbnail's marker does not count");
+        assert!(!segments(&f).whole, "the thumbnail's marker does not count");
         f.extend([0xFF, 0xD9]);
-        assert!(jpeg_is_whole(&f));
+        assert!(segments(&f).whole);
         f.extend([0x00; 7]);
         assert!(
-            jpeg_is_whole(&f),
+            segments(&f).whole,
             "trailing bytes after the end marker are fine"
         );
         for cut in 0..f.len() - 9 {
-            assert!(!jpeg_is_whole(&f[..cut]), "cut at {cut}");
+            assert!(!segments(&f[..cut]).whole, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_four_plane_frame_with_a_finer_later_plane_is_noticed() {
+        // SOI, SOF0 (8 bits, 8 × 8, 4 components: id, sampling, table), SOS, EOI.
+        let frame = |sampling: [u8; 4]| {
+            let mut f = vec![0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x14, 8, 0, 8, 0, 8, 4];
+            for (id, s) in sampling.iter().enumerate() {
+                f.extend([id as u8, *s, 0]);
+            }
+            f.extend([0xFF, 0xDA, 0x00, 0x02, 0xFF, 0xD9]);
+            f
+        };
+        assert!(segments(&frame([0x11, 0x11, 0x11, 0x22])).key_plane_finer);
+        assert!(!segments(&frame([0x11; 4])).key_plane_finer);
+        assert!(!segments(&frame([0x22, 0x11, 0x11, 0x22])).key_plane_finer);
+        assert!(segments(&frame([0x22, 0x11, 0x11, 0x22])).whole);
     }
 
     #[test]
@@ -337,7 +404,7 @@ mod tests {
         for (bytes, words) in [
             (&b""[..], "empty"),
             (b"BM\x00\x00", "neither a JPEG nor a PNG"),
-            (b"\xFF\xD8\xFF", "corrupt JPEG"),
+            (b"\xFF\xD8\xFF", "truncated JPEG"),
             (b"\x89PNG\r\n\x1a\n\x00", "corrupt PNG"),
         ] {
             let e = d.decode(bytes, Path::new("dir/x.img")).unwrap_err();
