@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::decode::{Decoder, Image, MAX_PIXELS};
-use super::resample::Resampler;
 use super::transform::Transform;
 use crate::batch::TensorMut;
 use crate::dtype::DType;
@@ -182,6 +181,16 @@ impl ImageFolder {
         self
     }
 
+    /// How many images.
+    pub fn len(&self) -> usize {
+        self.folder.files.len()
+    }
+
+    /// Whether there is no image (only for an empty [`from_list`](Self::from_list)).
+    pub fn is_empty(&self) -> bool {
+        self.folder.files.is_empty()
+    }
+
     /// The class names, label `i` being `classes()[i]` (empty for [`from_list`](Self::from_list)).
     pub fn classes(&self) -> &[String] {
         &self.folder.classes
@@ -270,7 +279,6 @@ pub struct ImageFile {
 struct Scratch {
     bytes: Vec<u8>,
     decoder: Option<Decoder>,
-    resampler: Resampler,
 }
 
 thread_local! {
@@ -307,11 +315,7 @@ impl ImageFile {
         let max_pixels = self.folder.max_pixels;
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            let Scratch {
-                bytes,
-                decoder,
-                resampler,
-            } = &mut *scratch;
+            let Scratch { bytes, decoder } = &mut *scratch;
             bytes.clear();
             fs::File::open(path)
                 .and_then(|mut f| f.read_to_end(bytes))
@@ -319,7 +323,7 @@ impl ImageFile {
             let decoder = decoder.get_or_insert_with(Decoder::new);
             decoder.max_pixels = max_pixels;
             let image = decoder.decode(bytes, path)?;
-            self.folder.transform.write_into(image, row, rng, resampler)
+            self.folder.transform.write(image, row, rng)
         })
     }
 

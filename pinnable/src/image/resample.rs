@@ -27,17 +27,20 @@ pub(crate) struct Rect {
     pub(crate) h: usize,
 }
 
-/// One axis: for each output index of a range, the first input index it reads, how many, and
-/// their weights.
+/// One axis: for each output index of a range, the first input index it reads and its
+/// weights. Every output has the same number of taps, `n` (the most any needs): an output
+/// that needs fewer has zero weights added, after its own or, at the axis's far end, before
+/// (its first index moved back), so every tap reads inside the axis.
 #[derive(Debug, Default)]
 struct Taps {
     first: Vec<usize>,
-    count: Vec<usize>,
-    /// `stride` weights per output, the first `count` of them used.
+    /// `n` weights per output.
     weights: Vec<i32>,
+    n: usize,
+    /// Scratch: each output's first index, count and weights before they are evened out.
+    raw: Vec<(usize, usize)>,
+    raw_weights: Vec<i32>,
     stride: usize,
-    /// Scratch for one output's weights before they are normalised.
-    raw: Vec<f64>,
 }
 
 fn triangle(x: f64) -> f64 {
@@ -51,9 +54,9 @@ impl Taps {
         let filterscale = scale.max(1.0);
         let support = filterscale;
         self.stride = support.ceil() as usize * 2 + 1;
-        self.first.clear();
-        self.count.clear();
-        self.weights.clear();
+        self.raw.clear();
+        self.raw_weights.clear();
+        let mut ws = [0f64; 64];
         for o in outs {
             let center = (o as f64 + 0.5) * scale;
             // As C's `(int)` casts: truncation toward zero, then clamping to the axis.
@@ -63,12 +66,19 @@ impl Taps {
             // PIL's floating-point steps, in its order: an upscale often puts an output
             // exactly between two values, where the last bit of a weight decides the rounding.
             let ss = 1.0 / filterscale;
-            self.raw.clear();
-            self.raw
-                .extend((0..n).map(|x| triangle(((x + lo) as f64 - center + 0.5) * ss)));
-            let total: f64 = self.raw.iter().sum();
+            let mut total = 0.0;
+            let raw = |x: usize| triangle(((x + lo) as f64 - center + 0.5) * ss);
+            if n <= ws.len() {
+                for (x, w) in ws[..n].iter_mut().enumerate() {
+                    *w = raw(x);
+                    total += *w;
+                }
+            } else {
+                total = (0..n).map(raw).sum();
+            }
             let one = f64::from(1u32 << PRECISION);
-            self.weights.extend(self.raw.iter().map(|&w| {
+            self.raw_weights.extend((0..n).map(|x| {
+                let w = if n <= ws.len() { ws[x] } else { raw(x) };
                 let w = if total == 0.0 { w } else { w / total };
                 if w < 0.0 {
                     (-0.5 + w * one) as i32
@@ -76,28 +86,36 @@ impl Taps {
                     (0.5 + w * one) as i32
                 }
             }));
-            self.weights.extend(std::iter::repeat_n(0, self.stride - n));
-            self.first.push(lo);
-            self.count.push(n);
+            self.raw.push((lo, n));
+        }
+        // Even out the counts.
+        self.n = self.raw.iter().map(|&(_, n)| n).max().unwrap_or(0);
+        self.first.clear();
+        self.weights.clear();
+        let mut at = 0;
+        for &(lo, n) in &self.raw {
+            let first = lo.min(len - self.n);
+            let before = lo - first;
+            let own = &self.raw_weights[at..at + n];
+            at += n;
+            self.weights.extend(std::iter::repeat_n(0, before));
+            self.weights.extend_from_slice(own);
+            self.weights
+                .extend(std::iter::repeat_n(0, self.n - before - n));
+            self.first.push(first);
         }
     }
 
     /// The input indices any output reads.
     fn span(&self) -> Range<usize> {
         let lo = self.first.iter().min().copied().unwrap_or(0);
-        let hi = (self.first.iter().zip(&self.count))
-            .map(|(f, n)| f + n)
-            .max()
-            .unwrap_or(0);
+        let hi = self.first.iter().max().map_or(0, |f| f + self.n);
         lo..hi.max(lo)
     }
 
     /// Output `o`'s first input index and weights.
     fn of(&self, o: usize) -> (usize, &[i32]) {
-        (
-            self.first[o],
-            &self.weights[o * self.stride..][..self.count[o]],
-        )
+        (self.first[o], &self.weights[o * self.n..][..self.n])
     }
 }
 
@@ -105,31 +123,96 @@ fn clip(v: i32) -> u8 {
     (v >> PRECISION).clamp(0, 255) as u8
 }
 
-/// Resamples images into rows of RGB, keeping its scratch memory for the next image.
+/// Where the resampled window goes: `[3, _, width]` planes of `plane` elements, the window's
+/// top-left pixel at (`x0`, `y0`), mirrored left to right when `flip`.
+pub(crate) struct Planes<'a> {
+    pub(crate) data: &'a mut [u8],
+    pub(crate) plane: usize,
+    pub(crate) width: usize,
+    pub(crate) x0: usize,
+    pub(crate) y0: usize,
+    pub(crate) flip: bool,
+}
+
+/// Resamples images into planes of `u8`, keeping its scratch memory for the next image.
 #[derive(Debug, Default)]
 pub(crate) struct Resampler {
     cols: Taps,
     rows: Taps,
-    /// The first pass's output: the rows (or the columns of each row) the second pass reads.
+    /// The first pass's output: the rows the second pass reads.
     mid: Vec<u8>,
     acc: Vec<i32>,
-    line: Vec<u8>,
+    /// Planes of `u8` for outputs of another element type, converted after.
+    pub(crate) planes: Vec<u8>,
 }
 
-/// One output pixel of a horizontal pass: `src` interleaved RGB from the first input pixel
-/// the weights `k` apply to.
-fn horizontal(src: &[u8], k: &[i32]) -> [u8; 3] {
-    let (mut r, mut g, mut b) = (HALF, HALF, HALF);
-    for (p, &w) in src.chunks_exact(3).zip(k) {
-        r += i32::from(p[0]) * w;
-        g += i32::from(p[1]) * w;
-        b += i32::from(p[2]) * w;
+/// A horizontal pass over one row of interleaved RGB (`src`, from the row's first pixel to
+/// the end of the image), `N` taps an output: `put(i, rgb)` for each output `i`. Each tap
+/// reads four bytes (its pixel's and the next pixel's first, ignored), one vector wide, where
+/// `src` has them.
+#[inline(always)]
+fn horizontal<const N: usize>(src: &[u8], taps: &Taps, mut put: impl FnMut(usize, [u8; 3])) {
+    for (i, (&first, k)) in taps
+        .first
+        .iter()
+        .zip(taps.weights.chunks_exact(N))
+        .enumerate()
+    {
+        let mut acc = [HALF; 4];
+        if let Some(s) = src.get(first * 3..first * 3 + 3 * N + 1) {
+            for t in 0..N {
+                for c in 0..4 {
+                    acc[c] += i32::from(s[t * 3 + c]) * k[t];
+                }
+            }
+        } else {
+            let s = &src[first * 3..first * 3 + 3 * N];
+            for t in 0..N {
+                for c in 0..3 {
+                    acc[c] += i32::from(s[t * 3 + c]) * k[t];
+                }
+            }
+        }
+        put(i, [clip(acc[0]), clip(acc[1]), clip(acc[2])]);
     }
-    [clip(r), clip(g), clip(b)]
 }
 
-/// One output row of a vertical pass into `out`: input row `first + t` (from `row`) weighed by
-/// `k[t]`, summed in `acc`.
+/// [`horizontal`] for the taps' count: fixed-size loops for the counts resizing meets up to a
+/// downscale of about 3.5, a loop over the count beyond.
+#[inline(always)]
+fn horizontal_any(src: &[u8], taps: &Taps, put: impl FnMut(usize, [u8; 3])) {
+    match taps.n {
+        1 => horizontal::<1>(src, taps, put),
+        2 => horizontal::<2>(src, taps, put),
+        3 => horizontal::<3>(src, taps, put),
+        4 => horizontal::<4>(src, taps, put),
+        5 => horizontal::<5>(src, taps, put),
+        6 => horizontal::<6>(src, taps, put),
+        7 => horizontal::<7>(src, taps, put),
+        8 => horizontal::<8>(src, taps, put),
+        _ => {
+            let mut put = put;
+            for (i, (&first, k)) in taps
+                .first
+                .iter()
+                .zip(taps.weights.chunks_exact(taps.n))
+                .enumerate()
+            {
+                let mut acc = [HALF; 3];
+                for (p, &w) in src[first * 3..].chunks_exact(3).zip(k) {
+                    for c in 0..3 {
+                        acc[c] += i32::from(p[c]) * w;
+                    }
+                }
+                put(i, [clip(acc[0]), clip(acc[1]), clip(acc[2])]);
+            }
+        }
+    }
+}
+
+/// One output row of a vertical pass: input row `first + t` (from `row`) weighed by `k[t]`,
+/// summed in `acc`, written rounded to `out`.
+#[inline(always)]
 fn vertical<'a>(
     row: impl Fn(usize) -> &'a [u8],
     first: usize,
@@ -149,10 +232,9 @@ fn vertical<'a>(
 }
 
 impl Resampler {
-    /// Resizes `crop` (a rectangle of `image`) to `out` (width, height) and hands the window
-    /// `cols × rows` of the result (ranges of output columns and rows) to `emit`, row by row:
-    /// `emit(j, rgb)` for window row `j`, `rgb` holding `cols.len()` interleaved RGB pixels.
-    /// Nothing outside the window is computed.
+    /// Resizes `crop` (a rectangle of `image`) to `out` (width, height) and writes the window
+    /// `cols × rows` of the result (ranges of output columns and rows) into `dst`. Nothing
+    /// outside the window is computed.
     ///
     /// The passes run in Pillow's order (since 13.0): vertical first when the height shrinks
     /// by more than twice as many pixels as the width, else horizontal first. The order
@@ -165,55 +247,105 @@ impl Resampler {
         out: (usize, usize),
         cols: Range<usize>,
         rows: Range<usize>,
-        mut emit: impl FnMut(usize, &[u8]),
+        dst: Planes<'_>,
     ) {
         debug_assert!(crop.x + crop.w <= image.width() && crop.y + crop.h <= image.height());
-        self.cols.compute(crop.w, out.0, cols.clone());
-        self.rows.compute(crop.h, out.1, rows.clone());
-        let stride = cols.len() * 3;
-        let width = image.width();
-        let pixels = image.pixels();
-        // Input row `y` of the crop, from its column `x`.
-        let input = |y: usize, x: usize| &pixels[((crop.y + y) * width + crop.x + x) * 3..];
-        self.acc.resize(stride.max(crop.w * 3), 0);
-        self.line.resize(stride, 0);
+        self.cols.compute(crop.w, out.0, cols);
+        self.rows.compute(crop.h, out.1, rows);
         let vertical_first = out.1 < crop.h && crop.h - out.1 > 2 * crop.w.saturating_sub(out.0);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU running this has AVX2, checked just above.
+            return unsafe { self.passes_avx2(image, crop, vertical_first, dst) };
+        }
+        self.passes(image, crop, vertical_first, dst);
+    }
+
+    /// [`passes`](Self::passes) compiled for AVX2: the same code, eight lanes wide.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn passes_avx2(
+        &mut self,
+        image: &Image,
+        crop: Rect,
+        vertical_first: bool,
+        dst: Planes<'_>,
+    ) {
+        self.passes(image, crop, vertical_first, dst);
+    }
+
+    /// Both passes, over the taps already computed.
+    #[inline(always)]
+    fn passes(&mut self, image: &Image, crop: Rect, vertical_first: bool, dst: Planes<'_>) {
+        let (ncols, nrows) = (self.cols.first.len(), self.rows.first.len());
+        let width = image.width();
+        // The crop's rows, from its left edge to the end of the image's pixels.
+        let pixels = image.pixels();
+        let input = |y: usize| &pixels[((crop.y + y) * width + crop.x) * 3..];
+        let Planes {
+            data,
+            plane,
+            width: dw,
+            x0,
+            y0,
+            flip,
+        } = dst;
         if vertical_first {
-            // The columns any output reads, for each output row; then each row across.
+            // The columns any output reads, down each output row; then across, into the
+            // planes.
             let span = self.cols.span();
             let wide = span.len() * 3;
-            self.mid.resize(rows.len() * wide, 0);
-            for (j, mid) in self.mid.chunks_exact_mut(wide.max(1)).enumerate() {
+            self.mid.resize(nrows * wide, 0);
+            self.acc.resize(wide, 0);
+            for j in 0..nrows {
                 let (first, k) = self.rows.of(j);
-                let row = |y: usize| &input(y, span.start)[..wide];
-                vertical(row, first, k, &mut self.acc[..wide], mid);
+                let row = |y: usize| &input(y)[span.start * 3..][..wide];
+                let mid = &mut self.mid[j * wide..][..wide];
+                vertical(row, first, k, &mut self.acc, mid);
             }
-            for j in 0..rows.len() {
-                let mid = &self.mid[j * wide..][..wide];
-                for (o, px) in self.line.chunks_exact_mut(3).enumerate() {
-                    let (first, k) = self.cols.of(o);
-                    px.copy_from_slice(&horizontal(&mid[(first - span.start) * 3..], k));
-                }
-                emit(j, &self.line);
+            let start = span.start;
+            for first in &mut self.cols.first {
+                *first -= start;
+            }
+            for j in 0..nrows {
+                let src = &self.mid[j * wide..];
+                let line = (y0 + j) * dw + x0;
+                horizontal_any(src, &self.cols, |i, px| {
+                    let x = line + if flip { ncols - 1 - i } else { i };
+                    for (c, v) in px.into_iter().enumerate() {
+                        data[c * plane + x] = v;
+                    }
+                });
             }
         } else {
-            // The rows any output reads, across; then each output row down.
+            // The rows any output reads, across into planes of the window's width; then down
+            // each plane, straight into `dst`.
             let span = self.rows.span();
-            self.mid.resize(span.len() * stride, 0);
+            let mplane = span.len() * ncols;
+            self.mid.resize(3 * mplane, 0);
+            self.acc.resize(ncols, 0);
+            let (mid, cols) = (&mut self.mid, &self.cols);
             for (m, y) in span.clone().enumerate() {
-                let src = &input(y, 0)[..crop.w * 3];
-                let dst = &mut self.mid[m * stride..][..stride];
-                for (o, px) in dst.chunks_exact_mut(3).enumerate() {
-                    let (first, k) = self.cols.of(o);
-                    px.copy_from_slice(&horizontal(&src[first * 3..], k));
-                }
+                let line = m * ncols;
+                horizontal_any(input(y), cols, |i, px| {
+                    let x = line + if flip { ncols - 1 - i } else { i };
+                    for (c, v) in px.into_iter().enumerate() {
+                        mid[c * mplane + x] = v;
+                    }
+                });
             }
-            for j in 0..rows.len() {
-                let (first, k) = self.rows.of(j);
-                let mid = &self.mid;
-                let row = |y: usize| &mid[(y - span.start) * stride..][..stride];
-                vertical(row, first, k, &mut self.acc[..stride], &mut self.line);
-                emit(j, &self.line);
+            for c in 0..3 {
+                let mid = &self.mid[c * mplane..][..mplane];
+                for j in 0..nrows {
+                    let (first, k) = self.rows.of(j);
+                    let row = |y: usize| &mid[(y - span.start) * ncols..][..ncols];
+                    let o = &mut data[c * plane + (y0 + j) * dw + x0..][..ncols];
+                    vertical(row, first, k, &mut self.acc, o);
+                }
             }
         }
     }
@@ -229,12 +361,22 @@ mod tests {
         Image::from_rgb(w, h, pixels).unwrap()
     }
 
+    /// The resize as interleaved RGB rows.
     fn resize(image: &Image, crop: Rect, out: (usize, usize)) -> Vec<u8> {
-        let mut all = Vec::new();
-        Resampler::default().run(image, crop, out, 0..out.0, 0..out.1, |_, row| {
-            all.extend_from_slice(row)
-        });
-        all
+        let (w, h) = out;
+        let mut planes = vec![0u8; 3 * w * h];
+        let dst = Planes {
+            data: &mut planes,
+            plane: w * h,
+            width: w,
+            x0: 0,
+            y0: 0,
+            flip: false,
+        };
+        Resampler::default().run(image, crop, out, 0..w, 0..h, dst);
+        (0..w * h)
+            .flat_map(|p| [planes[p], planes[w * h + p], planes[2 * w * h + p]])
+            .collect()
     }
 
     #[test]
@@ -258,12 +400,32 @@ mod tests {
             w: 41,
             h: 30,
         };
-        let whole = resize(&image, crop, (29, 23));
-        let mut r = Resampler::default();
-        r.run(&image, crop, (29, 23), 5..20, 7..19, |j, row| {
-            let at = ((7 + j) * 29 + 5) * 3;
-            assert_eq!(row, &whole[at..at + 15 * 3], "row {}", 7 + j);
-        });
+        for out in [(29, 23), (37, 11)] {
+            let whole = resize(&image, crop, out);
+            let (cols, rows) = (5..20, 7..out.1 - 2);
+            for flip in [false, true] {
+                let mut planes = vec![0u8; 3 * 15 * rows.len()];
+                let plane = 15 * rows.len();
+                let dst = Planes {
+                    data: &mut planes,
+                    plane,
+                    width: 15,
+                    x0: 0,
+                    y0: 0,
+                    flip,
+                };
+                Resampler::default().run(&image, crop, out, cols.clone(), rows.clone(), dst);
+                for (j, y) in rows.clone().enumerate() {
+                    for (i, x) in cols.clone().enumerate() {
+                        let i = if flip { 14 - i } else { i };
+                        for c in 0..3 {
+                            let want = whole[(y * out.0 + x) * 3 + c];
+                            assert_eq!(planes[c * plane + j * 15 + i], want, "{out:?} ({x}, {y})");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use super::decode::Image;
-use super::resample::{Rect, Resampler};
+use super::resample::{Planes, Rect, Resampler};
 use crate::batch::TensorMut;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -251,8 +251,44 @@ impl Transform {
     }
 
     /// Transforms `image` into `out`, a view of shape [`shape`](Self::shape) and dtype
-    /// [`dtype`](Self::dtype) (a row of a batch), drawing from `rng`; `resampler` is scratch
-    /// memory kept between images.
+    /// [`dtype`](Self::dtype) — a sample's row of a batch, for a dataset of one's own
+    /// ([`Collator::write_rows`](crate::loader::Collator::write_rows)) — drawing from `rng`.
+    /// Only the output's pixels are computed, straight into `out`; the thread's scratch memory
+    /// is reused from call to call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] for a view of another shape or dtype.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::image::{Image, Transform};
+    /// use pinnable::loader::SplitMix64;
+    /// use pinnable::{BatchLayout, DType};
+    ///
+    /// let t = Transform::resized_center_crop(8, 4);
+    /// let image = Image::from_rgb(12, 9, vec![200; 12 * 9 * 3])?;
+    /// let mut layout = BatchLayout::new();
+    /// let images = layout.push(DType::U8, &[2, 3, 4, 4])?;
+    /// let mut batch = layout.allocate()?;
+    /// for mut row in batch.view_mut(images).rows_mut() {
+    ///     t.write(&image, &mut row, SplitMix64::new(1))?;
+    /// }
+    /// assert!(batch.finish()[0].to_vec::<u8>()?.iter().all(|&v| v == 200));
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn write(&self, image: &Image, out: &mut TensorMut<'_>, rng: SplitMix64) -> Result<()> {
+        thread_local! {
+            static RESAMPLER: std::cell::RefCell<Resampler> = Default::default();
+        }
+        RESAMPLER.with(|r| match r.try_borrow_mut() {
+            Ok(mut r) => self.write_into(image, out, rng, &mut r),
+            Err(_) => self.write_into(image, out, rng, &mut Resampler::default()),
+        })
+    }
+
+    /// [`write`](Self::write) with scratch memory of the caller's.
     pub(crate) fn write_into(
         &self,
         image: &Image,
@@ -320,7 +356,7 @@ impl Transform {
         let size = self.shape()[1];
         let at = |c: usize, v: u8| c * 256 + usize::from(v);
         match (&self.table, out) {
-            (Table::U8, Out::U8(d)) => write(image, &plan, size, d, r, |_, v| v),
+            (Table::U8, Out::U8(d)) => resample(image, &plan, size, d, r),
             (Table::F32(t), Out::F32(d)) => write(image, &plan, size, d, r, |c, v| t[at(c, v)]),
             (Table::F16(t), Out::F16(d)) => write(image, &plan, size, d, r, |c, v| t[at(c, v)]),
             (Table::BF16(t), Out::BF16(d)) => write(image, &plan, size, d, r, |c, v| t[at(c, v)]),
@@ -387,17 +423,9 @@ fn random_crop(
     }
 }
 
-/// Writes the planned image into `dst` (`[3, size, size]`), each pixel value `v` of channel `c`
-/// as `value(c, v)`; zeros where the window pads the image.
-fn write<T: Copy>(
-    image: &Image,
-    plan: &Plan,
-    size: usize,
-    dst: &mut [T],
-    resampler: &mut Resampler,
-    value: impl Fn(usize, u8) -> T,
-) {
-    let plane = size * size;
+/// Writes the planned image into `planes` (`[3, size, size]`), zeros where the window pads
+/// the image.
+fn resample(image: &Image, plan: &Plan, size: usize, planes: &mut [u8], r: &mut Resampler) {
     // The window's part inside the resized image, in resized and in output coordinates.
     let inside = |at: isize, len: usize| {
         let lo = at.max(0) as usize;
@@ -407,29 +435,48 @@ fn write<T: Copy>(
     let (cols, x0) = inside(plan.at.0, plan.resized.0);
     let (rows, y0) = inside(plan.at.1, plan.resized.1);
     if cols.len() < size || rows.len() < size {
-        for c in 0..3 {
-            dst[c * plane..(c + 1) * plane].fill(value(c, 0));
-        }
+        planes.fill(0);
     }
     if cols.is_empty() || rows.is_empty() {
         return;
     }
-    resampler.run(image, plan.crop, plan.resized, cols, rows, |j, rgb| {
-        let y = y0 + j;
-        for c in 0..3 {
-            let line = &mut dst[c * plane + y * size..][..size];
-            let px = rgb.iter().skip(c).step_by(3);
-            if plan.flip {
-                for (d, &v) in line[..size - x0].iter_mut().rev().zip(px) {
-                    *d = value(c, v);
-                }
-            } else {
-                for (d, &v) in line[x0..].iter_mut().zip(px) {
-                    *d = value(c, v);
-                }
-            }
+    // Mirrored, the window's columns land at the other end of the row.
+    let x0 = if plan.flip {
+        size - x0 - cols.len()
+    } else {
+        x0
+    };
+    let dst = Planes {
+        data: planes,
+        plane: size * size,
+        width: size,
+        x0,
+        y0,
+        flip: plan.flip,
+    };
+    r.run(image, plan.crop, plan.resized, cols, rows, dst);
+}
+
+/// Writes the planned image into `dst` (`[3, size, size]`), each pixel value `v` of channel `c`
+/// as `value(c, v)`; `u8` outputs are written in place, others through `r`'s planes.
+fn write<T: Copy>(
+    image: &Image,
+    plan: &Plan,
+    size: usize,
+    dst: &mut [T],
+    r: &mut Resampler,
+    value: impl Fn(usize, u8) -> T,
+) {
+    let mut planes = std::mem::take(&mut r.planes);
+    planes.resize(3 * size * size, 0);
+    resample(image, plan, size, &mut planes, r);
+    let plane = size * size;
+    for (c, (d, p)) in dst.chunks_mut(plane).zip(planes.chunks(plane)).enumerate() {
+        for (d, &v) in d.iter_mut().zip(p) {
+            *d = value(c, v);
         }
-    });
+    }
+    r.planes = planes;
 }
 
 #[cfg(test)]
