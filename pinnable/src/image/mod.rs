@@ -56,6 +56,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod decode;
 mod folder;
 mod orient;

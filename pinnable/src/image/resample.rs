@@ -15,8 +15,12 @@ use super::decode::Image;
 /// fit an `i32`.
 const PRECISION: u32 = 22;
 
+/// [`PRECISION`] as the vector shifts take it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) const PRECISION_I32: i32 = PRECISION as i32;
+
 /// Half of the last bit, added before the shift to round.
-const HALF: i32 = 1 << (PRECISION - 1);
+pub(super) const HALF: i32 = 1 << (PRECISION - 1);
 
 /// A rectangle of pixels: its left column, top row, width and height.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,11 +36,14 @@ pub(crate) struct Rect {
 /// that needs fewer has zero weights added, after its own or, at the axis's far end, before
 /// (its first index moved back), so every tap reads inside the axis.
 #[derive(Debug, Default)]
-struct Taps {
+pub(super) struct Taps {
     first: Vec<usize>,
     /// `n` weights per output.
     weights: Vec<i32>,
     n: usize,
+    /// The weights of each pair of outputs, tap by tap, each repeated for four lanes:
+    /// `[pair][t][output of the pair][4]`.
+    pairs: Vec<i32>,
     /// Scratch: each output's first index, count and weights before they are evened out.
     raw: Vec<(usize, usize)>,
     raw_weights: Vec<i32>,
@@ -104,6 +111,30 @@ impl Taps {
                 .extend(std::iter::repeat_n(0, self.n - before - n));
             self.first.push(first);
         }
+        self.pairs.clear();
+        for pair in self.weights.chunks_exact(2 * self.n.max(1)) {
+            for t in 0..self.n {
+                self.pairs.extend([pair[t]; 4]);
+                self.pairs.extend([pair[self.n + t]; 4]);
+            }
+        }
+    }
+
+    /// Each output's first input index.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) fn first(&self) -> &[usize] {
+        &self.first
+    }
+
+    /// Taps an output.
+    pub(super) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Pair `p`'s weights (outputs `2p` and `2p + 1`), tap by tap, eight lanes each.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) fn pairs(&self, p: usize) -> &[i32] {
+        &self.pairs[p * 8 * self.n..][..8 * self.n]
     }
 
     /// The input indices any output reads.
@@ -142,72 +173,107 @@ pub(crate) struct Resampler {
     /// The first pass's output: the rows the second pass reads.
     mid: Vec<u8>,
     acc: Vec<i32>,
+    /// One row of the horizontal pass's output, RGBX.
+    line: Vec<u32>,
     /// Planes of `u8` for outputs of another element type, converted after.
     pub(crate) planes: Vec<u8>,
 }
 
-/// A horizontal pass over one row of interleaved RGB (`src`, from the row's first pixel to
-/// the end of the image), `N` taps an output: `put(i, rgb)` for each output `i`. Each tap
-/// reads four bytes (its pixel's and the next pixel's first, ignored), one vector wide, where
-/// `src` has them.
+/// Output `i` of a horizontal pass over one row of interleaved RGB (`src`, from the row's
+/// first pixel to the end of the image), `N` taps an output. Each tap reads four bytes (its
+/// pixel's and the next pixel's first, ignored) where `src` has them.
 #[inline(always)]
-fn horizontal<const N: usize>(src: &[u8], taps: &Taps, mut put: impl FnMut(usize, [u8; 3])) {
-    for (i, (&first, k)) in taps
-        .first
-        .iter()
-        .zip(taps.weights.chunks_exact(N))
-        .enumerate()
-    {
-        let mut acc = [HALF; 4];
-        if let Some(s) = src.get(first * 3..first * 3 + 3 * N + 1) {
-            for t in 0..N {
-                for c in 0..4 {
-                    acc[c] += i32::from(s[t * 3 + c]) * k[t];
-                }
-            }
-        } else {
-            let s = &src[first * 3..first * 3 + 3 * N];
-            for t in 0..N {
-                for c in 0..3 {
-                    acc[c] += i32::from(s[t * 3 + c]) * k[t];
-                }
+fn pixel<const N: usize>(src: &[u8], taps: &Taps, i: usize) -> [u8; 3] {
+    let (first, k) = taps.of(i);
+    let mut acc = [HALF; 4];
+    if let Some(s) = src.get(first * 3..first * 3 + 3 * N + 1) {
+        for t in 0..N {
+            for c in 0..4 {
+                acc[c] += i32::from(s[t * 3 + c]) * k[t];
             }
         }
-        put(i, [clip(acc[0]), clip(acc[1]), clip(acc[2])]);
+    } else {
+        let s = &src[first * 3..first * 3 + 3 * N];
+        for t in 0..N {
+            for c in 0..3 {
+                acc[c] += i32::from(s[t * 3 + c]) * k[t];
+            }
+        }
+    }
+    [clip(acc[0]), clip(acc[1]), clip(acc[2])]
+}
+
+/// [`pixel`] for any number of taps.
+fn pixel_any(src: &[u8], taps: &Taps, i: usize) -> [u8; 3] {
+    let (first, k) = taps.of(i);
+    let mut acc = [HALF; 3];
+    for (p, &w) in src[first * 3..].chunks_exact(3).zip(k) {
+        for c in 0..3 {
+            acc[c] += i32::from(p[c]) * w;
+        }
+    }
+    [clip(acc[0]), clip(acc[1]), clip(acc[2])]
+}
+
+/// Output `i` of a horizontal pass over one row, as RGBX bytes.
+#[inline(always)]
+fn rgbx(src: &[u8], taps: &Taps, i: usize) -> u32 {
+    let px = match taps.n() {
+        1 => pixel::<1>(src, taps, i),
+        2 => pixel::<2>(src, taps, i),
+        3 => pixel::<3>(src, taps, i),
+        4 => pixel::<4>(src, taps, i),
+        5 => pixel::<5>(src, taps, i),
+        6 => pixel::<6>(src, taps, i),
+        7 => pixel::<7>(src, taps, i),
+        8 => pixel::<8>(src, taps, i),
+        _ => pixel_any(src, taps, i),
+    };
+    u32::from_le_bytes([px[0], px[1], px[2], 0])
+}
+
+/// A horizontal pass over one row into `line`, one output at a time.
+#[inline(always)]
+fn horizontal(src: &[u8], taps: &Taps, line: &mut [u32]) {
+    for (i, px) in line.iter_mut().enumerate() {
+        *px = rgbx(src, taps, i);
     }
 }
 
-/// [`horizontal`] for the taps' count: fixed-size loops for the counts resizing meets up to a
-/// downscale of about 3.5, a loop over the count beyond.
+/// `line`'s RGBX pixels into three rows of planes (mirrored when `flip`).
 #[inline(always)]
-fn horizontal_any(src: &[u8], taps: &Taps, put: impl FnMut(usize, [u8; 3])) {
-    match taps.n {
-        1 => horizontal::<1>(src, taps, put),
-        2 => horizontal::<2>(src, taps, put),
-        3 => horizontal::<3>(src, taps, put),
-        4 => horizontal::<4>(src, taps, put),
-        5 => horizontal::<5>(src, taps, put),
-        6 => horizontal::<6>(src, taps, put),
-        7 => horizontal::<7>(src, taps, put),
-        8 => horizontal::<8>(src, taps, put),
-        _ => {
-            let mut put = put;
-            for (i, (&first, k)) in taps
-                .first
-                .iter()
-                .zip(taps.weights.chunks_exact(taps.n))
-                .enumerate()
-            {
-                let mut acc = [HALF; 3];
-                for (p, &w) in src[first * 3..].chunks_exact(3).zip(k) {
-                    for c in 0..3 {
-                        acc[c] += i32::from(p[c]) * w;
-                    }
-                }
-                put(i, [clip(acc[0]), clip(acc[1]), clip(acc[2])]);
-            }
+fn deinterleave(line: &[u32], flip: bool, [r, g, b]: [&mut [u8]; 3]) {
+    let put = |((px, r), g): ((&u32, &mut u8), &mut u8), b: &mut u8| {
+        let [pr, pg, pb, _] = px.to_le_bytes();
+        (*r, *g, *b) = (pr, pg, pb);
+    };
+    if flip {
+        for (x, b) in line
+            .iter()
+            .rev()
+            .zip(r.iter_mut())
+            .zip(g.iter_mut())
+            .zip(b.iter_mut())
+        {
+            put(x, b);
+        }
+    } else {
+        for (x, b) in line
+            .iter()
+            .zip(r.iter_mut())
+            .zip(g.iter_mut())
+            .zip(b.iter_mut())
+        {
+            put(x, b);
         }
     }
+}
+
+/// Three disjoint rows of `len` bytes of `data`, at `at`, `at + step` and `at + 2 step`.
+fn three_rows(data: &mut [u8], at: usize, step: usize, len: usize) -> [&mut [u8]; 3] {
+    let (r, rest) = data[at..].split_at_mut(step);
+    let (g, b) = rest.split_at_mut(step);
+    [&mut r[..len], &mut g[..len], &mut b[..len]]
 }
 
 /// One output row of a vertical pass: input row `first + t` (from `row`) weighed by `k[t]`,
@@ -258,7 +324,24 @@ impl Resampler {
             // SAFETY: the CPU running this has AVX2, checked just above.
             return unsafe { self.passes_avx2(image, crop, vertical_first, dst) };
         }
-        self.passes(image, crop, vertical_first, dst);
+        self.passes::<false>(image, crop, vertical_first, dst);
+    }
+
+    /// [`run`](Self::run) without AVX2, whatever the CPU has.
+    #[cfg(test)]
+    fn run_portable(
+        &mut self,
+        image: &Image,
+        crop: Rect,
+        out: (usize, usize),
+        cols: Range<usize>,
+        rows: Range<usize>,
+        dst: Planes<'_>,
+    ) {
+        self.cols.compute(crop.w, out.0, cols);
+        self.rows.compute(crop.h, out.1, rows);
+        let vertical_first = out.1 < crop.h && crop.h - out.1 > 2 * crop.w.saturating_sub(out.0);
+        self.passes::<false>(image, crop, vertical_first, dst);
     }
 
     /// [`passes`](Self::passes) compiled for AVX2: the same code, eight lanes wide.
@@ -275,12 +358,33 @@ impl Resampler {
         vertical_first: bool,
         dst: Planes<'_>,
     ) {
-        self.passes(image, crop, vertical_first, dst);
+        self.passes::<true>(image, crop, vertical_first, dst);
     }
 
-    /// Both passes, over the taps already computed.
+    /// Both passes, over the taps already computed; the horizontal one eight lanes wide with
+    /// `AVX2`, which only [`passes_avx2`](Self::passes_avx2) asks for.
     #[inline(always)]
-    fn passes(&mut self, image: &Image, crop: Rect, vertical_first: bool, dst: Planes<'_>) {
+    fn passes<const AVX2: bool>(
+        &mut self,
+        image: &Image,
+        crop: Rect,
+        vertical_first: bool,
+        dst: Planes<'_>,
+    ) {
+        let mut line = std::mem::take(&mut self.line);
+        line.resize(self.cols.first.len(), 0);
+        let mut row_pass = |src: &[u8], taps: &Taps, flip: bool, out: [&mut [u8]; 3]| {
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                let scalar = |i: usize| rgbx(src, taps, i);
+                // SAFETY: `AVX2` is true only in `passes_avx2`, which runs only on a CPU with
+                // AVX2.
+                unsafe { super::avx2::horizontal(src, taps, &mut line, scalar) };
+                return deinterleave(&line, flip, out);
+            }
+            horizontal(src, taps, &mut line);
+            deinterleave(&line, flip, out);
+        };
         let (ncols, nrows) = (self.cols.first.len(), self.rows.first.len());
         let width = image.width();
         // The crop's rows, from its left edge to the end of the image's pixels.
@@ -313,13 +417,8 @@ impl Resampler {
             }
             for j in 0..nrows {
                 let src = &self.mid[j * wide..];
-                let line = (y0 + j) * dw + x0;
-                horizontal_any(src, &self.cols, |i, px| {
-                    let x = line + if flip { ncols - 1 - i } else { i };
-                    for (c, v) in px.into_iter().enumerate() {
-                        data[c * plane + x] = v;
-                    }
-                });
+                let rows = three_rows(data, (y0 + j) * dw + x0, plane, ncols);
+                row_pass(src, &self.cols, flip, rows);
             }
         } else {
             // The rows any output reads, across into planes of the window's width; then down
@@ -328,15 +427,9 @@ impl Resampler {
             let mplane = span.len() * ncols;
             self.mid.resize(3 * mplane, 0);
             self.acc.resize(ncols, 0);
-            let (mid, cols) = (&mut self.mid, &self.cols);
             for (m, y) in span.clone().enumerate() {
-                let line = m * ncols;
-                horizontal_any(input(y), cols, |i, px| {
-                    let x = line + if flip { ncols - 1 - i } else { i };
-                    for (c, v) in px.into_iter().enumerate() {
-                        mid[c * mplane + x] = v;
-                    }
-                });
+                let rows = three_rows(&mut self.mid, m * ncols, mplane, ncols);
+                row_pass(input(y), &self.cols, flip, rows);
             }
             for c in 0..3 {
                 let mid = &self.mid[c * mplane..][..mplane];
@@ -348,6 +441,7 @@ impl Resampler {
                 }
             }
         }
+        self.line = line;
     }
 }
 
@@ -377,6 +471,48 @@ mod tests {
         (0..w * h)
             .flat_map(|p| [planes[p], planes[w * h + p], planes[2 * w * h + p]])
             .collect()
+    }
+
+    #[test]
+    fn the_vector_pass_computes_the_portable_pass_s_pixels() {
+        let mut rng = crate::loader::SplitMix64::new(0x5EED);
+        for case in 0..60 {
+            let (w, h) = (1 + rng.below(90) as usize, 1 + rng.below(90) as usize);
+            let image = random_image(case, w, h);
+            let (cw, ch) = (
+                1 + rng.below(w as u64) as usize,
+                1 + rng.below(h as u64) as usize,
+            );
+            let crop = Rect {
+                x: rng.below((w - cw + 1) as u64) as usize,
+                y: rng.below((h - ch + 1) as u64) as usize,
+                w: cw,
+                h: ch,
+            };
+            let out = (1 + rng.below(70) as usize, 1 + rng.below(70) as usize);
+            let flip = rng.below(2) == 1;
+            let mut both = [vec![0u8; 3 * out.0 * out.1], vec![0u8; 3 * out.0 * out.1]];
+            for (k, planes) in both.iter_mut().enumerate() {
+                let dst = Planes {
+                    data: planes,
+                    plane: out.0 * out.1,
+                    width: out.0,
+                    x0: 0,
+                    y0: 0,
+                    flip,
+                };
+                let mut r = Resampler::default();
+                if k == 0 {
+                    r.run(&image, crop, out, 0..out.0, 0..out.1, dst);
+                } else {
+                    r.run_portable(&image, crop, out, 0..out.0, 0..out.1, dst);
+                }
+            }
+            assert!(
+                both[0] == both[1],
+                "case {case}: {w}x{h}, {crop:?} -> {out:?}, flip {flip}"
+            );
+        }
     }
 
     #[test]
