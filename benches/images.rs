@@ -203,6 +203,27 @@ fn one_core(files: &[PathBuf], torch: &HashMap<String, f64>, rep: &mut Report) -
         norm_ms,
         "pil_to_tensor_normalize_ms",
     );
+    // The same crop as PIL's of the first file (written by the twin beside its figures).
+    let pil = std::env::var("PINNABLE_BENCH_OUT")
+        .ok()
+        .and_then(|d| std::fs::read(Path::new(&d).join("torch_images_pil_crop.u8")).ok());
+    if let Some(pil) = pil {
+        let ours = eval
+            .apply(&decoded[0], SplitMix64::new(0))
+            .expect("transform");
+        let ours = ours.to_vec::<u8>().expect("u8");
+        if ours.len() == pil.len() {
+            let d: Vec<u8> = ours.iter().zip(&pil).map(|(a, b)| a.abs_diff(*b)).collect();
+            let mean = d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64;
+            rep.line(&format!(
+                "
+the first file's resize + crop against PIL's (libjpeg-turbo's decode, PIL's \
+                 resize): {:.1}% of values equal, mean |difference| {mean:.3}, max {}",
+                100.0 * d.iter().filter(|&&v| v == 0).count() as f64 / d.len() as f64,
+                d.iter().max().copied().unwrap_or(0)
+            ));
+        }
+    }
     let total = read + decode + eval_ms;
     rep.line(&format!(
         "\nours, read + decode + resize/crop: {total:.3} ms per image on one core: at most \
