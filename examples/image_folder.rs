@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use pinnable::image::{IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFolder, Transform};
-use pinnable::loader::{Dataset, Loader, SplitMix64};
+use pinnable::loader::{Loader, SplitMix64};
 use pinnable::{DType, Device, ToDevice};
 use pinnable_harness::images;
 use rand::SeedableRng;

@@ -82,7 +82,15 @@ impl Image {
 }
 
 /// Decodes JPEG and PNG files into a buffer it keeps, so decoding file after file on one thread
-/// reuses the same memory. See the [module docs](self) for what is converted and what refused.
+/// reuses the same memory.
+///
+/// Every file is hostile input until checked: the format is told by its first bytes, the size
+/// is checked against a limit before any pixel memory is taken, a JPEG cut short is refused
+/// (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
+/// naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
+/// JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
+/// (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
+/// EXIF orientation is applied.
 ///
 /// # Examples
 ///
@@ -343,13 +351,14 @@ fn segments(bytes: &[u8]) -> Segments {
                 };
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
                 // A frame header: precision, height, width, components, then 3 bytes each.
-                if matches!(marker, 0xC0..=0xC2) && bytes.get(i + 9) == Some(&4) {
-                    if let Some(c) = bytes.get(i + 10..i + 22) {
-                        let first = c[1];
-                        found.key_plane_finer = c
-                            .chunks(3)
-                            .any(|p| p[1] >> 4 > first >> 4 || p[1] & 15 > first & 15);
-                    }
+                if matches!(marker, 0xC0..=0xC2)
+                    && bytes.get(i + 9) == Some(&4)
+                    && let Some(c) = bytes.get(i + 10..i + 22)
+                {
+                    let first = c[1];
+                    found.key_plane_finer = c
+                        .chunks(3)
+                        .any(|p| p[1] >> 4 > first >> 4 || p[1] & 15 > first & 15);
                 }
                 i += 2 + len;
             }

@@ -27,8 +27,8 @@
 //! # Examples
 //!
 //! ```
-//! use pinnable::image::{Decoder, ImageBatcher, ImageFolder, Transform};
-//! use pinnable::loader::{Dataset, Loader};
+//! use pinnable::image::{ImageBatcher, ImageFolder, Transform};
+//! use pinnable::loader::Loader;
 //!
 //! // Two tiny grayscale PNGs of one class, written on the spot.
 //! let dir = std::env::temp_dir().join(format!("pinnable-doc-{}", std::process::id()));
