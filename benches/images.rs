@@ -216,8 +216,7 @@ fn one_core(files: &[PathBuf], torch: &HashMap<String, f64>, rep: &mut Report) -
             let d: Vec<u8> = ours.iter().zip(&pil).map(|(a, b)| a.abs_diff(*b)).collect();
             let mean = d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64;
             rep.line(&format!(
-                "
-the first file's resize + crop against PIL's (libjpeg-turbo's decode, PIL's \
+                "\nthe first file's resize + crop against PIL's (libjpeg-turbo's decode, PIL's \
                  resize): {:.1}% of values equal, mean |difference| {mean:.3}, max {}",
                 100.0 * d.iter().filter(|&&v| v == 0).count() as f64 / d.len() as f64,
                 d.iter().max().copied().unwrap_or(0)
@@ -401,14 +400,15 @@ fn gpu_part(
     let read = |x: &Tensor| {
         match &kernels {
             Some(k) => {
-                let (ptr, words) = if x.dtype() == DType::U8 {
+                // The view orders the compute stream after the batch's copy; it lives until
+                // the kernel reading through it is queued.
+                if x.dtype() == DType::U8 {
                     let v = x.cuda_view::<u8>(&compute).expect("device view");
-                    (v.device_ptr(&compute).0, x.numel() / 4)
+                    k.read_sum(&compute, v.device_ptr(&compute).0, x.numel() / 4, sum_ptr);
                 } else {
                     let v = x.cuda_view::<f32>(&compute).expect("device view");
-                    (v.device_ptr(&compute).0, x.numel())
-                };
-                k.read_sum(&compute, ptr, words, sum_ptr);
+                    k.read_sum(&compute, v.device_ptr(&compute).0, x.numel(), sum_ptr);
+                }
             }
             None => {
                 x.ready_event()
