@@ -26,9 +26,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pinnable::image::{Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFolder, Transform};
-use pinnable::loader::{Loader, SplitMix64};
-use pinnable::{BatchLayout, DType, Device, Tensor};
+use pinnable::image::{
+    Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder, Transform,
+};
+use pinnable::loader::{Batcher, Loader, SplitMix64};
+use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
 use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
 use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, images, rng};
@@ -254,15 +256,44 @@ struct Window {
 }
 
 /// Runs `files` (cycled to `warmup + batches` batches) through the loader with `transform`
-/// onto `device`; `consume` reads each batch. Times the window after the warm-up.
+/// onto `device`; `consume` reads each batch's images. Times the window after the warm-up.
 fn window(
     files: &[PathBuf],
     transform: &Transform,
     workers: usize,
     batches: usize,
     device: &Device,
-    mut consume: impl FnMut(&Tensor),
+    consume: impl FnMut(&Tensor),
 ) -> pinnable::Result<Window> {
+    window_with(
+        files,
+        transform,
+        workers,
+        batches,
+        device,
+        ImageBatcher,
+        Ok,
+        consume,
+    )
+}
+
+/// [`window`] with a batcher of one's own (a conversion on the device, say); `images` turns
+/// each batch into the images `consume` reads.
+#[allow(clippy::too_many_arguments)]
+fn window_with<B>(
+    files: &[PathBuf],
+    transform: &Transform,
+    workers: usize,
+    batches: usize,
+    device: &Device,
+    batcher: B,
+    images: impl Fn(B::Batch) -> pinnable::Result<(Tensor, Tensor)>,
+    mut consume: impl FnMut(&Tensor),
+) -> pinnable::Result<Window>
+where
+    B: Batcher<ImageFile> + 'static,
+    B::Batch: ToDevice + 'static,
+{
     let warmup = 2 * workers + 4;
     let n = (warmup + batches) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
@@ -271,17 +302,17 @@ fn window(
         .batch_size(BATCH)
         .workers(workers)
         .device(device.clone())
-        .build(ImageBatcher)?;
+        .build(batcher)?;
     let mut epoch = loader.epoch(0);
     for b in epoch.by_ref().take(warmup) {
-        consume(&b?.0);
+        consume(&images(b?)?.0);
     }
     let waited = epoch.stats().waited;
     let start = Instant::now();
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
     for b in epoch.by_ref() {
-        consume(&b?.0);
+        consume(&images(b?)?.0);
         let now = Instant::now();
         steps.push((now - last).as_secs_f64());
         last = now;
