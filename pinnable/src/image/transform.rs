@@ -258,7 +258,7 @@ impl Transform {
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] for a view of another shape or dtype.
+    /// [`Error::Shape`] for a view of another shape or dtype, or an image without pixels.
     ///
     /// # Examples
     ///
@@ -297,6 +297,7 @@ impl Transform {
         resampler: &mut Resampler,
     ) -> Result<()> {
         let shape = self.shape();
+        no_pixels(image)?;
         if out.dtype() != self.dtype() || out.shape() != shape {
             return Err(Error::Shape(format!(
                 "the transform writes {} {shape:?}, not into a view of {} {:?}",
@@ -320,8 +321,9 @@ impl Transform {
     ///
     /// # Errors
     ///
-    /// As [`Tensor::from_vec`] (never, for the shapes a transform makes).
+    /// [`Error::Shape`] for an image without pixels.
     pub fn apply(&self, image: &Image, rng: SplitMix64) -> Result<Tensor> {
+        no_pixels(image)?;
         let shape = self.shape();
         let n = shape.iter().product();
         let mut resampler = Resampler::default();
@@ -371,6 +373,18 @@ enum Out<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
     BF16(&'a mut [bf16]),
+}
+
+/// Refuses an image without pixels (one can be made by hand), which has nothing to crop.
+fn no_pixels(image: &Image) -> Result<()> {
+    if image.width() == 0 || image.height() == 0 {
+        return Err(Error::Shape(format!(
+            "cannot transform an image of {} × {} pixels",
+            image.width(),
+            image.height()
+        )));
+    }
+    Ok(())
 }
 
 /// torchvision's `Resize(s)` size: the shorter side `s`, the longer `int(s * long / short)`.
