@@ -150,10 +150,7 @@ impl Decoder {
         let problem = match decoded {
             Ok(Ok(())) => return Ok(&self.image),
             Ok(Err(problem)) => problem,
-            Err(panic) => format!(
-                "the decoder panicked: {}",
-                crate::loader::panic_message(&*panic)
-            ),
+            Err(panic) => format!("the decoder panicked: {}", panic_text(&*panic)),
         };
         Err(Error::Image {
             path: path.display().to_string(),
@@ -304,6 +301,17 @@ impl Decoder {
             _ => {}
         }
         Ok(orientation)
+    }
+}
+
+/// The text of a decoder's panic.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "a panic with a non-string payload"
     }
 }
 

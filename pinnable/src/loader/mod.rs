@@ -108,5 +108,3 @@ pub use sampler::{Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
 pub use stream::IterSource;
 
-#[cfg(feature = "image")]
-pub(crate) use pipeline::panic_message;
