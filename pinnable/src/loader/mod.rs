@@ -107,4 +107,3 @@ pub use npy::NpyArray;
 pub use sampler::{Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
 pub use stream::IterSource;
-
