@@ -1,6 +1,8 @@
 //! The loader on the workload: batches of 64 × 3×224×224 f32 images + i64 labels
 //! (38.5 MB), built sample by sample from a dataset whose `get` returns a zero-copy view into
-//! one large in-memory array ("views"), or allocates a fresh `Vec` per sample ("decode").
+//! one large in-memory array ("views"), or whose samples write their pixels straight into
+//! their row of the batch's pinned block, as a decoder does ("decode": `Collator::write_rows`,
+//! no buffer of the sample's own).
 //!
 //! On a GPU: steady-state time a batch (a window of batches after the warm-up, over their
 //! number; per-step percentiles beside it) and GB/s for several worker counts, against the raw pinned
@@ -52,22 +54,14 @@ fn worker_counts() -> Vec<usize> {
         .collect()
 }
 
-/// The datasets: `views` serves zero-copy views of `images`; `decode` a fresh `Vec` per sample.
+/// The "views" dataset: zero-copy views of `images`.
 fn dataset(
     images: &Rows,
     len: usize,
-    decode: bool,
 ) -> FnDataset<impl Fn(usize) -> pinnable::Result<(Tensor, i64)> + Send + Sync + 'static> {
     let images = images.clone();
     FnDataset::new(len, move |i| {
-        let view = images.get(i % images.len())?;
-        let label = (i % 1000) as i64;
-        if decode {
-            // A decode: the sample's bytes land in fresh memory first.
-            Ok((Tensor::from_vec(view.to_vec::<f32>()?, &IMAGE)?, label))
-        } else {
-            Ok((view, label))
-        }
+        Ok((images.get(i % images.len())?, (i % 1000) as i64))
     })
 }
 
@@ -88,8 +82,26 @@ fn run(
     device: &Device,
     consume: impl FnMut(&Batch),
 ) -> pinnable::Result<Run> {
-    let data = dataset(images, (WARMUP + batches) * BATCH, decode);
-    let loader = Loader::builder(data)
+    let len = (WARMUP + batches) * BATCH;
+    if decode {
+        // Samples are indices; each writes its image into its row of the batch, in place.
+        let (rows, n) = (images.clone(), images.len());
+        let loader = Loader::builder(FnDataset::new(len, Ok))
+            .batch_size(BATCH)
+            .workers(workers)
+            .device(device.clone())
+            .build_with(move |ix: Vec<usize>, c| {
+                let labels = c.stack_scalars("labels", ix.iter().map(|i| (i % 1000) as i64))?;
+                let rows = rows.clone();
+                let x = c.write_rows("images", DType::F32, &IMAGE, ix, move |i, row, _| {
+                    row.copy_from(&rows.get(i % n)?)
+                })?;
+                let mut out = c.finish()?;
+                Ok((out.take(x)?, out.take(labels)?))
+            })?;
+        return time_epoch(&loader, consume, Ok);
+    }
+    let loader = Loader::builder(dataset(images, len))
         .batch_size(BATCH)
         .workers(workers)
         .device(device.clone())
@@ -259,7 +271,7 @@ fn gpu_part(
     });
     // Ours, source already pinned: one batch moved again and again, each move synced before
     // the next (one call repeated, not a stream: the median of the repeats).
-    let pinned = dataset(images, BATCH, false);
+    let pinned = dataset(images, BATCH);
     let samples: Vec<(Tensor, i64)> = (0..BATCH).map(|i| pinned.get(i).expect("sample")).collect();
     let one: Batch = Stack
         .batch(samples, &mut Collator::new(PinnedPool::global()))

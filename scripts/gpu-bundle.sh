@@ -81,7 +81,7 @@ for line in open(src):
     seen.add((dest, name))
     shutil.copy2(m["executable"], os.path.join(out, dest, name))
 PY
-cp bench/torch_baseline.py bench/torch_loader.py bench/nanogpt_get_batch.py "$out/" 2>/dev/null || true
+cp bench/torch_baseline.py bench/torch_loader.py bench/nanogpt_get_batch.py bench/torch_images.py "$out/" 2>/dev/null || true
 cp bench/kernels/batch.cu "$out/kernels.cu"
 cp examples/launch_ranks.sh "$out/"
 
@@ -144,6 +144,11 @@ if [ "$what" = all ] || [ "$what" = benches ]; then
   fi
   if [ -f nanogpt_get_batch.py ] && command -v python3 >/dev/null; then
     run python3 nanogpt_get_batch.py --out "$PINNABLE_BENCH_OUT/nanogpt.txt"
+  fi
+  # The JPEGs benches/images reads, written by PIL, and PyTorch's figures on them.
+  if [ -f torch_images.py ] && command -v python3 >/dev/null; then
+    run python3 torch_images.py --generate "$PINNABLE_BENCH_OUT/jpegs"
+    run python3 torch_images.py --dir "$PINNABLE_BENCH_OUT/jpegs" --out "$PINNABLE_BENCH_OUT/torch_images.txt"
   fi
   for b in benches/*; do run "$b"; done
 fi

@@ -205,14 +205,58 @@ impl PinnedBatch {
     }
 }
 
+/// Dimensions a view holds inline: enough for a batch of images (`[B, C, H, W]`) and more.
+const INLINE_DIMS: usize = 6;
+
+/// A view's shape, inline up to [`INLINE_DIMS`] dimensions, so that making a view of a row (one
+/// per sample of a batch) allocates nothing.
+#[derive(Clone)]
+enum Dims {
+    Inline {
+        len: usize,
+        dims: [usize; INLINE_DIMS],
+    },
+    Heap(Vec<usize>),
+}
+
+impl Dims {
+    fn new(shape: &[usize]) -> Dims {
+        if shape.len() <= INLINE_DIMS {
+            let mut dims = [0; INLINE_DIMS];
+            dims[..shape.len()].copy_from_slice(shape);
+            Dims::Inline {
+                len: shape.len(),
+                dims,
+            }
+        } else {
+            Dims::Heap(shape.to_vec())
+        }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        match self {
+            Dims::Inline { len, dims } => &dims[..*len],
+            Dims::Heap(v) => v,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [usize] {
+        match self {
+            Dims::Inline { len, dims } => &mut dims[..*len],
+            Dims::Heap(v) => v,
+        }
+    }
+}
+
 /// A writable, contiguous view of a tensor being built in pinned memory.
 ///
 /// Every write is typed (a `bool` view only ever holds 0 or 1), so building a batch needs no
-/// `unsafe`.
+/// `unsafe`. Making a view allocates nothing (for up to six dimensions): a sample can be
+/// written into its row of a batch without touching the heap.
 pub struct TensorMut<'a> {
     ptr: *mut u8,
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Dims,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -231,7 +275,7 @@ impl<'a> TensorMut<'a> {
         TensorMut {
             ptr,
             dtype,
-            shape: shape.to_vec(),
+            shape: Dims::new(shape),
             _borrow: PhantomData,
         }
     }
@@ -243,12 +287,12 @@ impl<'a> TensorMut<'a> {
 
     /// The size of each dimension.
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        self.shape.as_slice()
     }
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape().iter().product()
     }
 
     /// The bytes of the elements.
@@ -320,11 +364,11 @@ impl<'a> TensorMut<'a> {
                 requested: self.dtype,
             });
         }
-        if src.shape() != self.shape.as_slice() {
+        if src.shape() != self.shape() {
             return Err(Error::Shape(format!(
                 "cannot copy a tensor of shape {:?} into a view of shape {:?}",
                 src.shape(),
-                self.shape
+                self.shape()
             )));
         }
         let gather = src.host_src("copy_from")?;
@@ -341,7 +385,7 @@ impl<'a> TensorMut<'a> {
     ///
     /// [`Error::Shape`] for a rank-0 view or a range out of bounds.
     pub fn narrow_mut(&mut self, start: usize, len: usize) -> Result<TensorMut<'_>> {
-        let Some(&size) = self.shape.first() else {
+        let Some(&size) = self.shape().first() else {
             return Err(Error::Shape("cannot narrow a rank-0 view".into()));
         };
         if start.checked_add(len).is_none_or(|end| end > size) {
@@ -352,26 +396,26 @@ impl<'a> TensorMut<'a> {
         }
         let row = self.nbytes() / size.max(1);
         let mut shape = self.shape.clone();
-        shape[0] = len;
+        shape.as_mut_slice()[0] = len;
         // SAFETY: the range lies within this view, which is borrowed for the result's life.
-        Ok(unsafe { TensorMut::new(self.ptr.add(start * row), self.dtype, &shape) })
+        Ok(unsafe { TensorMut::new(self.ptr.add(start * row), self.dtype, shape.as_slice()) })
     }
 
     /// Views of each index along the first dimension (rank one less), which never overlap:
     /// row `i` of a stacked batch is sample `i`'s place.
     pub fn rows_mut(&mut self) -> impl ExactSizeIterator<Item = TensorMut<'_>> + '_ {
-        let n = self.shape.first().copied().unwrap_or(0);
+        let n = self.shape().first().copied().unwrap_or(0);
         let row = self.nbytes().checked_div(n).unwrap_or(0);
-        let inner = self.shape.get(1..).unwrap_or_default().to_vec();
+        let inner = Dims::new(self.shape().get(1..).unwrap_or_default());
         let (ptr, dtype) = (self.ptr, self.dtype);
         // SAFETY: rows are disjoint ranges of this view, borrowed for the iterator's life.
-        (0..n).map(move |i| unsafe { TensorMut::new(ptr.add(i * row), dtype, &inner) })
+        (0..n).map(move |i| unsafe { TensorMut::new(ptr.add(i * row), dtype, inner.as_slice()) })
     }
 }
 
 impl std::fmt::Debug for TensorMut<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TensorMut({} {:?})", self.dtype, self.shape)
+        write!(f, "TensorMut({} {:?})", self.dtype, self.shape())
     }
 }
 

@@ -163,7 +163,8 @@ pub enum Error {
     Sample {
         /// The sample's index in the dataset (its position in the stream for a stream source).
         index: usize,
-        /// `loading` (the dataset's `get`) or `collating` (building the batch).
+        /// `loading` (the dataset's `get`), `collating` (building the batch) or `writing in
+        /// place` (the sample writing its own row, e.g. an image decoded into the batch).
         during: &'static str,
         /// What went wrong, with its own field path where it has one.
         source: Box<Error>,
@@ -204,6 +205,24 @@ pub enum Error {
         /// The variable, e.g. `WORLD_SIZE`.
         variable: &'static str,
         /// What is wrong with it and what to do.
+        problem: String,
+    },
+
+    /// An image file that cannot be read or decoded (the `image` feature).
+    #[error("cannot decode image `{path}`: {problem}")]
+    Image {
+        /// The file.
+        path: String,
+        /// What is wrong: the decoder's words, a truncation, a size over the limit, ...
+        problem: String,
+    },
+
+    /// A folder that cannot serve as an image dataset (the `image` feature).
+    #[error("cannot use `{path}` as an image folder: {problem}")]
+    ImageFolder {
+        /// The folder (or the class folder at fault).
+        path: String,
+        /// What is wrong and what to do.
         problem: String,
     },
 

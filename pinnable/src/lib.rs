@@ -55,7 +55,9 @@
 //!   gather kernels or the copy engine, with no collation on the host, and [`Convert`]ed on the
 //!   way (u8 pixels to normalised f32, u16 tokens to i64);
 //! - [`error`]: the one [`Error`] type;
-//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature.
+//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
+//! - `image` (the `image` feature): folders of JPEG and PNG files decoded straight into the
+//!   batch's pinned block, with the standard crops and flips.
 
 #![warn(missing_docs)]
 
@@ -69,6 +71,8 @@ pub mod dtype;
 pub mod error;
 pub mod fanout;
 mod gather;
+#[cfg(feature = "image")]
+pub mod image;
 mod impls;
 pub mod interop;
 pub mod loader;

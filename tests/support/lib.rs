@@ -2,6 +2,9 @@
 //! GPU-or-skip gate. Not published.
 
 pub mod bench;
+pub mod hostile;
+#[cfg(feature = "image")]
+pub mod images;
 pub mod kernels;
 pub mod samples;
 pub mod tokens;

@@ -8,9 +8,18 @@
 //! [`finish`](Collator::finish) allocates the one block and performs every write; the
 //! [`Collated`] result hands out the batch's tensors by their [`Slot`]s. A bad sample is
 //! reported before any memory is taken, naming the sample and the tensor.
+//!
+//! **Samples written in place.** [`write_rows`](Collator::write_rows) plans a tensor whose
+//! rows the samples write themselves, during `finish`, straight into the pinned block: a
+//! decoder's output lands in its row of the batch with no buffer of its own and no copy, and
+//! the step allocates nothing per sample. Each sample gets its own random stream
+//! ([`sample_rng`](Collator::sample_rng)), drawn from the loader's seed, the epoch and the
+//! sample's index, so augmentations are reproducible whatever the number of workers.
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use super::sampler::SplitMix64;
 use super::stats::Counters;
 use crate::alloc::PinnedPool;
 use crate::batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
@@ -19,6 +28,27 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 type Fill = Box<dyn Fn(&mut TensorMut<'_>) -> Result<()> + Send>;
+
+/// Writes the sample at a batch position into its row.
+type WriteRow = Box<dyn FnMut(usize, &mut TensorMut<'_>, SplitMix64) -> Result<()> + Send>;
+
+/// What decides a batch's random draws: the loader's seed (its shuffle seed; none when it does
+/// not shuffle) and the epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EpochSeed {
+    pub(crate) seed: Option<u64>,
+    pub(crate) epoch: u64,
+}
+
+impl EpochSeed {
+    /// The random stream of the sample at dataset index `index`: a function of the seed, the
+    /// epoch and the index only.
+    fn sample_rng(self, index: usize) -> SplitMix64 {
+        let base = SplitMix64::for_epoch(self.seed.unwrap_or(0), self.epoch).next_u64();
+        let mut mix = SplitMix64::new(base ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        SplitMix64::new(mix.next_u64())
+    }
+}
 
 /// What `finish` writes into one planned tensor.
 enum Write {
@@ -30,6 +60,8 @@ enum Write {
     Whole(Tensor),
     /// Left for the caller to write ([`Collated::view_mut`]).
     Empty,
+    /// Row `pos` is written by the sample at batch position `pos`.
+    Each(WriteRow),
 }
 
 struct Planned {
@@ -72,6 +104,7 @@ struct Planned {
 pub struct Collator {
     pool: PinnedPool,
     indices: Option<Vec<usize>>,
+    seed: EpochSeed,
     layout: BatchLayout,
     planned: Vec<Planned>,
     counters: Option<Arc<Counters>>,
@@ -83,23 +116,51 @@ impl Collator {
         Collator {
             pool: pool.clone(),
             indices: None,
+            seed: EpochSeed::default(),
             layout: BatchLayout::new(),
             planned: Vec::new(),
             counters: None,
         }
     }
 
-    /// The loader's collator for a batch of the samples at `indices`.
+    /// The loader's collator for a batch of the samples at `indices`, in the epoch `seed` says.
     pub(crate) fn for_batch(
         pool: &PinnedPool,
         indices: Vec<usize>,
+        seed: EpochSeed,
         counters: Arc<Counters>,
     ) -> Self {
         Collator {
             indices: Some(indices),
+            seed,
             counters: Some(counters),
             ..Collator::new(pool)
         }
+    }
+
+    /// The epoch the batch belongs to, when the loader made this collator; 0 otherwise.
+    pub fn epoch(&self) -> u64 {
+        self.seed.epoch
+    }
+
+    /// A random stream for the sample at batch position `pos`, for augmentations (crops,
+    /// flips, ...): a function of the loader's shuffle seed (0 when it does not shuffle), the
+    /// epoch and the sample's dataset index only, so the same sample draws the same numbers in
+    /// the same epoch whatever the number of workers or the batch it falls in, and other
+    /// numbers in another epoch. [`write_rows`](Self::write_rows) hands each sample its own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::Collator;
+    /// use pinnable::PinnedPool;
+    ///
+    /// let c = Collator::new(PinnedPool::global());
+    /// assert_eq!(c.sample_rng(3).next_u64(), c.sample_rng(3).next_u64());
+    /// assert_ne!(c.sample_rng(3).next_u64(), c.sample_rng(4).next_u64());
+    /// ```
+    pub fn sample_rng(&self, pos: usize) -> SplitMix64 {
+        self.seed.sample_rng(self.index_of(pos))
     }
 
     /// The dataset indices of the batch's samples, in batch order, when the loader made this
@@ -298,13 +359,79 @@ impl Collator {
         self.plan(name, dtype, shape, Write::Empty)
     }
 
+    /// Plans a tensor `[B, ...row]` of `dtype` whose row `i` sample `i` writes itself, in
+    /// place: during [`finish`](Self::finish), `write(sample, row, rng)` gets the sample, a
+    /// view of its row in the batch's pinned block and its random stream
+    /// ([`sample_rng`](Self::sample_rng)). A decoder writes its output there directly: no
+    /// buffer of the sample's own, no copy, and nothing allocated per sample by this step.
+    /// Plan the tensors that read the samples (labels, ...) first: this one takes them.
+    ///
+    /// The row's elements are unspecified until written: `write` should set every one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Field`] for no samples at all, or a shape whose byte count overflows. From
+    /// [`finish`](Self::finish): the first error a `write` returns, as an [`Error::Sample`]
+    /// naming the sample's index (its source unchanged, e.g. the file that could not be
+    /// decoded); the batch is then not made and its block goes back to the pool.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::Collator;
+    /// use pinnable::{DType, PinnedPool};
+    ///
+    /// // Samples are only indices: each writes its pixels straight into the batch.
+    /// let samples = vec![3usize, 1, 4];
+    /// let mut c = Collator::new(PinnedPool::global());
+    /// let labels = c.stack_scalars("labels", samples.iter().map(|&i| i as i64))?;
+    /// let images = c.write_rows("images", DType::U8, &[2, 2], samples, |i, row, _rng| {
+    ///     row.fill(i as u8 * 10) // a decoder would write its pixels here
+    /// })?;
+    /// let mut out = c.finish()?;
+    /// let images = out.take(images)?;
+    /// assert_eq!(images.shape(), &[3, 2, 2]);
+    /// assert_eq!(images.to_vec::<u8>()?[4..8], [10; 4]);
+    /// assert!(images.shares_block_with(&out.take(labels)?));
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn write_rows<S, F>(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        row: &[usize],
+        samples: impl IntoIterator<Item = S>,
+        write: F,
+    ) -> Result<Slot>
+    where
+        S: Send + 'static,
+        F: Fn(S, &mut TensorMut<'_>, SplitMix64) -> Result<()> + Send + 'static,
+    {
+        let samples: Vec<S> = samples.into_iter().collect();
+        if samples.is_empty() {
+            return Err(Self::field_error(
+                name,
+                "there are no samples to collate".into(),
+            ));
+        }
+        let mut shape = Vec::with_capacity(row.len() + 1);
+        shape.push(samples.len());
+        shape.extend_from_slice(row);
+        let mut samples = samples.into_iter();
+        let each: WriteRow = Box::new(move |pos, row, rng| match samples.next() {
+            Some(s) => write(s, row, rng),
+            None => Err(Error::Shape(format!("no sample for row {pos}"))),
+        });
+        self.plan(name, dtype, &shape, Write::Each(each))
+    }
+
     /// Allocates the batch's one block and performs every planned write. The collator is then
     /// empty, ready to plan another batch.
     ///
     /// # Errors
     ///
     /// Allocation errors from the pool ([`Error::BudgetExceeded`], ...); [`Error::Sample`] if
-    /// a sample cannot be copied.
+    /// a sample cannot be copied or written.
     pub fn finish(&mut self) -> Result<Collated> {
         let layout = std::mem::take(&mut self.layout);
         let planned = std::mem::take(&mut self.planned);
@@ -312,18 +439,19 @@ impl Collator {
         if let Some(c) = &self.counters {
             c.note_block(batch.block().len(), batch.block().capacity(), &self.pool);
         }
-        for p in &planned {
+        let slots = planned.len();
+        for p in planned {
             let mut view = batch.view_mut(p.slot);
             let at = |pos: usize, e: Error| self.sample_error(pos, &p.name, e);
-            match &p.write {
+            match p.write {
                 Write::Rows(rows) => {
-                    for (pos, (mut row, t)) in view.rows_mut().zip(rows).enumerate() {
+                    for (pos, (mut row, t)) in view.rows_mut().zip(&rows).enumerate() {
                         row.copy_from(t).map_err(|e| at(pos, e))?;
                     }
                 }
                 Write::Padded { rows, fill } => {
                     let max = view.shape()[1];
-                    for (pos, (mut row, t)) in view.rows_mut().zip(rows).enumerate() {
+                    for (pos, (mut row, t)) in view.rows_mut().zip(&rows).enumerate() {
                         let len = t.shape()[0];
                         let write = |row: &mut TensorMut<'_>| -> Result<()> {
                             row.narrow_mut(0, len)?.copy_from(t)?;
@@ -332,12 +460,26 @@ impl Collator {
                         write(&mut row).map_err(|e| at(pos, e))?;
                     }
                 }
-                Write::Whole(t) => view.copy_from(t)?,
+                Write::Whole(t) => view.copy_from(&t)?,
                 Write::Empty => {}
+                Write::Each(mut write) => {
+                    let start = Instant::now();
+                    for (pos, mut row) in view.rows_mut().enumerate() {
+                        let rng = self.sample_rng(pos);
+                        write(pos, &mut row, rng).map_err(|e| Error::Sample {
+                            index: self.index_of(pos),
+                            during: "writing in place",
+                            source: Box::new(e),
+                        })?;
+                    }
+                    if let Some(c) = &self.counters {
+                        c.add_write(start.elapsed());
+                    }
+                }
             }
         }
         Ok(Collated {
-            slots: planned.len(),
+            slots,
             batch: Some(batch),
             tensors: Vec::new(),
         })

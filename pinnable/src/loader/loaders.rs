@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::batcher::Batcher;
 use super::builder::LoaderBuilder;
+use super::collate::EpochSeed;
 use super::dataset::Dataset;
 use super::epoch::{Epoch, StreamEpoch};
 use super::pipeline::{Job, Jobs, Pipeline, Spec};
@@ -78,6 +79,7 @@ impl Run {
         jobs: Jobs<S>,
         dataset: Option<Arc<dyn Dataset<Sample = S>>>,
         batcher: Arc<dyn Batcher<S, Batch = T>>,
+        seed: EpochSeed,
     ) -> Spec<S, T> {
         Spec {
             jobs,
@@ -87,6 +89,7 @@ impl Run {
             prefetch: self.prefetch,
             device: self.device.clone(),
             pool: self.pool.clone(),
+            seed,
         }
     }
 
@@ -210,6 +213,10 @@ where
             Box::new(batches.map(Job::Indices)),
             Some(dataset),
             self.batcher.clone(),
+            EpochSeed {
+                seed: self.sampler.seed(),
+                epoch,
+            },
         );
         let progress = Progress::new(
             self.sampler.position_at(epoch, first),
@@ -413,7 +420,8 @@ where
                 None => Box::new(std::iter::empty()),
             }
         };
-        let spec = self.run.spec(jobs, None, self.batcher.clone());
+        let seed = EpochSeed { seed: None, epoch };
+        let spec = self.run.spec(jobs, None, self.batcher.clone(), seed);
         let progress = Progress::new(self.position_at(epoch, first), None);
         let e = StreamEpoch::new(Pipeline::start(spec), epoch, progress.clone());
         self.run.started(e.counters(), progress);

@@ -16,8 +16,10 @@
 //! - **Collation** ([`collate`], [`batcher`]): a [`Batcher`] (any closure
 //!   `Fn(Vec<Sample>, &mut Collator) -> Result<Batch>`) plans the batch's tensors with the
 //!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
-//!   [`pad`](Collator::pad), [`empty`](Collator::empty) — and [`finish`](Collator::finish)
-//!   writes every sample's bytes once, into one pinned block per batch, reused from the pool.
+//!   [`pad`](Collator::pad), [`empty`](Collator::empty),
+//!   [`write_rows`](Collator::write_rows) (each sample writes its own row: a decoder's output
+//!   lands in the batch) — and [`finish`](Collator::finish) writes every sample's bytes once,
+//!   into one pinned block per batch, reused from the pool.
 //! - **A dataset already in pinned memory** needs no collation: a batcher that returns
 //!   [`Gather`](crate::Gather)s of the dataset's rows has the copy engine stack them on the
 //!   device, reading each byte once, with no pinned batch block.

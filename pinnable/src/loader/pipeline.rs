@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::batcher::Batcher;
-use super::collate::Collator;
+use super::collate::{Collator, EpochSeed};
 use super::dataset::Dataset;
 use super::guard::{Held, discard, drop_each, drop_guarded, drop_quietly, guarded, panic_message};
 use super::stats::Counters;
@@ -134,6 +134,7 @@ pub(crate) struct Spec<S, T> {
     pub(crate) prefetch: usize,
     pub(crate) device: Device,
     pub(crate) pool: PinnedPool,
+    pub(crate) seed: EpochSeed,
 }
 
 /// What the workers share.
@@ -143,6 +144,7 @@ struct Work<S, T> {
     dataset: Option<Arc<dyn Dataset<Sample = S>>>,
     batcher: Arc<dyn Batcher<S, Batch = T>>,
     pool: PinnedPool,
+    seed: EpochSeed,
     gate: Arc<Gate>,
     counters: Arc<Counters>,
 }
@@ -173,6 +175,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             dataset: spec.dataset,
             batcher: spec.batcher,
             pool: spec.pool,
+            seed: spec.seed,
             gate: gate.clone(),
             counters: counters.clone(),
         });
@@ -349,7 +352,7 @@ fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Resul
     };
     let n = samples.len();
     let start = Instant::now();
-    let mut c = Collator::for_batch(&work.pool, indices, work.counters.clone());
+    let mut c = Collator::for_batch(&work.pool, indices, work.seed, work.counters.clone());
     let result = guarded(
         || format!("the batcher (batch {batch})"),
         || work.batcher.batch(samples, &mut c).map(Held::new),

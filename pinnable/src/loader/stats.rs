@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     wait_ns: AtomicU64,
     load_ns: AtomicU64,
     collate_ns: AtomicU64,
+    write_ns: AtomicU64,
     transfer_ns: AtomicU64,
     largest_block: AtomicUsize,
     held_peak: AtomicUsize,
@@ -42,6 +43,7 @@ impl Counters {
             wait_ns: AtomicU64::new(0),
             load_ns: AtomicU64::new(0),
             collate_ns: AtomicU64::new(0),
+            write_ns: AtomicU64::new(0),
             transfer_ns: AtomicU64::new(0),
             largest_block: AtomicUsize::new(0),
             held_peak: AtomicUsize::new(0),
@@ -70,6 +72,14 @@ impl Counters {
 
     pub(crate) fn add_collate(&self, d: Duration) {
         self.collate_ns.fetch_add(nanos(d), Relaxed);
+    }
+
+    /// Time samples spent writing themselves in place ([`Collator::write_rows`]), part of
+    /// the collate time.
+    ///
+    /// [`Collator::write_rows`]: super::Collator::write_rows
+    pub(crate) fn add_write(&self, d: Duration) {
+        self.write_ns.fetch_add(nanos(d), Relaxed);
     }
 
     pub(crate) fn add_transfer(&self, d: Duration) {
@@ -107,6 +117,7 @@ impl Counters {
             waited: Duration::from_nanos(self.wait_ns.load(Relaxed)),
             load: Duration::from_nanos(self.load_ns.load(Relaxed)),
             collate: Duration::from_nanos(self.collate_ns.load(Relaxed)),
+            written: Duration::from_nanos(self.write_ns.load(Relaxed)),
             transfer: Duration::from_nanos(self.transfer_ns.load(Relaxed)),
             workers: self.workers,
             pinned_peak_bytes: self.held_peak.load(Relaxed),
@@ -165,6 +176,10 @@ pub struct EpochStats {
     pub load: Duration,
     /// Time collating (planning, writing the pinned block), summed over the workers.
     pub collate: Duration,
+    /// The part of `collate` that samples spent writing themselves into the pinned block
+    /// ([`Collator::write_rows`](super::Collator::write_rows): decoding an image straight into
+    /// its row, say), summed over the workers.
+    pub written: Duration,
     /// Time issuing moves to the device (`to_device`, non-blocking) on the transfer thread.
     pub transfer: Duration,
     /// Worker threads.
@@ -218,9 +233,14 @@ impl fmt::Display for EpochStats {
             ms(self.waited),
             100.0 * self.wait_share()
         )?;
+        let written = if self.written.is_zero() {
+            String::new()
+        } else {
+            format!(", of which {:.1} ms written in place", ms(self.written))
+        };
         writeln!(
             f,
-            "load         {:.1} ms, collate {:.1} ms (summed over {} worker{})",
+            "load         {:.1} ms, collate {:.1} ms{written} (summed over {} worker{})",
             ms(self.load),
             ms(self.collate),
             self.workers,

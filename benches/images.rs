@@ -1,0 +1,527 @@
+//! JPEG files to GPU batches, against PyTorch's `DataLoader` on the same files: 2048 synthetic
+//! 500×375 JPEGs (quality 90), `Resize(256)` + `CenterCrop(224)`, batches of 64, normalised
+//! with ImageNet's mean and deviation.
+//!
+//! 1. **One core**: our decoder alone per image (from memory), against PIL's (libjpeg-turbo)
+//!    and `torchvision.io.decode_jpeg` on the same files; then each later stage alone (the
+//!    file read, the crop and resize, the normalisation), so the loader's figure can be read
+//!    as their sum.
+//! 2. **The loader on the host** (`Device::cpu`): images/s at 4, 8, 14 and 16 workers, as
+//!    steady-state throughput (the window's images over the window's time, after a warm-up),
+//!    the consumer's wait over that window, and step percentiles beside them.
+//! 3. **To the GPU** (skipped without one): the same, each batch moved without blocking and
+//!    read by one kernel (a sum) on a compute stream, as the PyTorch twin does: `u8` pixels
+//!    over the link (normalising on the device needs the gather's conversion,
+//!    `Convert::normalize`; this bench has the `u8` row for it), and `f32` normalised on the
+//!    host (four times the bytes). Ratios against PyTorch's best in the same run
+//!    (`$PINNABLE_BENCH_OUT/torch_images.txt`, written by `bench/torch_images.py`).
+//!
+//! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as
+//! `bench/torch_images.py --generate DIR` writes them (PIL, `classNN/NNNN.jpg`); when the folder
+//! holds none, this bench writes its own (jpeg-encoder) and says so. Writes the tables to
+//! `$PINNABLE_BENCH_OUT/images.md`. Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,16`),
+//! `PINNABLE_BENCH_BATCHES` (batches in the measured window).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pinnable::image::{
+    Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder, Transform,
+};
+use pinnable::loader::{Batcher, Loader, SplitMix64};
+use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
+use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
+use pinnable_harness::kernels::Kernels;
+use pinnable_harness::{cuda_or_skip, images, rng};
+
+const BATCH: usize = 64;
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn worker_counts() -> Vec<usize> {
+    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
+        return list
+            .split(',')
+            .filter_map(|w| w.trim().parse().ok())
+            .collect();
+    }
+    let counts: Vec<usize> = [4, 8, 14, 16]
+        .into_iter()
+        .filter(|&w| w <= cores())
+        .collect();
+    if counts.is_empty() {
+        vec![cores()]
+    } else {
+        counts
+    }
+}
+
+/// The JPEG files, written first when the folder has none.
+fn files() -> (Vec<PathBuf>, String) {
+    let dir = std::env::var("PINNABLE_BENCH_IMAGES_DIR")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("PINNABLE_BENCH_OUT").map(|d| Path::new(&d).join("jpegs")))
+        .unwrap_or_else(|_| std::env::temp_dir().join("pinnable-bench-jpegs"));
+    let listed = |dir: &Path| {
+        let folder = ImageFolder::open(dir).ok()?;
+        Some(
+            (0..folder.len())
+                .map(|i| folder.path(i).unwrap().to_path_buf())
+                .collect::<Vec<_>>(),
+        )
+    };
+    if let Some(files) = listed(&dir) {
+        return (files, format!("{} (as found)", dir.display()));
+    }
+    let mut r = rng("bench images (files)");
+    images::write_folder(&mut r, &dir, 8, 256, (500, 375));
+    let files = listed(&dir).expect("the files just written");
+    (
+        files,
+        format!(
+            "{} (written by this bench with jpeg-encoder: not PIL's files)",
+            dir.display()
+        ),
+    )
+}
+
+struct Report {
+    md: String,
+}
+
+impl Report {
+    fn line(&mut self, s: &str) {
+        println!("{s}");
+        self.md.push_str(s);
+        self.md.push('\n');
+    }
+}
+
+/// Median over `passes` passes of `f` over every input, per input, in milliseconds.
+fn per_item<T>(inputs: &[T], passes: usize, mut f: impl FnMut(&T)) -> f64 {
+    let times: Vec<f64> = (0..passes)
+        .map(|_| {
+            let t = Instant::now();
+            inputs.iter().for_each(&mut f);
+            t.elapsed().as_secs_f64() / inputs.len() as f64 * 1e3
+        })
+        .collect();
+    median(times)
+}
+
+/// Our one-core costs per image, in ms: the file read and decode, and each transform.
+struct Stages {
+    read_decode: f64,
+    eval: f64,
+    norm: f64,
+}
+
+/// One core, stage by stage.
+fn one_core(files: &[PathBuf], torch: &HashMap<String, f64>, rep: &mut Report) -> Stages {
+    let bytes: Vec<Vec<u8>> = files
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
+    let mean_kib = bytes.iter().map(Vec::len).sum::<usize>() as f64 / bytes.len() as f64 / 1024.0;
+    let mut d = Decoder::new();
+    let decode = per_item(&bytes, 3, |b| {
+        d.decode(b, Path::new("bench")).expect("decode");
+    });
+    let read = per_item(files, 3, |p| {
+        std::hint::black_box(std::fs::read(p).expect("read"));
+    });
+    let decoded: Vec<_> = bytes
+        .iter()
+        .take(256)
+        .map(|b| {
+            Decoder::new()
+                .decode(b, Path::new("bench"))
+                .expect("decode")
+                .clone()
+        })
+        .collect();
+    let eval = Transform::resized_center_crop(256, 224);
+    let train = Transform::random_resized_crop(224).flip(0.5);
+    let norm = eval
+        .clone()
+        .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+        .expect("normalize");
+    // Each into the same row, as a worker writes its batch.
+    let mut layout = BatchLayout::new();
+    let u8_row = layout.push(DType::U8, &[3, 224, 224]).expect("layout");
+    let f32_row = layout.push(DType::F32, &[3, 224, 224]).expect("layout");
+    let mut block = layout.allocate().expect("pinned row");
+    let mut stage = |t: &Transform| {
+        let slot = if t.dtype() == DType::U8 {
+            u8_row
+        } else {
+            f32_row
+        };
+        let mut row = block.view_mut(slot);
+        per_item(&decoded, 3, |im| {
+            t.write(im, &mut row, SplitMix64::new(1))
+                .expect("transform");
+        })
+    };
+    let (eval_ms, train_ms, norm_ms) = (stage(&eval), stage(&train), stage(&norm));
+    let row = |rep: &mut Report, what: &str, ours: f64, key: &str| {
+        let theirs = torch
+            .get(key)
+            .map_or("—".to_string(), |v| format!("{v:.3} ms"));
+        let ratio = torch
+            .get(key)
+            .map_or("—".to_string(), |v| format!("{:.2}×", v / ours));
+        rep.line(&format!("| {what} | {ours:.3} ms | {theirs} | {ratio} |"));
+    };
+    rep.line(&format!(
+        "## one core, per image ({} files, {mean_kib:.1} KiB mean)\n",
+        files.len()
+    ));
+    rep.line("| stage | ours | PyTorch side | their time / ours |");
+    rep.line("| --- | --- | --- | --- |");
+    row(
+        rep,
+        "decode, from memory (vs PIL: libjpeg-turbo)",
+        decode,
+        "pil_decode_ms",
+    );
+    row(
+        rep,
+        "decode, from memory (vs torchvision.io.decode_jpeg)",
+        decode,
+        "decode_jpeg_ms",
+    );
+    row(rep, "read the file (page cache)", read, "read_ms");
+    row(
+        rep,
+        "resize 256 + center crop 224, u8 (vs PIL)",
+        eval_ms,
+        "pil_resize_crop_ms",
+    );
+    row(rep, "random-resized crop 224 + flip, u8", train_ms, "");
+    row(
+        rep,
+        "resize + crop, normalised f32 written",
+        norm_ms,
+        "pil_to_tensor_normalize_ms",
+    );
+    // The same crop as PIL's of the first file (written by the twin beside its figures).
+    let pil = std::env::var("PINNABLE_BENCH_OUT")
+        .ok()
+        .and_then(|d| std::fs::read(Path::new(&d).join("torch_images_pil_crop.u8")).ok());
+    if let Some(pil) = pil {
+        let ours = eval
+            .apply(&decoded[0], SplitMix64::new(0))
+            .expect("transform");
+        let ours = ours.to_vec::<u8>().expect("u8");
+        if ours.len() == pil.len() {
+            let d: Vec<u8> = ours.iter().zip(&pil).map(|(a, b)| a.abs_diff(*b)).collect();
+            let mean = d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64;
+            rep.line(&format!(
+                "\nthe first file's resize + crop against PIL's (libjpeg-turbo's decode, PIL's \
+                 resize): {:.1}% of values equal, mean |difference| {mean:.3}, max {}",
+                100.0 * d.iter().filter(|&&v| v == 0).count() as f64 / d.len() as f64,
+                d.iter().max().copied().unwrap_or(0)
+            ));
+        }
+    }
+    let total = read + decode + eval_ms;
+    rep.line(&format!(
+        "\nours, read + decode + resize/crop: {total:.3} ms per image on one core: at most \
+         {:.0} images/s per core, {:.0} on {} cores\n",
+        1e3 / total,
+        1e3 / total * cores() as f64,
+        cores()
+    ));
+    Stages {
+        read_decode: read + decode,
+        eval: eval_ms,
+        norm: norm_ms,
+    }
+}
+
+/// A steady-state window of a loader run.
+struct Window {
+    images_per_s: f64,
+    wait_share: f64,
+    p50: f64,
+    p95: f64,
+}
+
+/// Runs `files` (cycled to `warmup + batches` batches) through the loader with `transform`
+/// onto `device`; `consume` reads each batch's images. Times the window after the warm-up.
+fn window(
+    files: &[PathBuf],
+    transform: &Transform,
+    workers: usize,
+    batches: usize,
+    device: &Device,
+    consume: impl FnMut(&Tensor),
+) -> pinnable::Result<Window> {
+    window_with(
+        files,
+        transform,
+        workers,
+        batches,
+        device,
+        ImageBatcher,
+        Ok,
+        consume,
+    )
+}
+
+/// [`window`] with a batcher of one's own (a conversion on the device, say); `images` turns
+/// each batch into the images `consume` reads.
+#[allow(clippy::too_many_arguments)]
+fn window_with<B>(
+    files: &[PathBuf],
+    transform: &Transform,
+    workers: usize,
+    batches: usize,
+    device: &Device,
+    batcher: B,
+    images: impl Fn(B::Batch) -> pinnable::Result<(Tensor, Tensor)>,
+    mut consume: impl FnMut(&Tensor),
+) -> pinnable::Result<Window>
+where
+    B: Batcher<ImageFile> + 'static,
+    B::Batch: ToDevice + 'static,
+{
+    let warmup = 2 * workers + 4;
+    let n = (warmup + batches) * BATCH;
+    let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
+    let folder = ImageFolder::from_list(list).transform(transform.clone());
+    let loader = Loader::builder(folder)
+        .batch_size(BATCH)
+        .workers(workers)
+        .device(device.clone())
+        .build(batcher)?;
+    let mut epoch = loader.epoch(0);
+    for b in epoch.by_ref().take(warmup) {
+        consume(&images(b?)?.0);
+    }
+    let waited = epoch.stats().waited;
+    let start = Instant::now();
+    let mut steps = Vec::with_capacity(batches);
+    let mut last = start;
+    for b in epoch.by_ref() {
+        consume(&images(b?)?.0);
+        let now = Instant::now();
+        steps.push((now - last).as_secs_f64());
+        last = now;
+    }
+    let elapsed = start.elapsed();
+    let waited = epoch.stats().waited.saturating_sub(waited);
+    let images = steps.len() * BATCH;
+    let p95 = {
+        let mut s = steps.clone();
+        s.sort_by(f64::total_cmp);
+        s.get(s.len() * 95 / 100).copied().unwrap_or(0.0)
+    };
+    Ok(Window {
+        images_per_s: images as f64 / elapsed.as_secs_f64(),
+        wait_share: waited.as_secs_f64() / elapsed.as_secs_f64().max(1e-9),
+        p50: median(steps),
+        p95,
+    })
+}
+
+/// A table row; `per_image` is our one-core cost (ms), so `w` workers could at most make
+/// `w / per_image` images a second if nothing but the stages took time.
+fn window_row(
+    name: &str,
+    w: usize,
+    m: pinnable::Result<Window>,
+    best: Option<(&str, f64)>,
+    per_image: f64,
+) -> String {
+    match m {
+        Ok(m) => format!(
+            "| {name} | {w} | {:.0} | {} | {:.0}% | {:.1}% | {:.2} / {:.2} ms |",
+            m.images_per_s,
+            best.map_or("—".into(), |(k, v)| format!(
+                "{:.2}× ({k})",
+                m.images_per_s / v
+            )),
+            100.0 * m.images_per_s * per_image / 1e3 / w as f64,
+            100.0 * m.wait_share,
+            m.p50 * 1e3,
+            m.p95 * 1e3
+        ),
+        Err(e) => format!("| {name} | {w} | error: {e} | | | | |"),
+    }
+}
+
+/// The columns of every loader table.
+const COLUMNS: &str = "| variant | workers | images/s | vs PyTorch's best | of workers × the one-core rate | consumer wait | step p50 / p95 |\n| --- | --- | --- | --- | --- | --- | --- |";
+
+fn main() {
+    let gpu = cuda_or_skip("bench images (GPU part)");
+    let torch = torch_rows("torch_images.txt");
+    let (files, origin) = files();
+    let workers = worker_counts();
+    let batches =
+        env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 160 } else { 24 });
+    let mut rep = Report { md: String::new() };
+    rep.line(&format!(
+        "# images bench\n\n{} JPEGs in {origin}; batches of {BATCH}, resize 256 + center crop 224; \
+         {batches} batches measured after a warm-up of 2 × workers + 4; {} cores\n",
+        files.len(),
+        cores()
+    ));
+    let stages = one_core(&files, &torch, &mut rep);
+
+    // PyTorch's best images/s in this run, over decoders and worker counts.
+    let best = torch
+        .iter()
+        .filter(|(k, _)| k.starts_with("torch_images_"))
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(k, v)| (k.as_str(), *v));
+    for (k, v) in torch.iter().filter(|(k, _)| k.starts_with("torch_images_")) {
+        rep.line(&format!("{k}: {v:.0} images/s"));
+    }
+    let eval = Transform::resized_center_crop(256, 224);
+    let norm = eval
+        .clone()
+        .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+        .expect("normalize");
+
+    rep.line("\n## the loader on the host (Device::cpu, the consumer only takes batches)\n");
+    rep.line(COLUMNS);
+    let u8_cost = stages.read_decode + stages.eval;
+    let f32_cost = stages.read_decode + stages.norm;
+    for &w in &workers {
+        let m = window(&files, &eval, w, batches, &Device::cpu(), |_| {});
+        rep.line(&window_row("u8", w, m, best, u8_cost));
+    }
+    if let Some(dev) = gpu {
+        gpu_part(
+            &dev,
+            &files,
+            &workers,
+            batches,
+            best,
+            (&eval, u8_cost),
+            (&norm, f32_cost),
+            &mut rep,
+        );
+    }
+    if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
+        std::fs::write(format!("{dir}/images.md"), &rep.md).expect("write images.md");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_part(
+    dev: &Device,
+    files: &[PathBuf],
+    workers: &[usize],
+    batches: usize,
+    best: Option<(&str, f64)>,
+    (eval, u8_cost): (&Transform, f64),
+    (norm, f32_cost): (&Transform, f64),
+    rep: &mut Report,
+) {
+    use cudarc::driver::DevicePtr;
+    dev.cuda_context()
+        .expect("context")
+        .bind_to_thread()
+        .expect("bind");
+    let kernels = Kernels::load(dev);
+    let compute = dev
+        .cuda_context()
+        .expect("context")
+        .new_stream()
+        .expect("stream");
+    // SAFETY: one f32 the reading kernel sums into; never read back.
+    let sum = unsafe { compute.alloc::<f32>(1) }.expect("alloc");
+    let (sum_ptr, _sum_guard) = sum.device_ptr(&compute);
+    // The consumer: one kernel reads every byte of the batch after its copy, then a sync of
+    // the compute stream, as the twin's `x.sum()` and synchronize do.
+    let read = |x: &Tensor| {
+        match &kernels {
+            Some(k) => {
+                // The view orders the compute stream after the batch's copy; it lives until
+                // the kernel reading through it is queued.
+                if x.dtype() == DType::U8 {
+                    let v = x.cuda_view::<u8>(&compute).expect("device view");
+                    k.read_sum(&compute, v.device_ptr(), x.numel() / 4, sum_ptr);
+                } else {
+                    let v = x.cuda_view::<f32>(&compute).expect("device view");
+                    k.read_sum(&compute, v.device_ptr(), x.numel(), sum_ptr);
+                }
+            }
+            None => {
+                x.ready_event()
+                    .expect("event")
+                    .wait_on(&compute)
+                    .expect("wait");
+            }
+        }
+        compute.synchronize().expect("sync");
+    };
+    rep.line(&format!(
+        "\n## {} ({}): batches moved to the device and read there by {}\n",
+        dev.name(),
+        dev.pcie_bus_id().unwrap_or_default(),
+        if kernels.is_some() {
+            "one kernel (a sum over every byte)"
+        } else {
+            "a sync (no CUDA compiler here, so no kernel)"
+        }
+    ));
+    rep.line(
+        "goals: ≥ 2× PyTorch's best images/s on the same cores, ≥ 8000 images/s on 16 cores\n",
+    );
+    rep.line(COLUMNS);
+    for &w in workers {
+        let m = window(files, eval, w, batches, dev, read);
+        rep.line(&window_row("u8 over the link", w, m, best, u8_cost));
+    }
+    for &w in workers {
+        let m = window(files, norm, w, batches, dev, read);
+        rep.line(&window_row(
+            "f32 normalised on the host",
+            w,
+            m,
+            best,
+            f32_cost,
+        ));
+    }
+    // u8 over the link, normalised to f32 on the device by the gather's conversion.
+    for &w in workers {
+        let batcher = |samples: Vec<ImageFile>, c: &mut pinnable::loader::Collator| {
+            let (x, y) = ImageBatcher.batch(samples, c)?;
+            let b = x.shape()[0];
+            let to = pinnable::Convert::normalize(DType::F32, &IMAGENET_MEAN, &IMAGENET_STD)?;
+            Ok((
+                pinnable::Gather::rows(&x, 0..b)?.convert(to)?,
+                pinnable::Gather::rows(&y, 0..b)?,
+            ))
+        };
+        let tensors = |(x, y): (pinnable::Gather, pinnable::Gather)| {
+            Ok((x.into_tensor()?, y.into_tensor()?))
+        };
+        let m = window_with(files, eval, w, batches, dev, batcher, tensors, read);
+        rep.line(&window_row("u8 over the link, f32 made on the device", w, m, best, u8_cost));
+    }
+    // The link's share: one raw copy of each batch's bytes from pinned memory.
+    let u8_batch = BATCH * 3 * 224 * 224 + 8 * BATCH;
+    for (name, bytes) in [("u8", u8_batch), ("f32", 4 * u8_batch)] {
+        let t = raw_one_copy(dev, bytes);
+        rep.line(&format!(
+            "\nthe link, {name}: one raw copy of a batch's {:.1} MB takes {:.3} ms: at most {:.0} images/s",
+            bytes as f64 / 1e6,
+            t * 1e3,
+            BATCH as f64 / t
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(10));
+}

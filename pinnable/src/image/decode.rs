@@ -1,0 +1,432 @@
+//! JPEG and PNG files to upright RGB pixels, 8 bits a channel: [`Decoder`] and [`Image`].
+//!
+//! Every file is hostile input until checked: the format is told by its first bytes, the size
+//! is checked against a limit before any pixel memory is taken, a JPEG cut short is refused
+//! (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
+//! naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
+//! JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
+//! (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
+//! EXIF orientation is applied.
+
+use std::io::Cursor;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use png::{BitDepth, ColorType, Transformations};
+use zune_jpeg::JpegDecoder;
+use zune_jpeg::zune_core::bytestream::ZCursor;
+use zune_jpeg::zune_core::colorspace::ColorSpace;
+use zune_jpeg::zune_core::options::DecoderOptions;
+
+use super::orient;
+use crate::error::{Error, Result};
+
+/// The most pixels a file may decode to by default: PIL's decompression-bomb limit
+/// (2 × `Image.MAX_IMAGE_PIXELS`).
+pub const MAX_PIXELS: usize = 178_956_970;
+
+/// A decoded image: RGB, 8 bits a channel, rows top to bottom, upright.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Image {
+    width: usize,
+    height: usize,
+    pixels: Vec<u8>,
+}
+
+impl Image {
+    /// An image of `width × height` RGB pixels, row by row.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Shape`] if `pixels` does not hold `width * height * 3` bytes.
+    pub fn from_rgb(width: usize, height: usize, pixels: Vec<u8>) -> Result<Image> {
+        if width.checked_mul(height).and_then(|n| n.checked_mul(3)) != Some(pixels.len()) {
+            return Err(Error::Shape(format!(
+                "{} bytes are not {width} × {height} RGB pixels",
+                pixels.len()
+            )));
+        }
+        Ok(Image {
+            width,
+            height,
+            pixels,
+        })
+    }
+
+    /// Pixels in a row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Rows.
+    pub fn height(&self) -> usize {
+        self.height
+    }
+
+    /// The pixels, `[height, width, 3]` in row-major order.
+    pub fn pixels(&self) -> &[u8] {
+        &self.pixels
+    }
+
+    /// The pixel buffer, given up.
+    pub fn into_pixels(self) -> Vec<u8> {
+        self.pixels
+    }
+
+    /// Makes this `width × height`, keeping the buffer's memory; the pixels are then stale.
+    fn reshape(&mut self, width: usize, height: usize) {
+        self.width = width;
+        self.height = height;
+        self.pixels.resize(width * height * 3, 0);
+    }
+}
+
+/// Decodes JPEG and PNG files into a buffer it keeps, so decoding file after file on one thread
+/// reuses the same memory.
+///
+/// Every file is hostile input until checked: the format is told by its first bytes, the size
+/// is checked against a limit before any pixel memory is taken, a JPEG cut short is refused
+/// (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
+/// naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
+/// JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
+/// (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
+/// EXIF orientation is applied.
+///
+/// # Examples
+///
+/// ```
+/// use pinnable::image::Decoder;
+///
+/// let mut decoder = Decoder::new();
+/// let e = decoder.decode(b"GIF89a...", "cat.gif".as_ref()).unwrap_err();
+/// assert!(e.to_string().contains("cat.gif"), "{e}");
+/// ```
+#[derive(Debug)]
+pub struct Decoder {
+    pub(crate) max_pixels: usize,
+    image: Image,
+    spare: Vec<u8>,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder::new()
+    }
+}
+
+/// What a decode ran into, before it is given the file's name.
+type Problem = String;
+
+impl Decoder {
+    /// A decoder refusing images over [`MAX_PIXELS`] pixels.
+    pub fn new() -> Decoder {
+        Decoder {
+            max_pixels: MAX_PIXELS,
+            image: Image::default(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Refuses images of more than `max_pixels` pixels (width × height) before decoding them.
+    pub fn max_pixels(mut self, max_pixels: usize) -> Decoder {
+        self.max_pixels = max_pixels;
+        self
+    }
+
+    /// The image decoded last (empty before the first decode), given up.
+    pub fn into_image(self) -> Image {
+        self.image
+    }
+
+    /// Decodes the bytes of a JPEG or PNG file (told apart by their first bytes, whatever the
+    /// file's name) into upright RGB; `path` is what errors call the file.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Image`] naming `path` and the reason: neither a JPEG nor a PNG, a corrupt or
+    /// truncated file, a size over the limit, or a decoder that panicked.
+    pub fn decode(&mut self, bytes: &[u8], path: &Path) -> Result<&Image> {
+        let decoded = catch_unwind(AssertUnwindSafe(|| self.decode_any(bytes)));
+        let problem = match decoded {
+            Ok(Ok(())) => return Ok(&self.image),
+            Ok(Err(problem)) => problem,
+            Err(panic) => format!("the decoder panicked: {}", panic_text(&*panic)),
+        };
+        Err(Error::Image {
+            path: path.display().to_string(),
+            problem,
+        })
+    }
+
+    /// Decodes into `self.image` and turns it upright.
+    fn decode_any(&mut self, bytes: &[u8]) -> std::result::Result<(), Problem> {
+        let orientation = if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            self.jpeg(bytes)?
+        } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            self.png(bytes)?
+        } else if bytes.is_empty() {
+            return Err("the file is empty".into());
+        } else {
+            let start = &bytes[..bytes.len().min(8)];
+            return Err(format!(
+                "neither a JPEG nor a PNG file (it starts with {start:02x?}); only JPEG and \
+                 PNG files are decoded"
+            ));
+        };
+        if let Some(o) = orientation {
+            orient::apply(o, &mut self.image, &mut self.spare);
+        }
+        Ok(())
+    }
+
+    fn check_size(&self, width: usize, height: usize) -> std::result::Result<(), Problem> {
+        let pixels = width.saturating_mul(height);
+        if pixels == 0 {
+            return Err(format!("the image is {width} × {height}: it has no pixels"));
+        }
+        if pixels > self.max_pixels {
+            return Err(format!(
+                "the image is {width} × {height} = {pixels} pixels, over the limit of {} \
+                 (`max_pixels`); raise it if the file is trusted",
+                self.max_pixels
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decodes a JPEG; returns its EXIF orientation.
+    fn jpeg(&mut self, bytes: &[u8]) -> std::result::Result<Option<u8>, Problem> {
+        let options = DecoderOptions::default()
+            .jpeg_set_out_colorspace(ColorSpace::RGB)
+            .set_max_width(usize::MAX)
+            .set_max_height(usize::MAX);
+        let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+        let segments = segments(bytes);
+        d.decode_headers().map_err(|e| {
+            if segments.ends_in_headers || !segments.whole {
+                format!(
+                    "truncated JPEG: its {} bytes end before its end-of-image marker ({})",
+                    bytes.len(),
+                    words(e)
+                )
+            } else {
+                format!("corrupt JPEG: {}", words(e))
+            }
+        })?;
+        let (width, height) = d.dimensions().ok_or("corrupt JPEG: no frame header")?;
+        self.check_size(width, height)?;
+        if !segments.whole {
+            return Err(format!(
+                "truncated JPEG: its {} bytes end before the end-of-image marker",
+                bytes.len()
+            ));
+        }
+        if segments.key_plane_finer && d.input_colorspace() == Some(ColorSpace::CMYK) {
+            return Err(
+                "a CMYK JPEG whose key plane alone is at full resolution: this layout \
+                        is not supported (re-save it with every plane at full resolution)"
+                    .into(),
+            );
+        }
+        let orientation = d.exif().and_then(|e| orient::from_exif(e));
+        self.image.reshape(width, height);
+        d.decode_into(&mut self.image.pixels)
+            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        Ok(orientation)
+    }
+
+    /// Decodes a PNG's first frame; returns its EXIF orientation.
+    fn png(&mut self, bytes: &[u8]) -> std::result::Result<Option<u8>, Problem> {
+        // Room for the widest row format (16-bit RGBA) of the largest image allowed, and the
+        // decoder's own buffers.
+        let limits = png::Limits {
+            bytes: self.max_pixels.saturating_mul(8).saturating_add(1 << 24),
+        };
+        let mut d = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
+        d.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
+        let mut reader = d
+            .read_info()
+            .map_err(|e| format!("corrupt PNG: {}", words(e)))?;
+        let info = reader.info();
+        let (width, height) = (info.width as usize, info.height as usize);
+        self.check_size(width, height)?;
+        let orientation = info.exif_metadata.as_deref().and_then(orient::from_exif);
+        let (color, depth) = reader.output_color_type();
+        let channels = match (color, depth) {
+            (ColorType::Rgb, BitDepth::Eight) => 3,
+            (ColorType::Rgba, BitDepth::Eight) => 4,
+            (ColorType::Grayscale, BitDepth::Eight) => 1,
+            (ColorType::GrayscaleAlpha, BitDepth::Eight) => 2,
+            other => {
+                return Err(format!(
+                    "unexpected PNG pixel format {other:?} after expansion"
+                ));
+            }
+        };
+        let size = reader
+            .output_buffer_size()
+            .ok_or("corrupt PNG: the image's size overflows")?;
+        if size != width * height * channels {
+            return Err(format!(
+                "corrupt PNG: {size} bytes of pixels for {width} × {height} × {channels}"
+            ));
+        }
+        self.image.reshape(width, height);
+        let out = if channels == 3 {
+            &mut self.image.pixels
+        } else {
+            self.spare.resize(size, 0);
+            &mut self.spare
+        };
+        reader
+            .next_frame(out)
+            .map_err(|e| format!("corrupt or truncated PNG: {}", words(e)))?;
+        let rgb = &mut self.image.pixels;
+        match channels {
+            4 => {
+                for (dst, src) in rgb.chunks_exact_mut(3).zip(self.spare.chunks_exact(4)) {
+                    dst.copy_from_slice(&src[..3]);
+                }
+            }
+            1 => {
+                for (dst, &v) in rgb.chunks_exact_mut(3).zip(&self.spare) {
+                    dst.fill(v);
+                }
+            }
+            2 => {
+                for (dst, src) in rgb.chunks_exact_mut(3).zip(self.spare.chunks_exact(2)) {
+                    dst.fill(src[0]);
+                }
+            }
+            _ => {}
+        }
+        Ok(orientation)
+    }
+}
+
+/// The text of a decoder's panic.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "a panic with a non-string payload"
+    }
+}
+
+/// A decoder's error in words, without the line breaks some end with.
+fn words(e: impl std::fmt::Display) -> String {
+    e.to_string().trim().to_owned()
+}
+
+/// What the segments of a JPEG tell before it is decoded.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Segments {
+    /// An end-of-image marker follows the start of the first scan. A file cut short (a
+    /// transfer or a disk that stopped) lacks it; entropy-coded data never holds the marker's
+    /// bytes, and a thumbnail's own marker comes before the first scan.
+    whole: bool,
+    /// The first component's sampling factors are below another's in a four-component
+    /// frame: a layout (CMYK with only its key plane at full resolution) zune-jpeg decodes
+    /// wrongly, so it is refused rather than decoded into wrong colours.
+    key_plane_finer: bool,
+    /// The bytes end inside the headers, before any scan.
+    ends_in_headers: bool,
+}
+
+fn segments(bytes: &[u8]) -> Segments {
+    let mut found = Segments::default();
+    let mut i = 2;
+    let scan = loop {
+        let Some(&marker) = bytes.get(i + 1) else {
+            found.ends_in_headers = true;
+            return found;
+        };
+        if bytes[i] != 0xFF || marker == 0xFF {
+            // Fill bytes, or stray bytes between segments: step to the next 0xFF.
+            i += 1;
+            continue;
+        }
+        match marker {
+            0xDA => break i,
+            0xD9 => return found,
+            0x01 | 0xD0..=0xD8 => i += 2,
+            _ => {
+                let Some(len) = bytes.get(i + 2..i + 4) else {
+                    found.ends_in_headers = true;
+                    return found;
+                };
+                let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                // A frame header: precision, height, width, components, then 3 bytes each.
+                if matches!(marker, 0xC0..=0xC2)
+                    && bytes.get(i + 9) == Some(&4)
+                    && let Some(c) = bytes.get(i + 10..i + 22)
+                {
+                    let first = c[1];
+                    found.key_plane_finer = c
+                        .chunks(3)
+                        .any(|p| p[1] >> 4 > first >> 4 || p[1] & 15 > first & 15);
+                }
+                i += 2 + len;
+            }
+        }
+    };
+    found.whole = bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]);
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jpeg_is_whole_only_with_its_end_marker_after_the_first_scan() {
+        // SOI, an APP1 holding an end marker (a thumbnail's), SOS, data, EOI.
+        let mut f = vec![0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
+        f.extend([0xFF, 0xDA, 0x00, 0x02, 0x12, 0x34, 0xFF, 0x00, 0x56]);
+        assert!(!segments(&f).whole, "the thumbnail's marker does not count");
+        f.extend([0xFF, 0xD9]);
+        assert!(segments(&f).whole);
+        f.extend([0x00; 7]);
+        assert!(
+            segments(&f).whole,
+            "trailing bytes after the end marker are fine"
+        );
+        for cut in 0..f.len() - 9 {
+            assert!(!segments(&f[..cut]).whole, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_four_plane_frame_with_a_finer_later_plane_is_noticed() {
+        // SOI, SOF0 (8 bits, 8 × 8, 4 components: id, sampling, table), SOS, EOI.
+        let frame = |sampling: [u8; 4]| {
+            let mut f = vec![0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x14, 8, 0, 8, 0, 8, 4];
+            for (id, s) in sampling.iter().enumerate() {
+                f.extend([id as u8, *s, 0]);
+            }
+            f.extend([0xFF, 0xDA, 0x00, 0x02, 0xFF, 0xD9]);
+            f
+        };
+        assert!(segments(&frame([0x11, 0x11, 0x11, 0x22])).key_plane_finer);
+        assert!(!segments(&frame([0x11; 4])).key_plane_finer);
+        assert!(!segments(&frame([0x22, 0x11, 0x11, 0x22])).key_plane_finer);
+        assert!(segments(&frame([0x22, 0x11, 0x11, 0x22])).whole);
+    }
+
+    #[test]
+    fn unknown_and_empty_files_are_refused_with_the_path() {
+        let mut d = Decoder::new();
+        for (bytes, words) in [
+            (&b""[..], "empty"),
+            (b"BM\x00\x00", "neither a JPEG nor a PNG"),
+            (b"\xFF\xD8\xFF", "truncated JPEG"),
+            (b"\x89PNG\r\n\x1a\n\x00", "corrupt PNG"),
+        ] {
+            let e = d.decode(bytes, Path::new("dir/x.img")).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains("dir/x.img") && text.contains(words), "{text}");
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! [`ImageFolder`]: a dataset of image files with labels, whose samples ([`ImageFile`]) are
+//! decoded and transformed straight into their row of the batch by [`ImageBatcher`].
+
+use std::cell::RefCell;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::decode::{Decoder, Image, MAX_PIXELS};
+use super::transform::Transform;
+use crate::batch::TensorMut;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::loader::{Batcher, Collator, Dataset, SplitMix64};
+use crate::tensor::Tensor;
+
+/// The extensions listed (compared without case); the decoder tells JPEG from PNG by the bytes.
+const EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
+#[derive(Clone, Debug)]
+struct Folder {
+    files: Vec<PathBuf>,
+    labels: Vec<i64>,
+    classes: Vec<String>,
+    transform: Transform,
+    max_pixels: usize,
+}
+
+/// Image files and their labels, as a [`Dataset`] whose samples decode themselves into the
+/// batch: like torchvision's `ImageFolder` (one subfolder per class, classes and files sorted)
+/// or a list of `(path, label)`.
+///
+/// Each sample is an [`ImageFile`], a cheap handle: `get` reads nothing. The bytes are read,
+/// decoded and transformed when the batch is written, by [`ImageBatcher`], each image straight
+/// into its row of the batch's pinned block (as `u8` `[3, H, W]`, or normalised floats), the
+/// worker thread reusing its file, pixel and resize buffers from image to image.
+///
+/// The transform defaults to [`Transform::resized_center_crop`]`(256, 224)`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use pinnable::image::{ImageBatcher, ImageFolder, Transform};
+/// use pinnable::loader::Loader;
+///
+/// // train/cat/001.jpg, train/cat/002.png, train/dog/001.jpg, ...
+/// let train = ImageFolder::open("train")?
+///     .transform(Transform::random_resized_crop(224).flip(0.5));
+/// println!("{} images of {} classes", train.len(), train.classes().len());
+/// let loader = Loader::builder(train).batch_size(64).shuffle(7).workers(8).build(ImageBatcher)?;
+/// for batch in &loader {
+///     let (images, labels) = batch?; // u8 [64, 3, 224, 224] and i64 [64], in one pinned block
+/// }
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ImageFolder {
+    folder: Arc<Folder>,
+}
+
+fn folder_error(path: &Path, problem: String) -> Error {
+    Error::ImageFolder {
+        path: path.display().to_string(),
+        problem,
+    }
+}
+
+/// The entries of `dir`, sorted by name (byte order, as Python sorts names).
+fn sorted_entries(dir: &Path) -> Result<Vec<fs::DirEntry>> {
+    let read = fs::read_dir(dir).map_err(|e| folder_error(dir, format!("cannot list it: {e}")))?;
+    let mut entries = read
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| folder_error(dir, format!("cannot list it: {e}")))?;
+    entries.sort_by_key(|e| e.file_name());
+    Ok(entries)
+}
+
+fn is_image(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)))
+}
+
+/// Every image under `dir`, following links, in the order torchvision lists them: folders by
+/// their path, files by name within each.
+fn images_under(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) -> Result<()> {
+    if depth > 64 {
+        return Err(folder_error(
+            dir,
+            "folders nest over 64 deep (a link loop?)".into(),
+        ));
+    }
+    let mut subdirs = Vec::new();
+    for entry in sorted_entries(dir)? {
+        let path = entry.path();
+        // `metadata` follows links, as torchvision's walk does.
+        match fs::metadata(&path) {
+            Ok(m) if m.is_dir() => subdirs.push(path),
+            Ok(m) if m.is_file() && is_image(&path) => out.push(path),
+            _ => {}
+        }
+    }
+    for sub in subdirs {
+        images_under(&sub, out, depth + 1)?;
+    }
+    Ok(())
+}
+
+impl ImageFolder {
+    /// The images under `root`, one subfolder per class: classes are the subfolders' names,
+    /// sorted, labelled `0..`; each class's files (`.jpg`, `.jpeg`, `.png`, any case, in
+    /// nested folders too) sorted as torchvision's `ImageFolder` sorts them. Other files are
+    /// not listed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ImageFolder`] naming the folder: `root` cannot be listed, has no class
+    /// folder, or a class folder holds no image.
+    pub fn open(root: impl AsRef<Path>) -> Result<ImageFolder> {
+        let root = root.as_ref();
+        let mut classes = Vec::new();
+        let (mut files, mut labels) = (Vec::new(), Vec::new());
+        for entry in sorted_entries(root)? {
+            let path = entry.path();
+            if !fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
+            let before = files.len();
+            images_under(&path, &mut files, 0)?;
+            if files.len() == before {
+                return Err(folder_error(
+                    &path,
+                    "this class folder holds no .jpg, .jpeg or .png file; add images or remove \
+                     the folder"
+                        .into(),
+                ));
+            }
+            labels.resize(files.len(), classes.len() as i64);
+            classes.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        if classes.is_empty() {
+            return Err(folder_error(
+                root,
+                "it has no class folder: put each class's images in a subfolder named for it"
+                    .into(),
+            ));
+        }
+        Ok(ImageFolder::new(files, labels, classes))
+    }
+
+    /// The images at these paths, with these labels, in this order. Nothing is read until a
+    /// sample is.
+    pub fn from_list<P: Into<PathBuf>>(items: impl IntoIterator<Item = (P, i64)>) -> ImageFolder {
+        let (files, labels) = items.into_iter().map(|(p, l)| (p.into(), l)).unzip();
+        ImageFolder::new(files, labels, Vec::new())
+    }
+
+    fn new(files: Vec<PathBuf>, labels: Vec<i64>, classes: Vec<String>) -> ImageFolder {
+        ImageFolder {
+            folder: Arc::new(Folder {
+                files,
+                labels,
+                classes,
+                transform: Transform::resized_center_crop(256, 224),
+                max_pixels: MAX_PIXELS,
+            }),
+        }
+    }
+
+    /// What becomes of each image (see [`Transform`]).
+    pub fn transform(mut self, transform: Transform) -> ImageFolder {
+        Arc::make_mut(&mut self.folder).transform = transform;
+        self
+    }
+
+    /// Refuses files that decode to more than `max_pixels` pixels, before decoding them
+    /// (default [`MAX_PIXELS`], PIL's limit).
+    pub fn max_pixels(mut self, max_pixels: usize) -> ImageFolder {
+        Arc::make_mut(&mut self.folder).max_pixels = max_pixels;
+        self
+    }
+
+    /// How many images.
+    pub fn len(&self) -> usize {
+        self.folder.files.len()
+    }
+
+    /// Whether there is no image (only for an empty [`from_list`](Self::from_list)).
+    pub fn is_empty(&self) -> bool {
+        self.folder.files.is_empty()
+    }
+
+    /// The class names, label `i` being `classes()[i]` (empty for [`from_list`](Self::from_list)).
+    pub fn classes(&self) -> &[String] {
+        &self.folder.classes
+    }
+
+    /// The file of sample `index`.
+    pub fn path(&self, index: usize) -> Option<&Path> {
+        self.folder
+            .files
+            .as_slice()
+            .get(index)
+            .map(PathBuf::as_path)
+    }
+
+    /// The label of sample `index`.
+    pub fn label(&self, index: usize) -> Option<i64> {
+        self.folder.labels.as_slice().get(index).copied()
+    }
+
+    /// The element type of a sample's pixels in the batch (the transform's).
+    pub fn dtype(&self) -> DType {
+        self.folder.transform.dtype()
+    }
+
+    /// The shape of a sample's pixels in the batch, `[3, H, W]` (the transform's).
+    pub fn sample_shape(&self) -> [usize; 3] {
+        self.folder.transform.shape()
+    }
+
+    /// Sample `index`'s file decoded, upright, untransformed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexOutOfRange`]; [`Error::Image`] naming the file that cannot be read or
+    /// decoded.
+    pub fn decode(&self, index: usize) -> Result<Image> {
+        let path = self.path(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.folder.files.len(),
+        })?;
+        let bytes = fs::read(path).map_err(|e| read_error(path, &e))?;
+        let mut decoder = Decoder::new().max_pixels(self.folder.max_pixels);
+        decoder.decode(&bytes, path)?;
+        Ok(decoder.into_image())
+    }
+}
+
+fn read_error(path: &Path, e: &std::io::Error) -> Error {
+    Error::Image {
+        path: path.display().to_string(),
+        problem: format!("cannot read the file: {e}"),
+    }
+}
+
+impl Dataset for ImageFolder {
+    type Sample = ImageFile;
+
+    fn len(&self) -> usize {
+        self.folder.files.len()
+    }
+
+    /// A handle on sample `index`; nothing is read yet.
+    fn get(&self, index: usize) -> Result<ImageFile> {
+        if index >= self.len() {
+            return Err(Error::IndexOutOfRange {
+                index,
+                len: self.len(),
+            });
+        }
+        Ok(ImageFile {
+            folder: self.folder.clone(),
+            index,
+        })
+    }
+}
+
+/// One sample of an [`ImageFolder`]: which file, its label, and how to write it into a batch.
+#[derive(Clone, Debug)]
+pub struct ImageFile {
+    folder: Arc<Folder>,
+    index: usize,
+}
+
+/// A worker thread's buffers, reused from image to image.
+#[derive(Default)]
+struct Scratch {
+    bytes: Vec<u8>,
+    decoder: Option<Decoder>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl ImageFile {
+    /// The sample's index in its dataset.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.folder.files[self.index]
+    }
+
+    /// The label.
+    pub fn label(&self) -> i64 {
+        self.folder.labels[self.index]
+    }
+
+    /// Reads and decodes the file and writes it, transformed with the random draws of `rng`,
+    /// into `row` (a view of the dataset's [`sample_shape`](ImageFolder::sample_shape) and
+    /// [`dtype`](ImageFolder::dtype), e.g. its row of a batch). The thread's file, pixel and
+    /// resize buffers are reused from call to call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Image`] naming the file that cannot be read or decoded; [`Error::Shape`] for a
+    /// view of another shape or dtype.
+    pub fn write(&self, row: &mut TensorMut<'_>, rng: SplitMix64) -> Result<()> {
+        let path = self.path();
+        let max_pixels = self.folder.max_pixels;
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let Scratch { bytes, decoder } = &mut *scratch;
+            bytes.clear();
+            fs::File::open(path)
+                .and_then(|mut f| f.read_to_end(bytes))
+                .map_err(|e| read_error(path, &e))?;
+            let decoder = decoder.get_or_insert_with(Decoder::new);
+            decoder.max_pixels = max_pixels;
+            let image = decoder.decode(bytes, path)?;
+            self.folder.transform.write(image, row, rng)
+        })
+    }
+
+    /// The sample decoded and transformed into a tensor of its own, drawing from `rng`.
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
+    pub fn load(&self, rng: SplitMix64) -> Result<Tensor> {
+        let image = ImageFolder {
+            folder: self.folder.clone(),
+        }
+        .decode(self.index)?;
+        self.folder.transform.apply(&image, rng)
+    }
+}
+
+/// Batches [`ImageFile`]s into `(images, labels)`: the images `[B, 3, H, W]` (the transform's
+/// size and dtype), each decoded straight into its row of the batch's pinned block
+/// ([`Collator::write_rows`]), and the labels `i64 [B]`, in the same block. Each image draws
+/// its crop and flip from its own random stream ([`Collator::sample_rng`]): the loader's seed,
+/// the epoch and the sample's index.
+///
+/// # Errors
+///
+/// A file that cannot be read or decoded arrives as [`Error::Sample`] naming the sample's
+/// index, its source an [`Error::Image`] naming the file and the reason.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ImageBatcher;
+
+impl Batcher<ImageFile> for ImageBatcher {
+    type Batch = (Tensor, Tensor);
+
+    fn batch(&self, samples: Vec<ImageFile>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
+        let Some(first) = samples.first() else {
+            return Err(Error::Field {
+                path: "images".into(),
+                message: "there are no samples to collate".into(),
+            });
+        };
+        let (dtype, shape) = (
+            first.folder.transform.dtype(),
+            first.folder.transform.shape(),
+        );
+        let labels = c.stack_scalars("labels", samples.iter().map(ImageFile::label))?;
+        let images = c.write_rows("images", dtype, &shape, samples, |s, row, rng| {
+            s.write(row, rng)
+        })?;
+        let mut out = c.finish()?;
+        Ok((out.take(images)?, out.take(labels)?))
+    }
+}

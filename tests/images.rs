@@ -1,0 +1,699 @@
+//! Image datasets (the `image` feature): decoded pixels against second decoders (jpeg-decoder,
+//! zune-png) and the source pictures, every odd kind of file real datasets hold, errors that
+//! name the file and lose nothing else, reproducible crops and flips, the folder's listing,
+//! and hostile bytes.
+
+use std::path::{Path, PathBuf};
+
+use pinnable::image::{Decoder, Image, ImageBatcher, ImageFolder, Transform};
+use pinnable::loader::{Dataset, Loader};
+use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
+use pinnable_harness::images::{self, Jpeg};
+use pinnable_harness::{hostile, rng};
+use rand::Rng;
+use rand::rngs::SmallRng;
+use zune_png::zune_core::bytestream::ZCursor;
+use zune_png::zune_core::colorspace::ColorSpace;
+use zune_png::zune_core::result::DecodingResult;
+
+fn decode(bytes: &[u8]) -> pinnable::Result<Image> {
+    let mut d = Decoder::new();
+    d.decode(bytes, Path::new("test.img"))?;
+    Ok(d.into_image())
+}
+
+/// A folder of its own under the system's temporary folder, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(r: &mut SmallRng, name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "pinnable-{name}-{}-{:x}",
+            std::process::id(),
+            r.random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Absolute differences: (mean, max, share over `over`).
+fn differences(a: &[u8], b: &[u8], over: u8) -> (f64, u8, f64) {
+    assert_eq!(a.len(), b.len());
+    let d: Vec<u8> = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).collect();
+    let mean = d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64;
+    let share = d.iter().filter(|&&v| v > over).count() as f64 / d.len() as f64;
+    (mean, d.iter().copied().max().unwrap_or(0), share)
+}
+
+/// jpeg-decoder's pixels as RGB.
+fn second_jpeg(bytes: &[u8]) -> Vec<u8> {
+    let mut d = jpeg_decoder::Decoder::new(bytes);
+    let px = d.decode().expect("jpeg-decoder");
+    match d.info().unwrap().pixel_format {
+        jpeg_decoder::PixelFormat::RGB24 => px,
+        jpeg_decoder::PixelFormat::L8 => px.iter().flat_map(|&v| [v; 3]).collect(),
+        other => panic!("no conversion for {other:?}"),
+    }
+}
+
+/// zune-png's pixels as RGB: alpha dropped, 16 bits cut to the high byte, gray replicated.
+fn second_png(bytes: &[u8]) -> Vec<u8> {
+    let mut d = zune_png::PngDecoder::new(ZCursor::new(bytes));
+    let px: Vec<u8> = match d.decode().expect("zune-png") {
+        DecodingResult::U8(v) => v,
+        DecodingResult::U16(v) => v.iter().map(|&s| (s >> 8) as u8).collect(),
+        other => panic!("unexpected {:?}", std::mem::discriminant(&other)),
+    };
+    let channels = match d.colorspace().unwrap() {
+        ColorSpace::RGB => 3,
+        ColorSpace::RGBA => 4,
+        ColorSpace::Luma => 1,
+        ColorSpace::LumaA => 2,
+        other => panic!("unexpected {other:?}"),
+    };
+    px.chunks(channels)
+        .flat_map(|p| {
+            if channels >= 3 {
+                [p[0], p[1], p[2]]
+            } else {
+                [p[0]; 3]
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn jpeg_pixels_match_a_second_decoder_and_the_source() {
+    let mut r = rng("jpeg_pixels_match_a_second_decoder_and_the_source");
+    for (w, h) in [
+        (1, 1),
+        (17, 9),
+        (63, 47),
+        (64, 48),
+        (r.random_range(8..90), r.random_range(8..90)),
+    ] {
+        let rgb = images::picture(&mut r, w, h, 4.0);
+        for kind in [Jpeg::Full, Jpeg::Baseline, Jpeg::Progressive] {
+            let q = r.random_range(80..=95);
+            let file = images::jpeg(&rgb, w, h, q, kind, None);
+            let ours = decode(&file).unwrap();
+            assert_eq!((ours.width(), ours.height()), (w, h));
+            let (mean, max, share) = differences(ours.pixels(), &second_jpeg(&file), 8);
+            // Both decoders compute the inverse DCT in integers their own way; with 4:2:0
+            // chroma they also interpolate the colour planes their own way.
+            if kind == Jpeg::Full {
+                assert!(
+                    mean < 0.6 && max <= 4,
+                    "{kind:?} {w}x{h} q{q}: mean {mean:.2}, max {max}"
+                );
+            } else {
+                assert!(
+                    mean < 1.5 && share < 0.03,
+                    "{kind:?} {w}x{h} q{q}: mean {mean:.2}, {:.2}% over 8",
+                    share * 100.0
+                );
+            }
+        }
+        // And the pixels are the picture's, within what JPEG at quality 95 changes (at full
+        // chroma resolution: halving it loses more at the pictures' sharp edges).
+        for kind in [Jpeg::Full, Jpeg::Progressive] {
+            let file = images::jpeg(&rgb, w, h, 95, kind, None);
+            let (mean, _, _) = differences(decode(&file).unwrap().pixels(), &rgb, 255);
+            let limit = if kind == Jpeg::Full { 6.0 } else { 16.0 };
+            assert!(
+                mean < limit,
+                "{kind:?} {w}x{h} q95: {mean:.2} from the source on average"
+            );
+        }
+    }
+}
+
+#[test]
+fn gray_cmyk_and_ycck_jpegs_come_out_rgb() {
+    let mut r = rng("gray_cmyk_and_ycck_jpegs_come_out_rgb");
+    let (w, h) = (r.random_range(16..80), r.random_range(16..80));
+    let rgb = images::picture(&mut r, w, h, 3.0);
+    let gray = images::jpeg(&rgb, w, h, 95, Jpeg::Gray, None);
+    let ours = decode(&gray).unwrap();
+    assert!(
+        ours.pixels()
+            .chunks(3)
+            .all(|p| p[0] == p[1] && p[1] == p[2]),
+        "gray is R = G = B"
+    );
+    let (mean, max, _) = differences(ours.pixels(), &second_jpeg(&gray), 255);
+    assert!(
+        mean < 0.6 && max <= 4,
+        "gray against jpeg-decoder: mean {mean:.2}, max {max}"
+    );
+    let luma: Vec<u8> = images::luma(&rgb).iter().flat_map(|&v| [v; 3]).collect();
+    let (mean, _, _) = differences(ours.pixels(), &luma, 255);
+    assert!(
+        mean < 4.0,
+        "gray against the picture's luma: mean {mean:.2}"
+    );
+    let cmyk = images::jpeg(&rgb, w, h, 95, Jpeg::Cmyk, None);
+    let (mean, _, _) = differences(decode(&cmyk).unwrap().pixels(), &rgb, 255);
+    assert!(mean < 6.0, "CMYK against the RGB picture: mean {mean:.2}");
+    // YCCK at 4:2:0: against the same file in YCbCr at 4:2:0.
+    let ycck = decode(&images::jpeg(&rgb, w, h, 95, Jpeg::Ycck, None)).unwrap();
+    let ycbcr = decode(&images::jpeg(&rgb, w, h, 95, Jpeg::Baseline, None)).unwrap();
+    let (mean, _, _) = differences(ycck.pixels(), ycbcr.pixels(), 255);
+    assert!(mean < 3.0, "YCCK against YCbCr: mean {mean:.2}");
+    // CMYK with only its key plane at full resolution would come out in wrong colours: it is
+    // refused, naming the reason.
+    let mut odd = cmyk.clone();
+    let sof = odd.windows(2).position(|m| m == [0xFF, 0xC0]).unwrap();
+    assert_eq!(odd[sof + 9], 4, "four components");
+    odd[sof + 20] = 0x22; // the key plane's sampling factors
+    let e = decode(&odd).unwrap_err();
+    assert!(e.to_string().contains("key plane"), "{e}");
+}
+
+/// Every PNG colour type and bit depth: the decoded RGB is exactly the source's (alpha
+/// dropped, 16 bits cut to the high byte, gray replicated, palette looked up) and exactly
+/// zune-png's.
+#[test]
+fn png_pixels_are_exactly_the_source_s_and_a_second_decoder_s() {
+    use png::{BitDepth as B, ColorType as C};
+    let mut r = rng("png_pixels_are_exactly_the_source_s_and_a_second_decoder_s");
+    let cases = [
+        (C::Rgb, B::Eight),
+        (C::Rgba, B::Eight),
+        (C::Grayscale, B::Eight),
+        (C::GrayscaleAlpha, B::Eight),
+        (C::Rgb, B::Sixteen),
+        (C::Rgba, B::Sixteen),
+        (C::Grayscale, B::Sixteen),
+        (C::GrayscaleAlpha, B::Sixteen),
+        (C::Grayscale, B::One),
+        (C::Grayscale, B::Two),
+        (C::Grayscale, B::Four),
+        (C::Indexed, B::Eight),
+        (C::Indexed, B::Four),
+    ];
+    for (color, depth) in cases {
+        let (w, h) = (r.random_range(1..40), r.random_range(1..40));
+        let bits = depth as usize;
+        let samples = match color {
+            C::Rgb => 3,
+            C::Rgba => 4,
+            C::GrayscaleAlpha => 2,
+            _ => 1,
+        };
+        // Random samples, packed as PNG rows (each row starts on a byte).
+        let values: Vec<Vec<u16>> = (0..h)
+            .map(|_| {
+                (0..w * samples)
+                    .map(|_| r.random_range(0..(1u32 << bits)) as u16)
+                    .collect()
+            })
+            .collect();
+        let mut data = Vec::new();
+        for row in &values {
+            match bits {
+                16 => row.iter().for_each(|v| data.extend(v.to_be_bytes())),
+                8 => data.extend(row.iter().map(|&v| v as u8)),
+                _ => {
+                    let mut packed = vec![0u8; (row.len() * bits).div_ceil(8)];
+                    for (i, &v) in row.iter().enumerate() {
+                        packed[i * bits / 8] |= (v as u8) << (8 - bits - (i * bits) % 8);
+                    }
+                    data.extend(packed);
+                }
+            }
+        }
+        let palette: Vec<u8> = (0..(3 << bits)).map(|_| r.random()).collect();
+        let trns: Vec<u8> = (0..(1 << bits)).map(|_| r.random()).collect();
+        let indexed = color == C::Indexed;
+        let file = images::png(
+            &data,
+            w,
+            h,
+            color,
+            depth,
+            indexed.then_some(&palette[..]),
+            (indexed && bits == 4).then_some(&trns[..]),
+            None,
+        );
+        // What the rules make of each pixel.
+        let to8 = |v: u16| match bits {
+            16 => (v >> 8) as u8,
+            8 => v as u8,
+            b => (u32::from(v) * 255 / ((1 << b) - 1)) as u8,
+        };
+        let expected: Vec<u8> = values
+            .iter()
+            .flat_map(|row| row.chunks(samples).map(|p| p.to_vec()).collect::<Vec<_>>())
+            .flat_map(|p| match color {
+                C::Indexed => {
+                    let i = usize::from(p[0]) * 3;
+                    [palette[i], palette[i + 1], palette[i + 2]]
+                }
+                C::Rgb | C::Rgba => [to8(p[0]), to8(p[1]), to8(p[2])],
+                _ => [to8(p[0]); 3],
+            })
+            .collect();
+        let ours = decode(&file).unwrap();
+        assert_eq!((ours.width(), ours.height()), (w, h), "{color:?} {depth:?}");
+        assert!(
+            ours.pixels() == expected,
+            "{color:?} {depth:?}: not the source's pixels"
+        );
+        assert!(
+            ours.pixels() == second_png(&file),
+            "{color:?} {depth:?}: not zune-png's"
+        );
+    }
+}
+
+/// Stored pixel (sx, sy) of a picture stored with EXIF orientation `o`, for upright (x, y).
+fn store(o: u16, upright: &[u8], w: usize, h: usize) -> (Vec<u8>, usize, usize) {
+    let (sw, sh) = if o >= 5 { (h, w) } else { (w, h) };
+    let mut stored = vec![0u8; w * h * 3];
+    for y in 0..h {
+        for x in 0..w {
+            // The stored position each upright pixel comes from (the EXIF specification).
+            let (sx, sy) = match o {
+                1 => (x, y),
+                2 => (sw - 1 - x, y),
+                3 => (sw - 1 - x, sh - 1 - y),
+                4 => (x, sh - 1 - y),
+                5 => (y, x),
+                6 => (y, sh - 1 - x),
+                7 => (sw - 1 - y, sh - 1 - x),
+                _ => (sw - 1 - y, x),
+            };
+            let (s, u) = ((sy * sw + sx) * 3, (y * w + x) * 3);
+            stored[s..s + 3].copy_from_slice(&upright[u..u + 3]);
+        }
+    }
+    (stored, sw, sh)
+}
+
+#[test]
+fn exif_orientation_turns_pngs_and_jpegs_upright() {
+    let mut r = rng("exif_orientation_turns_pngs_and_jpegs_upright");
+    let (w, h) = (r.random_range(9..40), r.random_range(9..40));
+    let upright = images::picture(&mut r, w, h, 0.0);
+    for o in 1..=8u16 {
+        let (stored, sw, sh) = store(o, &upright, w, h);
+        let exif = images::exif_orientation(o);
+        let file = images::png(
+            &stored,
+            sw,
+            sh,
+            png::ColorType::Rgb,
+            png::BitDepth::Eight,
+            None,
+            None,
+            Some(&exif),
+        );
+        let ours = decode(&file).unwrap();
+        assert_eq!(
+            (ours.width(), ours.height()),
+            (w, h),
+            "png, orientation {o}"
+        );
+        assert!(
+            ours.pixels() == upright,
+            "png, orientation {o}: not upright"
+        );
+        let file = images::jpeg(&stored, sw, sh, 100, Jpeg::Full, Some(&exif));
+        let ours = decode(&file).unwrap();
+        assert_eq!(
+            (ours.width(), ours.height()),
+            (w, h),
+            "jpeg, orientation {o}"
+        );
+        let (mean, _, _) = differences(ours.pixels(), &upright, 255);
+        assert!(
+            mean < 3.0,
+            "jpeg, orientation {o}: {mean:.2} from upright on average"
+        );
+    }
+}
+
+#[test]
+fn bad_files_are_errors_naming_the_file_and_the_reason() {
+    let mut r = rng("bad_files_are_errors_naming_the_file_and_the_reason");
+    let (w, h) = (48, 32);
+    let rgb = images::picture(&mut r, w, h, 6.0);
+    let jpeg = images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None);
+    let progressive = images::jpeg(&rgb, w, h, 90, Jpeg::Progressive, None);
+    let png = images::png(
+        &rgb,
+        w,
+        h,
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        None,
+        None,
+        None,
+    );
+    let mut corrupt_header = jpeg.clone();
+    // The frame header's precision and size fields, after SOI and APP0.
+    let sof = corrupt_header
+        .windows(2)
+        .position(|m| m == [0xFF, 0xC0])
+        .unwrap();
+    corrupt_header[sof + 4..sof + 9].copy_from_slice(&[0x11, 0, 0, 0, 0]);
+    let mut bad_crc = png.clone();
+    let n = bad_crc.len();
+    bad_crc[n - 20] ^= 0x40; // inside the image data
+    let cut = |b: &[u8], at: usize| b[..at].to_vec();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty.jpg", Vec::new(), "empty"),
+        (
+            "text.jpg",
+            b"not an image at all".to_vec(),
+            "neither a JPEG nor a PNG",
+        ),
+        ("half.jpg", cut(&jpeg, jpeg.len() / 2), "truncated"),
+        ("short.jpg", cut(&jpeg, jpeg.len() - 40), "truncated"),
+        (
+            "half-progressive.jpg",
+            cut(&progressive, progressive.len() * 2 / 3),
+            "truncated",
+        ),
+        ("header.jpg", cut(&jpeg, 40), "JPEG"),
+        ("frame.jpg", corrupt_header, "corrupt JPEG"),
+        ("half.png", cut(&png, png.len() / 2), "PNG"),
+        ("crc.png", bad_crc, "PNG"),
+    ];
+    for (name, bytes, words) in cases {
+        let e = Decoder::new()
+            .decode(&bytes, Path::new("shelf").join(name).as_path())
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, Error::Image { path, .. } if path.ends_with(name)),
+            "{name}: {e:?}"
+        );
+        assert!(text.contains(words), "{name}: {text}");
+    }
+    let e = Decoder::new()
+        .max_pixels(w * h - 1)
+        .decode(&jpeg, Path::new("big.jpg"))
+        .unwrap_err();
+    assert!(e.to_string().contains("over the limit"), "{e}");
+    assert!(
+        Decoder::new()
+            .max_pixels(w * h)
+            .decode(&jpeg, Path::new("ok.jpg"))
+            .is_ok()
+    );
+}
+
+/// Writes `n` pictures as `dir/NN.jpg`; returns their paths.
+fn pictures(r: &mut SmallRng, dir: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let (w, h) = (r.random_range(20..60), r.random_range(20..60));
+            let rgb = images::picture(r, w, h, 6.0);
+            let path = dir.join(format!("{i:02}.jpg"));
+            std::fs::write(&path, images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None)).unwrap();
+            path
+        })
+        .collect()
+}
+
+#[test]
+fn a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else() {
+    let mut r = rng("a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else");
+    let dir = TempDir::new(&mut r, "bad-file");
+    let mut files = pictures(&mut r, &dir.0, 12);
+    let bad = r.random_range(4..12);
+    let bytes = std::fs::read(&files[bad]).unwrap();
+    std::fs::write(&files[bad], &bytes[..bytes.len() / 2]).unwrap();
+    files.push(dir.0.join("missing.jpg"));
+    let transform = Transform::resized_center_crop(20, 16);
+    let folder =
+        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)))
+            .transform(transform.clone());
+    let pool = PinnedPool::new(PoolConfig::default());
+    let loader = Loader::builder(folder.clone())
+        .batch_size(4)
+        .workers(3)
+        .pool(pool.clone())
+        .build(ImageBatcher)
+        .unwrap();
+    let mut delivered = 0;
+    let mut failure = None;
+    for batch in loader.epoch(0) {
+        match batch {
+            Ok((images, labels)) => {
+                assert_eq!(images.shape(), &[4, 3, 16, 16]);
+                let labels = labels.to_vec::<i64>().unwrap();
+                let pixels = images.to_vec::<u8>().unwrap();
+                for (row, &i) in pixels.chunks(768).zip(&labels) {
+                    let image = folder.decode(i as usize).unwrap();
+                    let rng = pinnable::loader::SplitMix64::new(0);
+                    let want = transform
+                        .apply(&image, rng)
+                        .unwrap()
+                        .to_vec::<u8>()
+                        .unwrap();
+                    assert!(row == want, "sample {i}'s pixels");
+                }
+                delivered += labels.len();
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    // Every batch before the bad one arrived whole; the bad one's error names the file.
+    assert_eq!(delivered, bad / 4 * 4);
+    let e = failure.expect("the bad batch's error");
+    let Error::Sample {
+        index,
+        during,
+        source,
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!((*index, *during), (bad, "writing in place"), "{e}");
+    let path = files[bad].display().to_string();
+    assert!(
+        matches!(&**source, Error::Image { path: p, problem } if *p == path && problem.contains("truncated")),
+        "{e}"
+    );
+    assert_eq!(
+        pool.stats().in_use_bytes,
+        0,
+        "every block went back to the pool"
+    );
+    // A missing file is as clear.
+    let e = ImageFolder::from_list([(files[12].clone(), 0)])
+        .decode(0)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("missing.jpg") && e.to_string().contains("cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn crops_and_flips_are_reproducible_from_the_seed_and_change_across_epochs() {
+    let mut r = rng("crops_and_flips_are_reproducible_from_the_seed_and_change_across_epochs");
+    let dir = TempDir::new(&mut r, "crops");
+    let files = pictures(&mut r, &dir.0, 10);
+    // Each sample labelled by its index, to follow it across epochs.
+    let folder =
+        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)))
+            .transform(Transform::random_resized_crop(12).flip(0.5));
+    let seed: u64 = r.random();
+    // Sample index -> its pixels, for one epoch of a loader.
+    let epoch = |seed: u64, workers: usize, epoch: u64| {
+        let loader = Loader::builder(folder.clone())
+            .batch_size(3)
+            .shuffle(seed)
+            .workers(workers)
+            .build(ImageBatcher)
+            .unwrap();
+        let mut by_index = vec![Vec::new(); 10];
+        for b in loader.epoch(epoch) {
+            let (images, labels) = b.unwrap();
+            let labels = labels.to_vec::<i64>().unwrap();
+            for (row, &i) in images.to_vec::<u8>().unwrap().chunks(432).zip(&labels) {
+                by_index[i as usize] = row.to_vec();
+            }
+        }
+        by_index
+    };
+    let first = epoch(seed, 1, 0);
+    assert!(
+        first.iter().all(|p| p.len() == 432),
+        "every sample delivered once"
+    );
+    assert_eq!(
+        first,
+        epoch(seed, 3, 0),
+        "the same seed and epoch on three workers"
+    );
+    let next = epoch(seed, 2, 1);
+    let changed = first.iter().zip(&next).filter(|(a, b)| a != b).count();
+    assert!(
+        changed >= 8,
+        "only {changed} of 10 crops changed in the next epoch"
+    );
+    let other = epoch(seed ^ 1, 2, 0);
+    let changed = first.iter().zip(&other).filter(|(a, b)| a != b).count();
+    assert!(
+        changed >= 8,
+        "only {changed} of 10 crops changed with another seed"
+    );
+}
+
+#[test]
+fn an_image_folder_lists_classes_and_files_as_torchvision_does() {
+    let mut r = rng("an_image_folder_lists_classes_and_files_as_torchvision_does");
+    let dir = TempDir::new(&mut r, "folder");
+    let root = &dir.0;
+    let png = images::png(
+        &[7, 8, 9],
+        1,
+        1,
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        None,
+        None,
+        None,
+    );
+    for f in [
+        "dog/b.png",
+        "dog/a.PNG",
+        "dog/sub/c.jpeg",
+        "dog/notes.txt",
+        "cat/z.jpg",
+        "cat/y.png",
+    ] {
+        let path = root.join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, &png).unwrap();
+    }
+    std::fs::write(root.join("README.md"), "not a class").unwrap();
+    let folder = ImageFolder::open(root).unwrap();
+    assert_eq!(folder.classes(), ["cat", "dog"]);
+    let listed: Vec<(String, i64)> = (0..folder.len())
+        .map(|i| {
+            let p = folder.path(i).unwrap().strip_prefix(root).unwrap();
+            (p.display().to_string(), folder.label(i).unwrap())
+        })
+        .collect();
+    let want = [
+        ("cat/y.png", 0),
+        ("cat/z.jpg", 0),
+        ("dog/a.PNG", 1),
+        ("dog/b.png", 1),
+        ("dog/sub/c.jpeg", 1),
+    ];
+    assert_eq!(listed, want.map(|(p, l)| (p.to_string(), l)));
+    // A .jpg holding a PNG decodes: the bytes decide the format.
+    assert_eq!(folder.decode(1).unwrap().pixels(), [7, 8, 9]);
+    assert_eq!(folder.get(4).unwrap().label(), 1);
+    assert!(matches!(
+        folder.get(5),
+        Err(Error::IndexOutOfRange { index: 5, len: 5 })
+    ));
+    // The errors name the folder at fault.
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    let e = ImageFolder::open(root).unwrap_err();
+    assert!(
+        matches!(&e, Error::ImageFolder { path, .. } if path.ends_with("empty")),
+        "{e}"
+    );
+    let e = ImageFolder::open(root.join("dog/sub")).unwrap_err();
+    assert!(e.to_string().contains("no class folder"), "{e}");
+    let e = ImageFolder::open(root.join("nowhere")).unwrap_err();
+    assert!(
+        e.to_string().contains("nowhere") && e.to_string().contains("cannot list"),
+        "{e}"
+    );
+}
+
+#[test]
+fn normalised_batches_are_the_u8_batches_normalised() {
+    let mut r = rng("normalised_batches_are_the_u8_batches_normalised");
+    let dir = TempDir::new(&mut r, "normalise");
+    let files = pictures(&mut r, &dir.0, 4);
+    let list = || ImageFolder::from_list(files.iter().map(|p| (p.clone(), 0)));
+    let t = Transform::random_resized_crop(10).flip(0.5);
+    let (mean, std) = (
+        pinnable::image::IMAGENET_MEAN,
+        pinnable::image::IMAGENET_STD,
+    );
+    let run = |folder: ImageFolder| -> Tensor {
+        let loader = Loader::builder(folder)
+            .batch_size(4)
+            .shuffle(3)
+            .workers(2)
+            .build(ImageBatcher)
+            .unwrap();
+        loader.epoch(5).next().unwrap().unwrap().0
+    };
+    let u8s = run(list().transform(t.clone())).to_vec::<u8>().unwrap();
+    let f32s = run(list().transform(t.normalize(DType::F32, mean, std).unwrap()));
+    assert_eq!(f32s.dtype(), DType::F32);
+    for (i, (&x, &y)) in u8s.iter().zip(&f32s.to_vec::<f32>().unwrap()).enumerate() {
+        let c = i / 100 % 3;
+        assert_eq!(
+            y,
+            f32::from(x).mul_add(1.0 / (255.0 * std[c]), -mean[c] / std[c]),
+            "element {i}"
+        );
+    }
+}
+
+#[test]
+fn hostile_bytes_give_an_image_or_an_error() {
+    let mut r = rng("hostile_bytes_give_an_image_or_an_error");
+    let rgb = images::picture(&mut r, 24, 16, 6.0);
+    let exif = images::exif_orientation(6);
+    let seeds = vec![
+        images::jpeg(&rgb, 24, 16, 85, Jpeg::Baseline, Some(&exif)),
+        images::jpeg(&rgb, 24, 16, 85, Jpeg::Progressive, None),
+        images::jpeg(&rgb, 24, 16, 85, Jpeg::Gray, None),
+        images::jpeg(&rgb, 24, 16, 85, Jpeg::Cmyk, None),
+        images::png(
+            &rgb,
+            24,
+            16,
+            png::ColorType::Rgb,
+            png::BitDepth::Eight,
+            None,
+            None,
+            Some(&exif),
+        ),
+        images::png(
+            &rgb[..24 * 16],
+            24,
+            16,
+            png::ColorType::Indexed,
+            png::BitDepth::Eight,
+            Some(&[9; 768]),
+            None,
+            None,
+        ),
+    ];
+    // Small images only: a mutated size field must not make the test allocate gigabytes.
+    let mut decoder = Decoder::new().max_pixels(1 << 20);
+    let ok = hostile::check(
+        &mut r,
+        &seeds,
+        3000,
+        std::time::Duration::from_secs(5),
+        |b| decoder.decode(b, Path::new("hostile")).map(|i| i.width()),
+    );
+    assert!(
+        ok > 0,
+        "no mutation decoded: the mutations are all too harsh to test the happy path"
+    );
+}
