@@ -506,11 +506,16 @@ fn gpu_part(
                 pinnable::Gather::rows(&y, 0..b)?,
             ))
         };
-        let tensors = |(x, y): (pinnable::Gather, pinnable::Gather)| {
-            Ok((x.into_tensor()?, y.into_tensor()?))
-        };
+        let tensors =
+            |(x, y): (pinnable::Gather, pinnable::Gather)| Ok((x.into_tensor()?, y.into_tensor()?));
         let m = window_with(files, eval, w, batches, dev, batcher, tensors, read);
-        rep.line(&window_row("u8 over the link, f32 made on the device", w, m, best, u8_cost));
+        rep.line(&window_row(
+            "u8 over the link, f32 made on the device",
+            w,
+            m,
+            best,
+            u8_cost,
+        ));
     }
     // The link's share: one raw copy of each batch's bytes from pinned memory.
     let u8_batch = BATCH * 3 * 224 * 224 + 8 * BATCH;
