@@ -311,16 +311,22 @@ pub(crate) unsafe fn launch(
         }
     }
     let host_bytes = (host.len + coefficients.len() * 4).next_multiple_of(8);
-    let block = Arc::new(pool.alloc(host_bytes.max(8))?);
-    // SAFETY: the block was just allocated and nothing else refers to it; it holds
-    // `host_bytes`.
-    let words = unsafe { &mut block.as_mut_slice()[..host_bytes] };
-    write_table(jobs, &plans, &tasks_all, words);
-    for (c, out) in coefficients
-        .iter()
-        .zip(words[host.len..].chunks_exact_mut(4))
-    {
-        out.copy_from_slice(&c.to_ne_bytes());
+    // A launch whose tables are all gathers' own pinned starts has no host part.
+    let block = match host_bytes {
+        0 => None,
+        n => Some(Arc::new(pool.alloc(n)?)),
+    };
+    if let Some(block) = &block {
+        // SAFETY: the block was just allocated and nothing else refers to it; it holds
+        // `host_bytes`.
+        let words = unsafe { &mut block.as_mut_slice()[..host_bytes] };
+        write_table(jobs, &plans, &tasks_all, words);
+        for (c, out) in coefficients
+            .iter()
+            .zip(words[host.len..].chunks_exact_mut(4))
+        {
+            out.copy_from_slice(&c.to_ne_bytes());
+        }
     }
     let stream = dev.copy_stream.cu_stream();
     let total = host_bytes + pinned_len;
@@ -335,8 +341,12 @@ pub(crate) unsafe fn launch(
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream).result() }
             .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
     };
-    let mut read = vec![block.clone()];
-    let mut copied = copy(on_device, block.as_ptr(), host_bytes);
+    let mut read = Vec::new();
+    let mut copied = Ok(());
+    if let Some(block) = block {
+        copied = copy(on_device, block.as_ptr(), host_bytes);
+        read.push(block);
+    }
     for (job, plan) in jobs.iter().zip(&plans) {
         if let (SmWork::Indexed(ix), Place::Pinned(at)) = (&job.work, plan.at) {
             let mut dst = on_device + (host_bytes + at) as u64;
