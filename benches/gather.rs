@@ -55,17 +55,40 @@ fn main() {
         dev.pcie_bus_id().unwrap_or_default()
     ));
     let source = Tensor::pinned_from_fn(&[SOURCE], |i| (i % 251) as u8).expect("pinned");
-    for row in ROWS {
-        let n = SOURCE / row;
-        let src = source.reshape(&[n, row]).expect("rows");
-        let rows: Vec<usize> = (0..BATCH / row).map(|_| r.random_range(0..n)).collect();
-        check(&dev, &src, &rows);
-        for route in [
+    // `PINNABLE_BENCH_ROWS` (row sizes in bytes) and `PINNABLE_BENCH_ROUTES` (route names, in
+    // order, repeats allowed) narrow the sweep, to look at one figure closely.
+    let listed = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .map(|v| v.split(',').map(str::to_owned).collect::<Vec<_>>())
+    };
+    let row_sizes: Vec<usize> = listed("PINNABLE_BENCH_ROWS")
+        .map(|v| v.iter().filter_map(|s| s.parse().ok()).collect())
+        .unwrap_or(ROWS.to_vec());
+    let routes: Vec<GatherRoute> = listed("PINNABLE_BENCH_ROUTES")
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| match s.as_str() {
+                    "Kernel" => Some(GatherRoute::Kernel),
+                    "Direct" => Some(GatherRoute::Direct),
+                    "Host" => Some(GatherRoute::Host),
+                    "Auto" => Some(GatherRoute::Auto),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or(vec![
             GatherRoute::Kernel,
             GatherRoute::Direct,
             GatherRoute::Host,
             GatherRoute::Auto,
-        ] {
+        ]);
+    for &row in &row_sizes {
+        let n = SOURCE / row;
+        let src = source.reshape(&[n, row]).expect("rows");
+        let rows: Vec<usize> = (0..BATCH / row).map(|_| r.random_range(0..n)).collect();
+        check(&dev, &src, &rows);
+        for &route in &routes {
             let g = Gather::rows(&src, rows.iter().copied())
                 .expect("rows")
                 .route(route);
@@ -79,6 +102,9 @@ fn main() {
                 Some(("raw copy of 32 MiB", ceiling)),
             );
         }
+    }
+    if std::env::var_os("PINNABLE_BENCH_ROUTES").is_some() {
+        return;
     }
     backends(&dev, &mut r, &mut table, ceiling);
     table.note(&format!(
