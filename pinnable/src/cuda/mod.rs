@@ -7,12 +7,13 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, result, sys};
 
 use crate::error::{Error, Result};
 
 mod event;
 mod kernels;
+mod pool;
 
 pub use event::Event;
 pub use kernels::gather_kernels;
@@ -121,6 +122,9 @@ pub(crate) struct CudaDevice {
     pub(crate) copy_stream: Arc<CudaStream>,
     /// What users get.
     user: UserHandles,
+    /// Where batch arenas come from; `None` where the driver refused a pool of our own (then
+    /// the device's default pool, left as found).
+    pool: Option<pool::MemPool>,
     name: String,
     total_memory: usize,
     events: Mutex<Vec<CudaEvent>>,
@@ -336,7 +340,6 @@ impl CudaDevice {
             .new_stream()
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
         let user = UserHandles::open(ordinal, &copy_stream)?;
-        keep_freed_memory(&ctx);
         let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
         let total_memory = ctx.total_mem().unwrap_or(0);
         Ok(CudaDevice {
@@ -344,16 +347,44 @@ impl CudaDevice {
             ctx,
             copy_stream,
             user,
+            pool: pool::MemPool::create(ordinal),
             name,
             total_memory,
             events: Mutex::new(Vec::new()),
         })
     }
 
-    /// The device's default stream-ordered memory pool, which batch arenas come from.
+    /// The stream-ordered memory pool batch arenas come from: the crate's own, or the
+    /// device's default one where the driver refused ours.
     fn mem_pool(&self) -> Option<sys::CUmemoryPool> {
+        if let Some(pool) = &self.pool {
+            return Some(pool.raw());
+        }
         // SAFETY: the device handle is valid for the context's life.
         unsafe { result::device::get_default_mem_pool(self.ctx.cu_device()) }.ok()
+    }
+
+    /// `bytes` of device memory for a batch, allocated and later freed in the copy stream's
+    /// order, from the crate's own pool (which keeps freed batches' memory cached for the next
+    /// one) or the default pool.
+    ///
+    /// # Safety
+    ///
+    /// 1. The memory is uninitialised: nothing reads it before something writes it.
+    pub(crate) unsafe fn alloc(
+        &self,
+        bytes: usize,
+    ) -> std::result::Result<CudaSlice<u8>, DriverError> {
+        match &self.pool {
+            Some(pool) => {
+                self.ctx.bind_to_thread()?;
+                // SAFETY: the copy stream's context is current and is the pool's device's;
+                // forwarded: nothing reads the memory before it is written.
+                unsafe { pool.alloc(&self.copy_stream, bytes) }
+            }
+            // SAFETY: forwarded.
+            None => unsafe { self.copy_stream.alloc::<u8>(bytes) },
+        }
     }
 
     fn attribute(&self, attr: sys::CUdevice_attribute) -> Option<i32> {
@@ -409,23 +440,6 @@ impl UserHandles {
             copy_stream,
             _second: second,
         })
-    }
-}
-
-/// Keeps memory that freed batches return to the device's default pool cached there, instead of
-/// handing it back to the driver at every synchronisation (the pool's default), so the next
-/// batch's arena is a cheap reuse rather than a fresh mapping. [`Device::empty_cache`] trims it.
-fn keep_freed_memory(ctx: &CudaContext) {
-    // SAFETY: the device handle is valid; the attribute takes a u64 that outlives the call.
-    unsafe {
-        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
-            let mut keep = u64::MAX;
-            let _ = result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut keep as *mut u64).cast(),
-            );
-        }
     }
 }
 

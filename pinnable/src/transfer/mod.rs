@@ -280,7 +280,7 @@ impl<'a> MoveContext<'a> {
         let dev = self.target.cuda_device("to_device")?.clone();
         // SAFETY: the memory is uninitialised until the planned copies fill it; nothing reads it
         // before the ready event, which is recorded after them.
-        match unsafe { dev.copy_stream.alloc::<u8>(bytes.max(1)) } {
+        match unsafe { dev.alloc(bytes.max(1)) } {
             Ok(s) => {
                 self.reserved += bytes;
                 Ok(DeviceBuffer::new(s, dev))

@@ -213,8 +213,11 @@ fn copy_into_candle<T: CudaDType + DeviceRepr + crate::dtype::Element>(
     ))
 }
 
-/// `Tensor::from_candle` of a CUDA tensor: its memory, shared.
-pub(super) fn share_candle(t: &candle::Tensor) -> Result<Tensor> {
+/// `Tensor::from_candle` of a CUDA tensor: one device-to-device copy into memory of our own,
+/// made on candle's stream, so it reads the tensor after everything candle queued before it
+/// and before anything candle queues after it (candle's safe in-place writes included). Shared
+/// memory could not be ordered against those writes, so nothing is shared.
+pub(super) fn copy_candle(t: &candle::Tensor) -> Result<Tensor> {
     let dtype = super::dtype_from_candle(t.dtype())?;
     let (storage, layout) = t.storage_and_layout();
     let candle::Storage::Cuda(cs) = &*storage else {
@@ -241,20 +244,30 @@ pub(super) fn share_candle(t: &candle::Tensor) -> Result<Tensor> {
     };
     let ours = Device::from_candle(t.device())?;
     let dev = ours.cuda_device("from_candle")?.clone();
-    // Our readers wait for what candle's stream has queued so far (the tensor's producer).
-    let (event, _) = Event::record_on(&dev, &stream)?;
+    // Our memory, made in our copy stream's order; candle's stream waits for it.
+    // SAFETY: written by the copy below before anything reads it (readers wait for `ready`).
+    let slice = unsafe { dev.alloc(bytes.max(1)) }
+        .map_err(|e| crate::Error::driver("cuMemAllocAsync", e))?;
+    let dst = slice.device_ptr(&dev.copy_stream).0;
+    dev.record()?.wait_on(&stream)?;
+    // SAFETY: `ptr` holds `bytes` bytes of candle's live storage (its read lock is held; candle
+    // frees it on its stream, after this copy); `dst` is our fresh allocation of as many; the
+    // copy runs on candle's stream, ordered after the allocation.
+    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, ptr, bytes, stream.cu_stream()) }
+        .result()
+        .map_err(|e| crate::Error::driver("cuMemcpyDtoDAsync", e))?;
+    let (event, written) = Event::record_on(&dev, &stream)?;
+    let buf = DeviceBuffer::new(slice, dev);
+    // The copy writes our buffer on candle's stream: freeing it (on our copy stream) waits.
+    buf.add_reader(written);
     let ready = Arc::new(OnceLock::new());
     let _ = ready.set(Arc::new(event));
-    let owner: Box<dyn std::any::Any + Send + Sync> = Box::new(t.clone());
-    // SAFETY: `ptr` addresses `bytes` bytes of the device's memory, which the candle tensor in
-    // `owner` keeps alive; dropping the buffer waits for our readers, then drops it.
-    let buf = unsafe { DeviceBuffer::foreign(ptr, bytes, dev, owner) };
     let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
-    Ok(Tensor::from_parts(
+    Tensor::from_parts(
         storage,
         dtype,
         layout.dims(),
         layout.stride(),
         layout.start_offset(),
-    ))
+    )
 }

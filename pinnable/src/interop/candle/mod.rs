@@ -9,8 +9,9 @@
 //!   in a device allocation of its own that candle then owns and frees; candle's stream waits
 //!   for the copies (an event, not a device-wide sync), so candle ops queued afterwards read
 //!   the data;
-//! - [`Tensor::from_candle`] of a candle CUDA tensor shares its memory (read-only here, like
-//!   every import of memory another library owns), ordered after candle's stream;
+//! - [`Tensor::from_candle`] of a candle CUDA tensor is one device-to-device copy, made on
+//!   candle's stream: after candle's earlier work and before its later work (its safe in-place
+//!   writes included), which memory shared with candle could not be ordered against;
 //! - [`Tensor::to_candle`] of a device tensor shares its memory when the tensor alone owns its
 //!   allocation (a tensor moved on its own), and otherwise makes one device-to-device copy.
 //!
@@ -225,10 +226,10 @@ impl Tensor {
     /// Our tensor with a candle tensor's values.
     ///
     /// A CPU tensor is copied once into pageable memory (a strided view is gathered by that
-    /// copy). With the `candle-cuda` feature, a CUDA tensor's memory is shared, not copied:
-    /// the result is read-only (a write goes to a private copy; `cuda_view_mut` refuses it),
-    /// keeps candle's storage alive, and its readers wait for the work queued on candle's
-    /// stream so far.
+    /// copy). With the `candle-cuda` feature, a CUDA tensor is copied once on the device, on
+    /// candle's stream: after the work candle queued before the call, and before anything it
+    /// queues after (its safe in-place writes, which shared memory could not be ordered
+    /// against). The copy is ours, writable, and its readers wait for it.
     ///
     /// # Errors
     ///
@@ -243,7 +244,7 @@ impl Tensor {
         drop(locked);
         #[cfg(feature = "candle-cuda")]
         if let candle::Device::Cuda(_) = t.device() {
-            return cuda::share_candle(t);
+            return cuda::copy_candle(t);
         }
         Err(error(format!(
             "tensors on candle's {:?} device cannot be converted; move them to the CPU{} first",

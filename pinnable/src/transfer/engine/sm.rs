@@ -330,10 +330,14 @@ pub(crate) unsafe fn launch(
     }
     let stream = dev.copy_stream.cu_stream();
     let total = host_bytes + pinned_len;
-    // SAFETY: the stream is the device's live copy stream; its context is current (the caller
-    // bound it).
-    let on_device = unsafe { result::malloc_async(stream, total) }
-        .map_err(|e| Error::driver("cuMemAllocAsync", e))?;
+    // SAFETY: written by the table's copies below before the kernels read it.
+    let table_memory =
+        unsafe { dev.alloc(total) }.map_err(|e| Error::driver("cuMemAllocAsync", e))?;
+    let on_device = {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _) = table_memory.device_ptr(&dev.copy_stream);
+        ptr
+    };
     let copy = |dst: u64, src: *const u8, bytes: usize| {
         // SAFETY: `bytes` of a pinned block (alive until the ready event, recorded by the
         // caller on every block returned, completes) into the allocation made above, in
@@ -375,12 +379,10 @@ pub(crate) unsafe fn launch(
                 unsafe { launch_one(dev, kernels, job, plan, table_at, coef_at) }
             })
     });
-    // Freed in stream order, after the kernels that read it (also when a launch failed: the
-    // kernels already queued still run first).
-    // SAFETY: allocated above on this stream; freed once.
-    let freed = unsafe { result::free_async(on_device, stream) }
-        .map_err(|e| Error::driver("cuMemFreeAsync", e));
-    launched.and(freed).map(|()| read)
+    // Freed in the copy stream's order, after the kernels that read it (also when a launch
+    // failed: the kernels already queued still run first).
+    drop(table_memory);
+    launched.map(|()| read)
 }
 
 /// The host part of a launch's table, laid out as it is filled: each part 8-byte aligned.
