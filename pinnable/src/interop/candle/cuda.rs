@@ -263,11 +263,11 @@ pub(super) fn copy_candle(t: &candle::Tensor) -> Result<Tensor> {
     let ready = Arc::new(OnceLock::new());
     let _ = ready.set(Arc::new(event));
     let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
-    Tensor::from_parts(
+    Ok(Tensor::from_parts(
         storage,
         dtype,
         layout.dims(),
         layout.stride(),
         layout.start_offset(),
-    )
+    ))
 }
