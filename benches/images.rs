@@ -31,7 +31,7 @@ use pinnable::image::{
 };
 use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
-use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
+use pinnable_harness::bench::{Report, median, raw_one_copy, torch_rows};
 use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, images, rng};
 
@@ -90,18 +90,6 @@ fn files() -> (Vec<PathBuf>, String) {
             dir.display()
         ),
     )
-}
-
-struct Report {
-    md: String,
-}
-
-impl Report {
-    fn line(&mut self, s: &str) {
-        println!("{s}");
-        self.md.push_str(s);
-        self.md.push('\n');
-    }
 }
 
 /// Median over `passes` passes of `f` over every input, per input, in milliseconds.
@@ -369,7 +357,7 @@ fn main() {
     let workers = worker_counts();
     let batches =
         env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 160 } else { 24 });
-    let mut rep = Report { md: String::new() };
+    let mut rep = Report::default();
     rep.line(&format!(
         "# images bench\n\n{} JPEGs in {origin}; batches of {BATCH}, resize 256 + center crop 224; \
          {batches} batches measured after a warm-up of 2 × workers + 4; {} cores\n",
@@ -413,9 +401,7 @@ fn main() {
             &mut rep,
         );
     }
-    if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
-        std::fs::write(format!("{dir}/images.md"), &rep.md).expect("write images.md");
-    }
+    rep.save("images.md");
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -26,7 +26,7 @@ use cudarc::driver::{DevicePtr, result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
-use pinnable_harness::bench::{Throughput, event_time, median, torch_rows};
+use pinnable_harness::bench::{Report, Throughput, event_time, median, torch_rows};
 use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
 
@@ -162,18 +162,6 @@ where
     })
 }
 
-struct Report {
-    md: String,
-}
-
-impl Report {
-    fn line(&mut self, s: &str) {
-        println!("{s}");
-        self.md.push_str(s);
-        self.md.push('\n');
-    }
-}
-
 fn mib(b: usize) -> f64 {
     b as f64 / (1 << 20) as f64
 }
@@ -193,7 +181,7 @@ fn main() {
     .expect("rows");
     let batch_bytes = BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8;
     let workers = worker_counts();
-    let mut rep = Report { md: String::new() };
+    let mut rep = Report::default();
     rep.line(&format!(
         "# loader bench\n\nbatch: {BATCH} × {IMAGE:?} f32 + {BATCH} i64 = {:.1} MB; array of {count} images \
          ({:.2} GB); {batches} batches measured after {WARMUP}; cores: {}\n",
@@ -235,9 +223,7 @@ fn main() {
     if let Some(dev) = gpu {
         gpu_part(&dev, &images, &workers, batches, batch_bytes, &mut rep);
     }
-    if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
-        std::fs::write(format!("{dir}/loader.md"), &rep.md).expect("write loader.md");
-    }
+    rep.save("loader.md");
 }
 
 fn gpu_part(

@@ -142,6 +142,32 @@ pub fn raw_one_copy(dev: &Device, bytes: usize) -> f64 {
     t
 }
 
+/// Lines of a bench's report, printed as they come and kept for a markdown file.
+#[derive(Default)]
+pub struct Report {
+    md: String,
+}
+
+impl Report {
+    /// Prints `s` and keeps it.
+    pub fn line(&mut self, s: &str) {
+        println!("{s}");
+        self.md.push_str(s);
+        self.md.push('\n');
+    }
+
+    /// Writes the lines to `$PINNABLE_BENCH_OUT/<file>` when that is set.
+    ///
+    /// # Panics
+    ///
+    /// If the file cannot be written.
+    pub fn save(&self, file: &str) {
+        if let Ok(dir) = std::env::var("PINNABLE_BENCH_OUT") {
+            std::fs::write(format!("{dir}/{file}"), &self.md).expect("write the bench report");
+        }
+    }
+}
+
 /// A markdown table of figures, printed as it grows and written to `$PINNABLE_BENCH_OUT`.
 pub struct Table {
     md: String,
