@@ -1,0 +1,193 @@
+use super::*;
+
+/// The synthetic image the PIL cases were computed on.
+fn synthetic(w: usize, h: usize) -> Image {
+    let mut px = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..3 {
+                px.push(((x * 37 + y * 91 + c * 53 + (x * y) % 7 * 19) % 256) as u8);
+            }
+        }
+    }
+    Image::from_rgb(w, h, px).unwrap()
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// `crop` of `image` resized to `size × size`, with no flip.
+fn resized_crop(image: &Image, crop: Rect, size: usize) -> Vec<u8> {
+    let plan = Plan {
+        crop,
+        resized: (size, size),
+        at: (0, 0),
+        flip: false,
+    };
+    let mut out = vec![0u8; 3 * size * size];
+    write(
+        image,
+        &plan,
+        size,
+        &mut out,
+        &mut Resampler::default(),
+        |_, v| v,
+    );
+    out
+}
+
+#[test]
+fn pixels_are_pil_s_for_torchvision_s_transforms() {
+    let cases = include_str!("../../../tests/data/pil_resize.txt");
+    let lines: Vec<&str> = cases.lines().filter(|l| !l.starts_with('#')).collect();
+    let rng = || SplitMix64::new(0);
+    let mut checked = 0;
+    for pair in lines.chunks(2) {
+        let (case, expected) = (pair[0], hex(pair[1]));
+        let got = match case {
+            "resized_center_crop(12, 10) of 23x17" => {
+                Transform::resized_center_crop(12, 10).apply(&synthetic(23, 17), rng())
+            }
+            "resized_center_crop(16, 16) of 97x61" => {
+                Transform::resized_center_crop(16, 16).apply(&synthetic(97, 61), rng())
+            }
+            "resized_center_crop(12, 10) of 7x5" => {
+                Transform::resized_center_crop(12, 10).apply(&synthetic(7, 5), rng())
+            }
+            "resized_center_crop(12, 10) of 17x23" => {
+                Transform::resized_center_crop(12, 10).apply(&synthetic(17, 23), rng())
+            }
+            "center_crop(10) of 9x7" => Transform::center_crop(10).apply(&synthetic(9, 7), rng()),
+            "crop (3, 2, 15, 11) of 23x17 resized to 8x8" => {
+                let crop = Rect {
+                    x: 3,
+                    y: 2,
+                    w: 15,
+                    h: 11,
+                };
+                Tensor::from_vec(resized_crop(&synthetic(23, 17), crop, 8), &[3, 8, 8])
+            }
+            "crop (10, 1, 5, 14) of 23x17 resized to 8x8" => {
+                let crop = Rect {
+                    x: 10,
+                    y: 1,
+                    w: 5,
+                    h: 14,
+                };
+                Tensor::from_vec(resized_crop(&synthetic(23, 17), crop, 8), &[3, 8, 8])
+            }
+            "resized_center_crop(16, 12) of 20x61" => {
+                Transform::resized_center_crop(16, 12).apply(&synthetic(20, 61), rng())
+            }
+            "crop (5, 0, 30, 41) of 40x41 resized to 20x20" => {
+                let crop = Rect {
+                    x: 5,
+                    y: 0,
+                    w: 30,
+                    h: 41,
+                };
+                Tensor::from_vec(resized_crop(&synthetic(40, 41), crop, 20), &[3, 20, 20])
+            }
+            other => panic!("unknown case {other}"),
+        };
+        let got = got.unwrap().to_vec::<u8>().unwrap();
+        let diffs = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        assert_eq!(got.len(), expected.len(), "{case}");
+        assert_eq!(
+            diffs,
+            0,
+            "{case}: {diffs} of {} values differ from PIL's",
+            got.len()
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
+}
+
+#[test]
+fn flipping_mirrors_every_row() {
+    let image = synthetic(31, 22);
+    let t = Transform::resized_center_crop(20, 16);
+    let plain = t
+        .apply(&image, SplitMix64::new(1))
+        .unwrap()
+        .to_vec::<u8>()
+        .unwrap();
+    let flipped = t.flip(1.0).apply(&image, SplitMix64::new(1)).unwrap();
+    let flipped = flipped.to_vec::<u8>().unwrap();
+    for (a, b) in plain.chunks(16).zip(flipped.chunks(16)) {
+        let mirrored: Vec<u8> = a.iter().rev().copied().collect();
+        assert_eq!(b, &mirrored[..]);
+    }
+}
+
+#[test]
+fn random_crops_stay_inside_and_follow_the_draws() {
+    let t = Transform::random_resized_crop(8);
+    let mut areas = Vec::new();
+    for seed in 0..2000 {
+        let (w, h) = (1 + seed % 97, 1 + (seed * 7) % 61);
+        let plan = t.plan(w, h, &mut SplitMix64::new(seed as u64));
+        let c = plan.crop;
+        assert!(
+            c.w >= 1 && c.h >= 1 && c.x + c.w <= w && c.y + c.h <= h,
+            "{plan:?} of {w}x{h}"
+        );
+        let again = t.plan(w, h, &mut SplitMix64::new(seed as u64));
+        assert_eq!(plan, again, "the same draws give the same crop");
+        if (w, h) == (96, 60) || w * h > 2000 {
+            areas.push((c.w * c.h) as f64 / (w * h) as f64);
+        }
+    }
+    let (lo, hi) = areas
+        .iter()
+        .fold((1.0f64, 0.0f64), |(l, h), &a| (l.min(a), h.max(a)));
+    assert!(
+        lo < 0.15 && hi > 0.9,
+        "area shares span {lo:.2}..{hi:.2}, not about 0.08..1"
+    );
+}
+
+#[test]
+fn normalised_pixels_are_the_u8_pixels_normalised() {
+    let image = synthetic(40, 30);
+    let (mean, std) = (IMAGENET_MEAN, IMAGENET_STD);
+    let t = Transform::random_resized_crop(12).flip(0.5);
+    let u8s = t
+        .apply(&image, SplitMix64::new(9))
+        .unwrap()
+        .to_vec::<u8>()
+        .unwrap();
+    let f = t.clone().normalize(DType::F32, mean, std).unwrap();
+    let f32s = f
+        .apply(&image, SplitMix64::new(9))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = t.normalize(DType::BF16, mean, std).unwrap();
+    let bf16s = b
+        .apply(&image, SplitMix64::new(9))
+        .unwrap()
+        .to_vec::<bf16>()
+        .unwrap();
+    for (i, ((&x, &y), &z)) in u8s.iter().zip(&f32s).zip(&bf16s).enumerate() {
+        let c = i / 144;
+        let want = f32::from(x).mul_add(1.0 / (255.0 * std[c]), -mean[c] / std[c]);
+        assert_eq!(y, want, "element {i}");
+        assert_eq!(z, bf16::from_f32(want), "element {i}");
+    }
+    assert!(
+        Transform::center_crop(4)
+            .normalize(DType::U8, mean, std)
+            .is_err()
+    );
+    assert!(
+        Transform::center_crop(4)
+            .normalize(DType::F32, mean, [0.0; 3])
+            .is_err()
+    );
+}
