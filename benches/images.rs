@@ -32,7 +32,7 @@ use pinnable::image::{
 use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
 use pinnable_harness::bench::{Report, median, raw_one_copy, torch_rows};
-use pinnable_harness::kernels::Kernels;
+use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, images, rng};
 
 const BATCH: usize = 64;
@@ -413,20 +413,12 @@ fn gpu_part(
     (norm, f32_cost): (&Transform, f64),
     rep: &mut Report,
 ) {
-    use cudarc::driver::DevicePtr;
-    dev.cuda_context()
-        .expect("context")
-        .bind_to_thread()
-        .expect("bind");
-    let kernels = Kernels::load(dev);
-    let compute = dev
-        .cuda_context()
-        .expect("context")
-        .new_stream()
-        .expect("stream");
-    // SAFETY: one f32 the reading kernel sums into; never read back.
-    let sum = unsafe { compute.alloc::<f32>(1) }.expect("alloc");
-    let (sum_ptr, _sum_guard) = sum.device_ptr(&compute);
+    let consumer = Consumer::new(dev);
+    let (kernels, compute, sum_ptr) = (
+        &consumer.kernels,
+        consumer.stream.clone(),
+        consumer.sum_ptr(),
+    );
     // The consumer: one kernel reads every byte of the batch after its copy, then a sync of
     // the compute stream, as the twin's `x.sum()` and synchronize do.
     let read = |x: &Tensor| {

@@ -22,12 +22,12 @@
 
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{DevicePtr, result, sys};
+use cudarc::driver::{result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
 use pinnable_harness::bench::{Report, Throughput, event_time, median, torch_rows};
-use pinnable_harness::kernels::Kernels;
+use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
 
 const BATCH: usize = 64;
@@ -277,15 +277,12 @@ fn gpu_part(
         .iter()
         .filter_map(|k| torch.get(*k).map(|&v| (*k, v)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
-    let kernels = Kernels::load(dev);
-    let compute = dev
-        .cuda_context()
-        .expect("context")
-        .new_stream()
-        .expect("stream");
-    // SAFETY: one f32 the reading kernel sums into; never read back.
-    let sum = unsafe { compute.alloc::<f32>(1) }.expect("alloc");
-    let (sum_ptr, _sum_guard) = sum.device_ptr(&compute);
+    let consumer = Consumer::new(dev);
+    let (kernels, compute, sum_ptr) = (
+        &consumer.kernels,
+        consumer.stream.clone(),
+        consumer.sum_ptr(),
+    );
     rep.line(&format!(
         "\n## {} ({}): batches to the device, each read by {} on a compute stream\n",
         dev.name(),

@@ -21,13 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaStream, DevicePtr};
 use pinnable::loader::{
     Loader, Position, Residency, SplitMix64, TokenBatch, TokenShards, TokenWindows,
 };
 use pinnable::{DType, Device};
 use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
-use pinnable_harness::kernels::Kernels;
 use pinnable_harness::{cuda_or_skip, hold_stream};
 
 const SIZES: [(usize, usize); 3] = [(12, 1024), (64, 2048), (256, 4096)];
@@ -296,56 +294,43 @@ fn resume_part(dir: &Path, rep: &mut Report) {
 /// The consumer on the GPU: waits for the batch's copies on a compute stream, runs a kernel of
 /// `spin_ns` nanoseconds and a read of every byte of `x` and `y` when the bench's kernels are
 /// loaded (else holds the stream as long), then syncs the stream.
-struct Consumer {
-    kernels: Option<Kernels>,
-    compute: Arc<CudaStream>,
-    sum: cudarc::driver::CudaSlice<f32>,
-}
+struct Consumer(pinnable_harness::kernels::Consumer);
 
 impl Consumer {
     fn new(dev: &Device) -> Consumer {
-        let ctx = dev.cuda_context().expect("context");
-        ctx.bind_to_thread().expect("bind");
-        let compute = ctx.new_stream().expect("stream");
-        // SAFETY: one f32 the reading kernel sums into; never read back.
-        let sum = unsafe { compute.alloc::<f32>(1) }.expect("alloc");
-        Consumer {
-            kernels: Kernels::load(dev),
-            compute,
-            sum,
-        }
+        Consumer(pinnable_harness::kernels::Consumer::new(dev))
     }
 
     fn step(&self, b: &TokenBatch, spin_ns: u64) {
         let (x, y) = (b.x.tensor().expect("x"), b.y.tensor().expect("y"));
-        match &self.kernels {
+        match &self.0.kernels {
             Some(k) => {
                 let (vx, vy) = (
-                    x.cuda_view::<i64>(&self.compute).expect("view"),
-                    y.cuda_view::<i64>(&self.compute).expect("view"),
+                    x.cuda_view::<i64>(&self.0.stream).expect("view"),
+                    y.cuda_view::<i64>(&self.0.stream).expect("view"),
                 );
                 if spin_ns > 0 {
-                    k.spin(&self.compute, spin_ns);
+                    k.spin(&self.0.stream, spin_ns);
                 }
-                let (sum, _g) = self.sum.device_ptr(&self.compute);
+                let sum = self.0.sum_ptr();
                 for v in [&vx, &vy] {
                     // The i64 tokens read as pairs of f32: every byte is read once.
                     let ptr = v.device_ptr();
-                    k.read_sum(&self.compute, ptr, 2 * v.len(), sum);
+                    k.read_sum(&self.0.stream, ptr, 2 * v.len(), sum);
                 }
             }
             None => {
                 for t in [&x, &y] {
                     if let Some(e) = t.ready_event() {
-                        e.wait_on(&self.compute).expect("wait");
+                        e.wait_on(&self.0.stream).expect("wait");
                     }
                 }
                 if spin_ns > 0 {
-                    hold_stream(&self.compute, spin_ns.div_ceil(1_000_000));
+                    hold_stream(&self.0.stream, spin_ns.div_ceil(1_000_000));
                 }
             }
         }
-        self.compute.synchronize().expect("sync");
+        self.0.stream.synchronize().expect("sync");
     }
 }
 
@@ -362,7 +347,7 @@ fn gpu_part(
         "\n## {} ({}): batches to the device; the consumer {} and syncs\n",
         dev.name(),
         dev.pcie_bus_id().unwrap_or_default(),
-        if consumer.kernels.is_some() {
+        if consumer.0.kernels.is_some() {
             "reads every byte of x and y with a kernel after their copy"
         } else {
             "waits for the copies on a compute stream (no CUDA compiler here, so no kernel)"

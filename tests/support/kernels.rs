@@ -3,7 +3,9 @@
 
 use std::ffi::{CString, c_void};
 
-use cudarc::driver::{CudaStream, result, sys};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result, sys};
 use pinnable::Device;
 
 /// The loaded kernels of one device.
@@ -133,5 +135,40 @@ impl Kernels {
             )
         }
         .expect("launch busy");
+    }
+}
+
+/// A consumer's side of a bench: the bench kernels (when they load), a compute stream of the
+/// device's context, and the one f32 the reading kernel sums into (never read back).
+pub struct Consumer {
+    /// The kernels, or `None` without a PTX (the consumer then only waits and syncs).
+    pub kernels: Option<Kernels>,
+    /// The stream the consumer's work goes on.
+    pub stream: Arc<CudaStream>,
+    sum: CudaSlice<f32>,
+}
+
+impl Consumer {
+    /// A fresh compute stream on `dev`, and the kernels if they load.
+    ///
+    /// # Panics
+    ///
+    /// If `dev` is not a CUDA device or the driver refuses (a bench failure).
+    pub fn new(dev: &Device) -> Consumer {
+        let ctx = dev.cuda_context().expect("context");
+        ctx.bind_to_thread().expect("bind");
+        let stream = ctx.new_stream().expect("stream");
+        // SAFETY: one f32 the reading kernel sums into; never read back.
+        let sum = unsafe { stream.alloc::<f32>(1) }.expect("alloc");
+        Consumer {
+            kernels: Kernels::load(dev),
+            stream,
+            sum,
+        }
+    }
+
+    /// The device address `read_sum` adds into.
+    pub fn sum_ptr(&self) -> sys::CUdeviceptr {
+        self.sum.device_ptr(&self.stream).0
     }
 }
