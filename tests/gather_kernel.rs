@@ -401,3 +401,73 @@ fn many_small_pinned_tensors_move_together_and_a_user_kernel_reads_them() {
         "the sum a kernel on a stream of its own read"
     );
 }
+
+/// Inputs and targets: two gathers sharing one table of starts, moved together as `(x, y)` and
+/// widened, equal to two plain gathers of windows; on the host, then on the device (one launch
+/// reading the shared table where it lies), with the source overwritten right after the call.
+#[test]
+fn inputs_and_targets_equal_windows_and_the_windows_one_later() {
+    let test = "inputs_and_targets_equal_windows_and_the_windows_one_later";
+    let mut r = rng(test);
+    let dev = cuda_or_skip(test);
+    for i in 0..200 {
+        let dtype = if r.random_bool(0.7) {
+            DType::U16
+        } else {
+            DType::U32
+        };
+        let n = r.random_range(2..100_000);
+        let mut source = pin_alone(&random_tensor(&mut r, dtype, &[n]));
+        let len = r.random_range(0..n.min(4097));
+        let count = r.random_range(0..300);
+        let starts: Vec<usize> = (0..count).map(|_| r.random_range(0..n - len)).collect();
+        let values = ints(&source);
+        let to = if r.random_bool(0.5) {
+            DType::I64
+        } else {
+            DType::I32
+        };
+        let want = |shift: usize| -> Vec<u8> {
+            let v: Vec<i64> = starts
+                .iter()
+                .flat_map(|&s| values[s + shift..s + shift + len].to_vec())
+                .collect();
+            cast_bytes(&v, to)
+        };
+        let (x, y) = Gather::inputs_and_targets(&source, &starts, len).unwrap();
+        let (x, y) = (
+            x.convert(Convert::cast(to)).unwrap(),
+            y.convert(Convert::cast(to)).unwrap(),
+        );
+        let what = format!("case {i}: {count} windows of {len} {dtype} of {n} to {to}");
+        assert_eq!(
+            bytes_of(&x.tensor().unwrap()),
+            want(0),
+            "{what}, x on the host"
+        );
+        assert_eq!(
+            bytes_of(&y.tensor().unwrap()),
+            want(1),
+            "{what}, y on the host"
+        );
+        let Some(dev) = &dev else {
+            continue;
+        };
+        let (mx, my) = (x, y).to_device(dev, true).unwrap();
+        overwrite(&mut source);
+        for (moved, shift, name) in [(mx, 0, "x"), (my, 1, "y")] {
+            let t = moved.tensor().unwrap();
+            assert_eq!(t.placement(), Placement::Cuda(0));
+            assert_eq!(
+                bytes_of(&t.to_cpu(false).unwrap()),
+                want(shift),
+                "{what}, {name} on the device"
+            );
+        }
+    }
+    let tokens = Tensor::pinned_from_fn(&[10], |i| i as u16).unwrap();
+    let e = Gather::inputs_and_targets(&tokens, &[5], 5)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("runs past the end"), "{e}");
+}

@@ -140,6 +140,58 @@ impl Gather {
         Ok(Gather::pending(source, starts, len, runs, vec![count, len]))
     }
 
+    /// A language model's inputs and targets: windows of `len` elements of a 1-D `source`
+    /// from each of `starts` (as [`windows`](Self::windows)), and the same windows one element
+    /// later. The two share one table of starts, and a move that carries both (as fields of
+    /// one batch, `x` then `y`) gathers them in one launch.
+    ///
+    /// # Errors
+    ///
+    /// As [`windows`](Self::windows); a window must also leave one element after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::{Gather, Tensor};
+    ///
+    /// let tokens = Tensor::pinned_from_fn(&[100], |i| i as u16)?;
+    /// let (x, y) = Gather::inputs_and_targets(&tokens, &[7, 40], 3)?;
+    /// assert_eq!(x.tensor()?.to_vec::<u16>()?, vec![7, 8, 9, 40, 41, 42]);
+    /// assert_eq!(y.tensor()?.to_vec::<u16>()?, vec![8, 9, 10, 41, 42, 43]);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn inputs_and_targets(
+        source: &Tensor,
+        starts: &[usize],
+        len: usize,
+    ) -> Result<(Gather, Gather)> {
+        let &[n] = source.shape() else {
+            return Err(Error::Shape(format!(
+                "windows are taken from a 1-D tensor; this one has shape {:?} (reshape it to \
+                 [{}] first)",
+                source.shape(),
+                source.numel()
+            )));
+        };
+        let (first, runs) = runs_of(source, starts.iter().copied(), len, n, "window")?;
+        let later = starts.iter().map(|s| s.saturating_add(1));
+        let (next, next_runs) = runs_of(source, later, len, n, "window")?;
+        let count = first.len();
+        let (x, y) = StartTable::split(&[first, next].concat(), count);
+        let make = |starts: StartTable, runs: Vec<Range<usize>>| Gather {
+            state: State::Pending {
+                source: source.clone(),
+                starts: Arc::new(starts),
+                piece: len,
+                runs: runs.into(),
+                shape: vec![count, len].into(),
+                route: GatherRoute::Auto,
+                convert: None,
+            },
+        };
+        Ok((make(x, runs), make(y, next_runs)))
+    }
+
     fn pending(
         source: &Tensor,
         starts: Vec<usize>,

@@ -441,7 +441,7 @@ fn transfer<T: ToDevice>(
     let mut next = 0;
     let mut waiting: BTreeMap<usize, Done<T>> = BTreeMap::new();
     // Batches handed on whose copies may still run, with their permits.
-    let mut copying: VecDeque<(Event, Permit)> = VecDeque::new();
+    let mut copying: VecDeque<(Arc<Event>, Permit)> = VecDeque::new();
     loop {
         while copying.front().is_some_and(|(e, _)| e.is_complete()) {
             copying.pop_front();
@@ -506,15 +506,15 @@ fn transfer<T: ToDevice>(
     }
 }
 
-/// `batch` on `device`: itself on the host; otherwise moved without blocking, with an event
-/// recorded after its copy that keeps the batch's permit until the copy has finished. The host
+/// `batch` on `device`: itself on the host; otherwise moved without blocking, the move's ready
+/// event keeping the batch's permit until its copies have finished. The host
 /// batch is dropped here, and its `Drop` may be the user's: a panic there fails batch `number`.
 fn move_batch<T: ToDevice>(
     batch: Held<T>,
     number: usize,
     device: &Device,
     permit: &Permit,
-    copying: &mut VecDeque<(Event, Permit)>,
+    copying: &mut VecDeque<(Arc<Event>, Permit)>,
 ) -> Result<Held<T>> {
     if device.is_cpu() {
         return Ok(batch);
@@ -522,7 +522,15 @@ fn move_batch<T: ToDevice>(
     let batch = batch.into_inner();
     let moved = guarded(
         || format!("moving batch {number} to the device"),
-        || batch.to_device(device, true).map(Held::new),
+        || {
+            crate::transfer::MoveContext::run_ready(
+                device,
+                true,
+                crate::alloc::PinnedPool::global(),
+                |cx| batch.to_device_with(cx),
+            )
+            .map(|(moved, ready)| (Held::new(moved), ready))
+        },
     );
     // The source batch goes back to the pool here; the pool holds its block until the copy
     // recorded on it completes.
@@ -530,8 +538,10 @@ fn move_batch<T: ToDevice>(
         || format!("dropping batch {number}'s host copy after its move"),
         batch,
     );
-    let moved = dropped.and(moved)?;
-    let event = device.cuda_device("loader")?.record()?;
-    copying.push_back((event, permit.clone()));
+    let (moved, ready) = dropped.and(moved)?;
+    // The move's ready event follows its last copy: until it completes, the permit is held.
+    if let Some(event) = ready {
+        copying.push_back((event, permit.clone()));
+    }
     Ok(moved)
 }

@@ -143,8 +143,20 @@ impl<'a> MoveContext<'a> {
         target: &'a Device,
         non_blocking: bool,
         pool: &'a PinnedPool,
-        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
+        f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
     ) -> Result<T> {
+        Self::run_ready(target, non_blocking, pool, f).map(|(value, _)| value)
+    }
+
+    /// As [`run`](Self::run), also returning the move's ready event (`None` when it copied
+    /// nothing): a caller that keeps something until the copies finish waits on it, instead
+    /// of recording an event of its own.
+    pub(crate) fn run_ready<T>(
+        target: &'a Device,
+        non_blocking: bool,
+        pool: &'a PinnedPool,
+        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
+    ) -> Result<(T, Option<Arc<crate::cuda::Event>>)> {
         let mut cx = MoveContext {
             target,
             non_blocking,
@@ -170,8 +182,9 @@ impl<'a> MoveContext<'a> {
         let built = cx.launch().and_then(|()| f(&mut cx));
         match built {
             Ok(value) => {
+                let ready = cx.ready.clone();
                 cx.issue()?;
-                Ok(value)
+                Ok((value, ready.get().cloned()))
             }
             Err(e) => {
                 cx.fence_launched();

@@ -334,8 +334,7 @@ impl TokenBatcher {
             }
         };
         let cast = Convert::cast(self.dtype);
-        let x = Gather::windows(&source, starts.iter().copied(), self.context)?;
-        let y = Gather::windows(&source, starts.iter().map(|s| s + 1), self.context)?;
+        let (x, y) = Gather::inputs_and_targets(&source, &starts, self.context)?;
         Ok(TokenBatch {
             x: x.convert(cast.clone())?,
             y: y.convert(cast)?,

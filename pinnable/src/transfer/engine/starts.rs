@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use crate::alloc::{PinnedBlock, PinnedPool};
 
-/// Piece starts, in units of the source's first dimension, as the kernels read them.
+/// Piece starts, in units of the source's first dimension, as the kernels read them: `len`
+/// of them from the `first`th of `data` on (tables cut from one list share its memory).
 pub(crate) struct StartTable {
-    data: Data,
+    data: Arc<Data>,
+    first: usize,
     len: usize,
     wide: bool,
 }
@@ -28,32 +30,73 @@ impl StartTable {
     /// `values` as the kernels read them: in a pinned block of the process-wide pool where
     /// there is a GPU and the pool gives one, else on the heap.
     pub(crate) fn new(values: &[usize]) -> StartTable {
+        let (data, wide) = Self::written(values);
+        StartTable {
+            data: Arc::new(data),
+            first: 0,
+            len: values.len(),
+            wide,
+        }
+    }
+
+    /// `values` written once and cut in two at `at`: two tables in one block, the second
+    /// right after the first, so a launch that moves both reads them as one (a batch's `x`
+    /// and `y` windows).
+    pub(crate) fn split(values: &[usize], at: usize) -> (StartTable, StartTable) {
+        let at = at.min(values.len());
+        let (data, wide) = Self::written(values);
+        let data = Arc::new(data);
+        let head = StartTable {
+            data: data.clone(),
+            first: 0,
+            len: at,
+            wide,
+        };
+        let tail = StartTable {
+            data,
+            first: at,
+            len: values.len() - at,
+            wide,
+        };
+        (head, tail)
+    }
+
+    /// Whether `next`'s starts lie right after these, in the same memory.
+    pub(crate) fn is_continued_by(&self, next: &StartTable) -> bool {
+        Arc::ptr_eq(&self.data, &next.data)
+            && next.first == self.first + self.len
+            && next.wide == self.wide
+    }
+
+    /// Where this table's bytes start within its memory.
+    pub(crate) fn byte_offset(&self) -> usize {
+        self.first * if self.wide { 8 } else { 4 }
+    }
+
+    /// `values` as the kernels read them, in a pinned block or on the heap; and whether they
+    /// are u64s.
+    fn written(values: &[usize]) -> (Data, bool) {
         let wide = values.iter().any(|&v| v > u32::MAX as usize);
         let bytes = values.len() * if wide { 8 } else { 4 };
         let block = (bytes > 0 && crate::cuda::is_available())
             .then(|| PinnedPool::global().alloc(bytes).ok())
             .flatten()
             .map(Arc::new);
-        let mut table = StartTable {
-            data: Data::Heap(Vec::new()),
-            len: values.len(),
-            wide,
-        };
-        match block {
+        let data = match block {
             Some(block) => {
                 // SAFETY: the block was just allocated and nothing else refers to it; it holds
                 // at least `bytes`.
                 let dst = unsafe { block.as_mut_slice() };
                 write(values, wide, dst);
-                table.data = Data::Pinned(block);
+                Data::Pinned(block)
             }
             None => {
                 let mut dst = vec![0u8; bytes];
                 write(values, wide, &mut dst);
-                table.data = Data::Heap(dst);
+                Data::Heap(dst)
             }
-        }
-        table
+        };
+        (data, wide)
     }
 
     /// How many starts.
@@ -71,9 +114,10 @@ impl StartTable {
         self.len * if self.wide { 8 } else { 4 }
     }
 
-    /// The pinned block holding the table, if it is in one.
+    /// The pinned block holding the table (from [`byte_offset`](Self::byte_offset) on), if it
+    /// is in one.
     pub(crate) fn pinned(&self) -> Option<&Arc<PinnedBlock>> {
-        match &self.data {
+        match &*self.data {
             Data::Pinned(b) => Some(b),
             Data::Heap(_) => None,
         }
@@ -81,9 +125,21 @@ impl StartTable {
 
     /// The table's bytes on the heap, if it is not in a pinned block.
     pub(crate) fn heap(&self) -> Option<&[u8]> {
-        match &self.data {
-            Data::Heap(v) => Some(v),
+        match &*self.data {
+            Data::Heap(v) => Some(&v[self.byte_offset()..self.byte_offset() + self.bytes()]),
             Data::Pinned(_) => None,
+        }
+    }
+
+    /// The table's bytes, wherever they are.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &*self.data {
+            Data::Heap(_) => self.heap().expect("on the heap"),
+            // SAFETY: nothing writes a table of starts once it is built; the block holds the
+            // whole list the table was cut from.
+            Data::Pinned(b) => unsafe {
+                &b.as_slice()[self.byte_offset()..self.byte_offset() + self.bytes()]
+            },
         }
     }
 }
@@ -110,10 +166,7 @@ mod tests {
         let t = StartTable::new(&[7, 0, 3]);
         assert!(!t.is_wide());
         assert_eq!((t.len(), t.bytes()), (3, 12));
-        let bytes = t.heap().map(<[u8]>::to_vec).unwrap_or_else(|| {
-            // SAFETY: nothing writes the table after it is built.
-            unsafe { t.pinned().unwrap().as_slice()[..12].to_vec() }
-        });
+        let bytes = t.as_bytes();
         let got: Vec<u32> = bytes
             .chunks_exact(4)
             .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
@@ -125,5 +178,24 @@ mod tests {
             assert!(t.is_wide());
             assert_eq!(t.bytes(), 16);
         }
+    }
+
+    #[test]
+    fn a_split_list_is_two_tables_one_after_the_other() {
+        let values: Vec<usize> = (0..9).map(|i| i * 37 % 11).collect();
+        let (x, y) = StartTable::split(&values, 4);
+        assert_eq!((x.len(), y.len()), (4, 5));
+        assert!(x.is_continued_by(&y));
+        assert!(!y.is_continued_by(&x));
+        assert!(!x.is_continued_by(&StartTable::new(&values[4..])));
+        let as_u32 = |t: &StartTable| -> Vec<usize> {
+            t.as_bytes()
+                .chunks_exact(4)
+                .map(|b| u32::from_ne_bytes(b.try_into().unwrap()) as usize)
+                .collect()
+        };
+        assert_eq!(as_u32(&x), values[..4]);
+        assert_eq!(as_u32(&y), values[4..]);
+        assert_eq!(y.byte_offset(), 16);
     }
 }

@@ -94,7 +94,24 @@ impl Indexed {
     fn table_bytes(&self) -> usize {
         self.starts.iter().map(|s| s.bytes()).sum()
     }
+
+    /// The device address of the starts where the kernels can read them as they lie: one
+    /// small table (or tables that continue each other) in a pinned block the device maps.
+    /// Read over the link, each start costs its group one round trip, which a small table's
+    /// few pieces pay at once; a device table would cost the move an allocation and a copy
+    /// a table.
+    fn mapped_table(&self) -> Option<u64> {
+        let first = self.starts.first()?;
+        let block = first.pinned()?;
+        let chained = self.starts.windows(2).all(|w| w[0].is_continued_by(&w[1]));
+        (chained && block.is_device_mapped() && self.table_bytes() <= MAPPED_TABLE_MAX)
+            .then(|| block.as_ptr() as u64 + first.byte_offset() as u64)
+    }
 }
+
+/// Tables of starts up to this size are read by the kernels where they lie, in mapped pinned
+/// memory ([`Indexed::mapped_table`]): up to 4096 u32 starts.
+const MAPPED_TABLE_MAX: usize = 16 << 10;
 
 impl SmWork {
     fn is_empty(&self) -> bool {
@@ -272,7 +289,9 @@ pub(crate) unsafe fn launch(
                 let n = ix.count() as u64 * splits;
                 let shift = lane_shift(n * (task_elems * job.op.in_size()) as u64, n as usize);
                 let bytes = ix.table_bytes();
-                let at = if ix.starts.iter().all(|t| t.pinned().is_some()) {
+                let at = if let Some(address) = ix.mapped_table() {
+                    Place::Mapped(address)
+                } else if ix.starts.iter().all(|t| t.pinned().is_some()) {
                     let at = pinned_len;
                     pinned_len = (pinned_len + bytes).next_multiple_of(8);
                     Place::Pinned(at)
@@ -330,14 +349,16 @@ pub(crate) unsafe fn launch(
     }
     let stream = dev.copy_stream.cu_stream();
     let total = host_bytes + pinned_len;
-    // SAFETY: written by the table's copies below before the kernels read it.
-    let table_memory =
-        unsafe { dev.alloc(total) }.map_err(|e| Error::driver("cuMemAllocAsync", e))?;
-    let on_device = {
-        use cudarc::driver::DevicePtr;
-        let (ptr, _) = table_memory.device_ptr(&dev.copy_stream);
-        ptr
+    let table_memory = match total {
+        0 => None,
+        // SAFETY: written by the table's copies below before the kernels read it.
+        n => Some(unsafe { dev.alloc(n) }.map_err(|e| Error::driver("cuMemAllocAsync", e))?),
     };
+    let on_device = table_memory.as_ref().map_or(0, |m| {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _) = m.device_ptr(&dev.copy_stream);
+        ptr
+    });
     let copy = |dst: u64, src: *const u8, bytes: usize| {
         // SAFETY: `bytes` of a pinned block (alive until the ready event, recorded by the
         // caller on every block returned, completes) into the allocation made above, in
@@ -352,14 +373,23 @@ pub(crate) unsafe fn launch(
         read.push(block);
     }
     for (job, plan) in jobs.iter().zip(&plans) {
-        if let (SmWork::Indexed(ix), Place::Pinned(at)) = (&job.work, plan.at) {
-            let mut dst = on_device + (host_bytes + at) as u64;
-            for t in &ix.starts {
-                let b = t.pinned().expect("placed with the pinned tables");
-                copied = copied.and_then(|()| copy(dst, b.as_ptr(), t.bytes()));
-                read.push(b.clone());
-                dst += t.bytes() as u64;
+        let SmWork::Indexed(ix) = &job.work else {
+            continue;
+        };
+        match plan.at {
+            Place::Pinned(at) => {
+                let mut dst = on_device + (host_bytes + at) as u64;
+                for t in &ix.starts {
+                    let b = t.pinned().expect("placed with the pinned tables");
+                    let src = b.as_ptr().wrapping_add(t.byte_offset());
+                    copied = copied.and_then(|()| copy(dst, src, t.bytes()));
+                    read.push(b.clone());
+                    dst += t.bytes() as u64;
+                }
             }
+            // The kernels read the table itself: its block is held like the tables copied.
+            Place::Mapped(_) => read.extend(ix.starts.iter().filter_map(|t| t.pinned().cloned())),
+            Place::Host(_) => {}
         }
     }
     let launched = copied.and_then(|()| {
@@ -367,11 +397,11 @@ pub(crate) unsafe fn launch(
             .zip(&plans)
             .zip(&coefficient_at)
             .try_for_each(|((job, plan), &coef)| {
-                let table_at = on_device
-                    + match plan.at {
-                        Place::Host(at) => at,
-                        Place::Pinned(at) => host_bytes + at,
-                    } as u64;
+                let table_at = match plan.at {
+                    Place::Host(at) => on_device + at as u64,
+                    Place::Pinned(at) => on_device + (host_bytes + at) as u64,
+                    Place::Mapped(address) => address,
+                };
                 let coef_at = on_device + coef as u64;
                 // SAFETY: the table holds the plan's tasks or starts, whose ranges the caller
                 // vouches for; the coefficients are where `coefficient_at` says; forwarded
@@ -400,12 +430,14 @@ impl Layout {
     }
 }
 
-/// Where a job's table lies in the device table: at this offset of the host part, or of the
-/// part copied from pinned tables of starts.
+/// Where a job's table lies: at this offset of the device table's host part, or of its part
+/// copied from pinned tables of starts; or read by the kernels where it lies, at this device
+/// address of mapped pinned memory.
 #[derive(Clone, Copy)]
 enum Place {
     Host(usize),
     Pinned(usize),
+    Mapped(u64),
 }
 
 /// Writes the host part of the table into `bytes`: the tasks (already laid out in `tasks`) of
@@ -430,13 +462,7 @@ fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], bytes: &mut [u8]) 
             SmWork::Indexed(ix) => {
                 for t in &ix.starts {
                     let n = t.bytes();
-                    let src = match (t.heap(), t.pinned()) {
-                        (Some(h), _) => h,
-                        // SAFETY: nothing writes a table of starts once it is built.
-                        (None, Some(b)) => unsafe { &b.as_slice()[..n] },
-                        (None, None) => unreachable!("a table is on the heap or pinned"),
-                    };
-                    out[..n].copy_from_slice(src);
+                    out[..n].copy_from_slice(t.as_bytes());
                     out = &mut out[n..];
                 }
             }
