@@ -63,7 +63,10 @@ fn check_covers(copies: &[HostCopy], pieces: &[Piece]) -> Vec<(usize, Range<usiz
     for (c, range) in &writes {
         assert!(*c >= last, "copies in order: {c} after {last}");
         last = *c;
-        assert_eq!(range.start, at[*c], "copy {c} written in order, without gaps");
+        assert_eq!(
+            range.start, at[*c],
+            "copy {c} written in order, without gaps"
+        );
         at[*c] = range.end;
     }
     for (c, copy) in copies.iter().enumerate() {
@@ -210,7 +213,11 @@ fn every_piece_is_reported_once_and_an_error_reaches_the_caller() {
     };
     // SAFETY: as above.
     let got = unsafe { run_pieces(&copies, &pieces, Share::All, Some(&on_piece)) };
-    assert!(got.unwrap_err().to_string().contains(&format!("piece {fail_at} refused")));
+    assert!(
+        got.unwrap_err()
+            .to_string()
+            .contains(&format!("piece {fail_at} refused"))
+    );
     // Pieces run on after an error on the copy threads; on the calling thread alone they stop.
     let seen = seen.into_inner().unwrap();
     assert!(seen.iter().all(|&n| n <= 1), "{seen:?}");
