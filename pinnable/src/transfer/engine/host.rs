@@ -313,4 +313,76 @@ mod tests {
             ]
         );
     }
+
+    /// The staging half of the host route, timed on the host alone: 32 MiB batches of random
+    /// rows of a 256 MiB array gathered by the copy threads into staging, with the frontier's
+    /// bookkeeping (the device copies left out), against one copy of 32 MiB. Run with
+    /// `cargo test --release -p pinnable --lib staging_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a timing, for release builds"]
+    fn staging_speed() {
+        const SOURCE: usize = 256 << 20;
+        const BATCH: usize = 32 << 20;
+        let mut r = rng("staging speed");
+        let src: Vec<u8> = (0..SOURCE).map(|i| (i % 251) as u8).collect();
+        let mut stage = vec![1u8; BATCH];
+        let median = |mut f: Box<dyn FnMut() + '_>| {
+            f();
+            let mut t: Vec<f64> = (0..9)
+                .map(|_| {
+                    let start = std::time::Instant::now();
+                    f();
+                    start.elapsed().as_secs_f64()
+                })
+                .collect();
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        };
+        let one = median(Box::new(|| {
+            // SAFETY: both buffers hold at least BATCH bytes and do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), stage.as_mut_ptr(), BATCH) }
+        }));
+        println!(
+            "{} copy threads; one copy of 32 MiB on one thread: {:.3} ms ({:.1} GB/s)",
+            copy::copy_threads(),
+            one * 1e3,
+            BATCH as f64 / one / 1e9
+        );
+        for row in [256, KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 << 20] {
+            let n = SOURCE / row;
+            let starts: Vec<usize> = (0..BATCH / row)
+                .map(|_| (r.next_u64() % n as u64) as usize)
+                .collect();
+            let starts = Arc::new(StartTable::new(&starts));
+            let t = median(Box::new(|| {
+                let staged = [HostCopy {
+                    src: Src::Rows(Rows {
+                        base: src.as_ptr(),
+                        stride: row,
+                        len: row,
+                        starts: starts.clone(),
+                    }),
+                    dst: stage.as_mut_ptr(),
+                }];
+                let staged_dst = [Some((1 << 40, true))];
+                let pieces = copy::plan(&staged);
+                let f = Frontier::new(&pieces, &staged, &staged_dst, chunk(BATCH));
+                let on_piece = |i: usize| -> Result<()> {
+                    drop(f.land(i));
+                    Ok(())
+                };
+                let share = copy::Share::ThreeQuarters;
+                // SAFETY: `src` and `stage` outlive the call; the rows lie within `src`.
+                let staged = unsafe { copy::run_pieces(&staged, &pieces, share, Some(&on_piece)) };
+                staged.expect("staged");
+            }));
+            println!(
+                "{:>5} KiB rows: staged in {:.3} ms ({:.1} GB/s, {:.2}x one copy)",
+                row as f64 / KIB as f64,
+                t * 1e3,
+                BATCH as f64 / t / 1e9,
+                one / t
+            );
+        }
+    }
 }
