@@ -41,11 +41,21 @@ fn main() {
     let mut r = rng("bench gather");
     println!("gather kernels: {:?}", pinnable::cuda::gather_kernels(&dev));
     let ceiling = raw_one_copy(&dev, BATCH);
-    // `PINNABLE_BENCH_ONLY=small` runs the small tensors' figure alone.
-    if std::env::var("PINNABLE_BENCH_ONLY").as_deref() == Ok("small") {
-        let mut table = Table::new("# Gather: small tensors only\n");
-        small_tensors(&dev, &mut r, &mut table);
-        return;
+    // `PINNABLE_BENCH_ONLY=small` runs the small tensors' figure alone; `=beside` the figures
+    // beside a compute kernel alone (of the routes `PINNABLE_BENCH_ROUTES` lists, if set).
+    match std::env::var("PINNABLE_BENCH_ONLY").as_deref() {
+        Ok("small") => {
+            let mut table = Table::new("# Gather: small tensors only\n");
+            small_tensors(&dev, &mut r, &mut table);
+            return;
+        }
+        Ok("beside") => {
+            let mut table = Table::new("# Gather: beside a compute kernel only\n");
+            let source = Tensor::pinned_from_fn(&[SOURCE], |i| (i % 251) as u8).expect("pinned");
+            beside_compute(&dev, &source, &mut r, &mut table);
+            return;
+        }
+        _ => {}
     }
     let mut table = Table::new(&format!(
         "# Gather: {} MiB batches of random rows of a {} MiB pinned array, {} ({})\n",
@@ -65,24 +75,12 @@ fn main() {
     let row_sizes: Vec<usize> = listed("PINNABLE_BENCH_ROWS")
         .map(|v| v.iter().filter_map(|s| s.parse().ok()).collect())
         .unwrap_or(ROWS.to_vec());
-    let routes: Vec<GatherRoute> = listed("PINNABLE_BENCH_ROUTES")
-        .map(|v| {
-            v.iter()
-                .filter_map(|s| match s.as_str() {
-                    "Kernel" => Some(GatherRoute::Kernel),
-                    "Direct" => Some(GatherRoute::Direct),
-                    "Host" => Some(GatherRoute::Host),
-                    "Auto" => Some(GatherRoute::Auto),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or(vec![
-            GatherRoute::Kernel,
-            GatherRoute::Direct,
-            GatherRoute::Host,
-            GatherRoute::Auto,
-        ]);
+    let routes: Vec<GatherRoute> = listed_routes().unwrap_or(vec![
+        GatherRoute::Kernel,
+        GatherRoute::Direct,
+        GatherRoute::Host,
+        GatherRoute::Auto,
+    ]);
     for &row in &row_sizes {
         let n = SOURCE / row;
         let src = source.reshape(&[n, row]).expect("rows");
@@ -116,6 +114,22 @@ fn main() {
     small_tensors(&dev, &mut r, &mut table);
     beside_compute(&dev, &source, &mut r, &mut table);
     table.save("gather.md");
+}
+
+/// The routes `PINNABLE_BENCH_ROUTES` names, in order (repeats allowed), if it is set.
+fn listed_routes() -> Option<Vec<GatherRoute>> {
+    let v = std::env::var("PINNABLE_BENCH_ROUTES").ok()?;
+    Some(
+        v.split(',')
+            .filter_map(|s| match s {
+                "Kernel" => Some(GatherRoute::Kernel),
+                "Direct" => Some(GatherRoute::Direct),
+                "Host" => Some(GatherRoute::Host),
+                "Auto" => Some(GatherRoute::Auto),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// The kernels by the source's backend (a block of `cuMemHostAlloc` or of `cuMemHostRegister`),
@@ -391,6 +405,9 @@ fn beside_compute(dev: &Device, source: &Tensor, r: &mut SmallRng, table: &mut T
         (4 << 10, GatherRoute::Host, 8),
         (1 << 20, GatherRoute::Auto, 8),
     ] {
+        if listed_routes().is_some_and(|routes| !routes.contains(&route)) {
+            continue;
+        }
         let n = SOURCE / row;
         let src = source.reshape(&[n, row]).unwrap();
         let rows: Vec<usize> = (0..BATCH / row).map(|_| r.random_range(0..n)).collect();

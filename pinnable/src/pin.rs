@@ -164,7 +164,10 @@ impl<'a> PinContext<'a> {
         // SAFETY: `offset + bytes` lies within the block (`place` made room).
         let dst = unsafe { block.as_ptr().add(offset) };
         let out = t.placed_in(Storage::part(Data::Pinned(block), None), offset, true);
-        self.copies.push(HostCopy { src, dst });
+        self.copies.push(HostCopy {
+            src: src.into(),
+            dst,
+        });
         self.keep.push(t.clone());
         Ok(out)
     }
@@ -204,7 +207,10 @@ impl<'a> PinContext<'a> {
                 // SAFETY: the parts' bytes add up to `bytes`, which `place` made room for.
                 let dst = unsafe { block.as_ptr().add(at) };
                 at += p.nbytes();
-                self.copies.push(HostCopy { src, dst });
+                self.copies.push(HostCopy {
+                    src: src.into(),
+                    dst,
+                });
             }
             self.keep.push(source.clone());
         }

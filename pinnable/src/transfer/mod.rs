@@ -445,7 +445,10 @@ impl<'a> MoveContext<'a> {
     /// (`mergeable`: both lie in the arena, where staging block and device mirror each other).
     fn stage(&mut self, t: &Tensor, stage: *mut u8, dst: u64, mergeable: bool) -> Result<()> {
         let src = t.host_src("to_device")?;
-        self.copies.staged.push(HostCopy { src, dst: stage });
+        self.copies.staged.push(HostCopy {
+            src: src.into(),
+            dst: stage,
+        });
         self.copies.staged_dst.push(Some((dst, mergeable)));
         self.copies.keep.push(t.storage().clone());
         Ok(())

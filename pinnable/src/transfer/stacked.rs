@@ -16,7 +16,7 @@ use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
 use crate::convert::{self, Convert, Resolved};
-use crate::copy::HostCopy;
+use crate::copy::{HostCopy, Rows, Src};
 use crate::error::{Error, Result};
 use crate::gather::{GatherRoute, parts_of};
 use crate::tensor::{Data, Tensor};
@@ -211,7 +211,6 @@ impl MoveContext<'_> {
     /// Unconverted pieces gathered by the copy threads into the staging block, then sent with
     /// the batch's staged bytes.
     fn stage_stacked(&mut self, s: &Stacking<'_>, bytes: usize) -> Result<Tensor> {
-        let parts = parts_of(s.source, s.runs);
         let slot = self.plan.place_staged(bytes).and_then(|at| {
             let arena = self.arena.as_ref()?;
             Some((at, self.staging.as_ref()?.at(at), arena.at(at)))
@@ -225,23 +224,57 @@ impl MoveContext<'_> {
             }
         };
         let mergeable = block.is_none();
-        let mut offset = 0;
-        for p in &parts {
-            let n = p.nbytes();
-            if n > 0 {
-                self.stage(
-                    p,
-                    stage.wrapping_add(offset),
-                    dst + offset as u64,
-                    mergeable,
-                )?;
+        if s.source.is_contiguous() {
+            if bytes > 0 {
+                self.stage_rows(s, stage, dst, mergeable)?;
             }
-            offset += n;
+        } else {
+            let mut offset = 0;
+            for p in &parts_of(s.source, s.runs) {
+                let n = p.nbytes();
+                if n > 0 {
+                    self.stage(
+                        p,
+                        stage.wrapping_add(offset),
+                        dst + offset as u64,
+                        mergeable,
+                    )?;
+                }
+                offset += n;
+            }
         }
         if let Some(block) = block {
             self.copies.blocks.push(block);
         }
         Tensor::at(self.part(data), s.source.dtype(), s.shape, at)
+    }
+
+    /// Plans gathering the pieces of a contiguous source into `stage` as one copy of rows,
+    /// read from the gather's start table, and the device copy of those bytes to `dst`: the
+    /// work on this thread and in the copy threads' bookkeeping does not grow with the number
+    /// of pieces.
+    fn stage_rows(
+        &mut self,
+        s: &Stacking<'_>,
+        stage: *mut u8,
+        dst: u64,
+        mergeable: bool,
+    ) -> Result<()> {
+        // Waits for a pending copy into the source.
+        let src = s.source.host_src("to_device")?;
+        let unit = s.unit_bytes();
+        self.copies.staged.push(HostCopy {
+            src: Src::Rows(Rows {
+                base: src.ptr,
+                stride: unit,
+                len: s.piece * unit,
+                starts: s.starts.clone(),
+            }),
+            dst: stage,
+        });
+        self.copies.staged_dst.push(Some((dst, mergeable)));
+        self.copies.keep.push(s.source.storage().clone());
+        Ok(())
     }
 
     /// Converted pieces of a source the device cannot read in place: the copy threads gather
@@ -270,7 +303,7 @@ impl MoveContext<'_> {
             if n > 0 {
                 let src = p.host_src("to_device")?;
                 self.copies.staged.push(HostCopy {
-                    src,
+                    src: src.into(),
                     dst: block.as_ptr().wrapping_add(offset),
                 });
                 self.copies.staged_dst.push(None);

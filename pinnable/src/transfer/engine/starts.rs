@@ -123,6 +123,28 @@ impl StartTable {
         }
     }
 
+    /// The starts in `range` of the table, in order, for the host to read.
+    ///
+    /// # Panics
+    ///
+    /// If `range` reaches past the table.
+    pub(crate) fn values(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = usize> {
+        let bytes = match &self.data {
+            // SAFETY: the table is written once, in `new`, before anyone can read it; nothing
+            // writes the block afterwards.
+            Data::Pinned(b) => unsafe { &b.as_slice()[..self.bytes()] },
+            Data::Heap(v) => &v[..],
+        };
+        let width = if self.wide { 8 } else { 4 };
+        let wide = self.wide;
+        bytes[range.start * width..range.end * width]
+            .chunks_exact(width)
+            .map(move |b| match wide {
+                true => u64::from_ne_bytes(b.try_into().expect("8 bytes")) as usize,
+                false => u32::from_ne_bytes(b.try_into().expect("4 bytes")) as usize,
+            })
+    }
+
     /// The table's bytes on the heap, if it is not in a pinned block.
     pub(crate) fn heap(&self) -> Option<&[u8]> {
         match &*self.data {
@@ -172,11 +194,15 @@ mod tests {
             .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
             .collect();
         assert_eq!(got, [7, 0, 3]);
+        assert_eq!(t.values(0..3).collect::<Vec<_>>(), [7, 0, 3]);
+        assert_eq!(t.values(1..3).collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(t.values(2..2).count(), 0);
         if usize::BITS > 32 {
             let big = u32::MAX as usize + 5;
             let t = StartTable::new(&[1, big]);
             assert!(t.is_wide());
             assert_eq!(t.bytes(), 16);
+            assert_eq!(t.values(0..2).collect::<Vec<_>>(), [1, big]);
         }
     }
 

@@ -13,6 +13,12 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use crate::error::{Error, Result};
 use crate::tensor::HostSrc;
 
+mod rows;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use rows::Rows;
+
 /// Below this many bytes in total, copies run on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
 /// A copy thread is woken only for about this many bytes or more.
@@ -24,7 +30,7 @@ const MAX_PIECE: usize = 2 << 20;
 
 /// One copy of host bytes into (pinned) memory at `dst`.
 pub(crate) struct HostCopy {
-    pub(crate) src: HostSrc,
+    pub(crate) src: Src,
     pub(crate) dst: *mut u8,
 }
 
@@ -34,13 +40,59 @@ unsafe impl Send for HostCopy {}
 // SAFETY: as for Send.
 unsafe impl Sync for HostCopy {}
 
-/// A share of the work for one thread: several small copies whole, or a part of one large
-/// copy. Pieces are listed in the order of the copies, and by offset within each copy.
+/// Where a copy's bytes come from, written contiguously to its destination.
+pub(crate) enum Src {
+    /// A view, contiguous or strided.
+    View(HostSrc),
+    /// Equal rows at listed starts: the pieces of a gather.
+    Rows(Rows),
+}
+
+impl From<HostSrc> for Src {
+    fn from(src: HostSrc) -> Src {
+        Src::View(src)
+    }
+}
+
+impl Src {
+    /// Total bytes copied.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Src::View(v) => v.bytes(),
+            Src::Rows(r) => r.bytes(),
+        }
+    }
+
+    /// # Safety
+    ///
+    /// As [`run`], for this copy.
+    unsafe fn gather(&self, dst: *mut u8) {
+        match self {
+            // SAFETY: forwarded from the caller.
+            Src::View(v) => unsafe { v.gather_streaming(dst) },
+            // SAFETY: forwarded from the caller.
+            Src::Rows(r) => unsafe { r.gather(0..r.starts.len(), dst) },
+        }
+    }
+}
+
+/// A share of the work for one thread: several small copies whole, a part of one large copy,
+/// or some rows of one copy of rows. Pieces are listed in the order of the copies, and by
+/// offset within each copy.
 pub(crate) struct Piece {
-    /// The copies this piece runs whole (`part` is `None`), or the one copy it runs a part of.
+    /// The copies this piece runs whole, or the one copy it runs a part of.
     pub(crate) copies: Range<usize>,
-    /// For a part of one copy: its source and its destination bytes within the copy's `dst`.
-    pub(crate) part: Option<(HostSrc, Range<usize>)>,
+    pub(crate) part: Part,
+}
+
+/// How much of its copies a [`Piece`] runs.
+pub(crate) enum Part {
+    /// Every copy whole.
+    Whole,
+    /// A part of one copy: its source and its destination bytes within the copy's `dst`.
+    Bytes(HostSrc, Range<usize>),
+    /// Rows of one copy of [`Rows`], whole.
+    Rows(Range<usize>),
 }
 
 impl Piece {
@@ -50,14 +102,23 @@ impl Piece {
         &'a self,
         copies: &'a [HostCopy],
     ) -> impl Iterator<Item = (usize, Range<usize>)> + 'a {
-        let part = self
-            .part
-            .as_ref()
-            .map(|(_, dst)| (self.copies.start, dst.clone()));
+        let first = self.copies.start;
+        let part = match &self.part {
+            Part::Whole => None,
+            Part::Bytes(_, dst) => Some((first, dst.clone())),
+            Part::Rows(rows) => {
+                let len = match &copies[first].src {
+                    Src::Rows(r) => r.len,
+                    Src::View(_) => unreachable!("rows are planned from copies of rows"),
+                };
+                Some((first, rows.start * len..rows.end * len))
+            }
+        };
+        let whole = matches!(self.part, Part::Whole);
         let whole = self
             .copies
             .clone()
-            .filter(|_| self.part.is_none())
+            .filter(move |_| whole)
             .map(|i| (i, 0..copies[i].src.bytes()));
         part.into_iter().chain(whole).filter(|(_, r)| !r.is_empty())
     }
@@ -73,15 +134,21 @@ impl Piece {
     ///
     /// As [`run`], for the copies this piece covers.
     unsafe fn gather(&self, copies: &[HostCopy]) {
+        let first = &copies[self.copies.start];
         match &self.part {
             // SAFETY: forwarded from the caller; the part lies within the copy's destination.
-            Some((src, dst)) => unsafe {
-                src.gather_streaming(copies[self.copies.start].dst.add(dst.start))
-            },
-            None => {
+            Part::Bytes(src, dst) => unsafe { src.gather_streaming(first.dst.add(dst.start)) },
+            Part::Rows(rows) => {
+                let Src::Rows(r) = &first.src else {
+                    unreachable!("rows are planned from copies of rows")
+                };
+                // SAFETY: forwarded from the caller; the rows land within the destination.
+                unsafe { r.gather(rows.clone(), first.dst.add(rows.start * r.len)) }
+            }
+            Part::Whole => {
                 for c in &copies[self.copies.clone()] {
                     // SAFETY: forwarded from the caller.
-                    unsafe { c.src.gather_streaming(c.dst) };
+                    unsafe { c.src.gather(c.dst) };
                 }
             }
         }
@@ -93,10 +160,15 @@ pub(crate) type OnPiece<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
 
 /// Cuts the copies into pieces: everything in one piece when the total is small enough for one
 /// thread; otherwise pieces of about 256 KiB to 2 MiB, so every thread gets several and the
-/// first pieces land early. Small copies are grouped, large ones split.
+/// first pieces land early. Small copies are grouped, large ones split (copies of rows between
+/// rows, rows longer than a piece within the row).
 pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
     let total: usize = copies.iter().map(|c| c.src.bytes()).sum();
-    let threads = Workers::get().threads + 1;
+    plan_for(copies, total, Workers::get().threads + 1)
+}
+
+/// [`plan`] for `threads` copy threads.
+fn plan_for(copies: &[HostCopy], total: usize, threads: usize) -> Vec<Piece> {
     let target = if total < PARALLEL_MIN_BYTES || threads == 1 {
         usize::MAX
     } else {
@@ -114,7 +186,7 @@ pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
                     if let Some((first, _)) = group.replace((i, bytes)) {
                         out.push(Piece {
                             copies: first..i,
-                            part: None,
+                            part: Part::Whole,
                         });
                     }
                 }
@@ -124,30 +196,51 @@ pub(crate) fn plan(copies: &[HostCopy]) -> Vec<Piece> {
         if let Some((first, _)) = group.take() {
             out.push(Piece {
                 copies: first..i,
-                part: None,
+                part: Part::Whole,
             });
         }
-        let (units, unit_bytes) = c.src.split_unit();
-        let per_piece = (target / unit_bytes.max(1)).max(1);
-        let mut start = 0;
-        while start < units {
-            let end = (start + per_piece).min(units);
-            let (src, at) = c.src.split(start..end);
-            let len = src.bytes();
-            out.push(Piece {
-                copies: i..i + 1,
-                part: Some((src, at..at + len)),
-            });
-            start = end;
+        match &c.src {
+            Src::View(src) => split(i, src, 0, target, &mut out),
+            Src::Rows(rows) if rows.len <= target => {
+                let per_piece = target / rows.len;
+                let n = rows.starts.len();
+                out.extend((0..n).step_by(per_piece).map(|a| Piece {
+                    copies: i..i + 1,
+                    part: Part::Rows(a..(a + per_piece).min(n)),
+                }));
+            }
+            Src::Rows(rows) => {
+                for k in 0..rows.starts.len() {
+                    split(i, &rows.row(k), k * rows.len, target, &mut out);
+                }
+            }
         }
     }
     if let Some((first, _)) = group {
         out.push(Piece {
             copies: first..copies.len(),
-            part: None,
+            part: Part::Whole,
         });
     }
     out
+}
+
+/// Cuts `src`, which copy `i` writes from byte `at` of its destination on, into parts of about
+/// `target` bytes.
+fn split(i: usize, src: &HostSrc, at: usize, target: usize, out: &mut Vec<Piece>) {
+    let (units, unit_bytes) = src.split_unit();
+    let per_piece = (target / unit_bytes.max(1)).max(1);
+    let mut start = 0;
+    while start < units {
+        let end = (start + per_piece).min(units);
+        let (part, offset) = src.split(start..end);
+        let len = part.bytes();
+        out.push(Piece {
+            copies: i..i + 1,
+            part: Part::Bytes(part, at + offset..at + offset + len),
+        });
+        start = end;
+    }
 }
 
 /// Runs every copy, in parallel when they are large enough.
