@@ -129,12 +129,7 @@ impl StartTable {
     ///
     /// If `range` reaches past the table.
     pub(crate) fn values(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = usize> {
-        let bytes = match &self.data {
-            // SAFETY: the table is written once, in `new`, before anyone can read it; nothing
-            // writes the block afterwards.
-            Data::Pinned(b) => unsafe { &b.as_slice()[..self.bytes()] },
-            Data::Heap(v) => &v[..],
-        };
+        let bytes = self.as_bytes();
         let width = if self.wide { 8 } else { 4 };
         let wide = self.wide;
         bytes[range.start * width..range.end * width]
@@ -223,5 +218,6 @@ mod tests {
         assert_eq!(as_u32(&x), values[..4]);
         assert_eq!(as_u32(&y), values[4..]);
         assert_eq!(y.byte_offset(), 16);
+        assert_eq!(y.values(1..5).collect::<Vec<_>>(), values[5..]);
     }
 }
