@@ -42,11 +42,13 @@ impl FieldPath {
     }
 
     /// Appends a segment.
+    #[inline]
     pub fn push(&mut self, segment: Segment) {
         self.segments.push(segment);
     }
 
     /// Removes the innermost segment.
+    #[inline]
     pub fn pop(&mut self) -> Option<Segment> {
         self.segments.pop()
     }
