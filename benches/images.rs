@@ -284,6 +284,10 @@ fn floor_table(
 struct Window {
     images_per_s: f64,
     wait_share: f64,
+    /// The workers' time loading and collating over workers × the window.
+    busy: f64,
+    /// Milliseconds a sample spent writing itself (read, decode, transform), in the workers.
+    written_ms: f64,
     p50: f64,
     p95: f64,
 }
@@ -340,7 +344,7 @@ where
     for b in epoch.by_ref().take(warmup) {
         consume(&images(b?)?.0);
     }
-    let waited = epoch.stats().waited;
+    let before = epoch.stats();
     let start = Instant::now();
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
@@ -351,7 +355,11 @@ where
         last = now;
     }
     let elapsed = start.elapsed();
-    let waited = epoch.stats().waited.saturating_sub(waited);
+    let after = epoch.stats();
+    let waited = after.waited.saturating_sub(before.waited);
+    let busy = (after.load + after.collate).saturating_sub(before.load + before.collate);
+    let written = after.written.saturating_sub(before.written);
+    let samples = after.samples.saturating_sub(before.samples).max(1);
     let images = steps.len() * BATCH;
     // Percentiles of the steps go beside the window's throughput, never instead of it.
     steps.sort_by(f64::total_cmp);
@@ -359,6 +367,8 @@ where
     Ok(Window {
         images_per_s: images as f64 / elapsed.as_secs_f64(),
         wait_share: waited.as_secs_f64() / elapsed.as_secs_f64().max(1e-9),
+        busy: busy.as_secs_f64() / (workers as f64 * elapsed.as_secs_f64()).max(1e-9),
+        written_ms: written.as_secs_f64() * 1e3 / samples as f64,
         p50: percentile(50),
         p95: percentile(95),
     })
@@ -377,7 +387,7 @@ fn window_row(
     let floor = floors.iter().find(|(n, _)| *n == w).map(|(_, f)| *f);
     match m {
         Ok(m) => format!(
-            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.1}% | {:.2} / {:.2} ms |",
+            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.0}% / {:.3} ms | {:.1}% | {:.2} / {:.2} ms |",
             m.images_per_s,
             best.map_or("—".into(), |(k, v)| format!(
                 "{:.2}× ({k})",
@@ -388,16 +398,18 @@ fn window_row(
                 "{:.0}%",
                 100.0 * m.images_per_s / f
             )),
+            100.0 * m.busy,
+            m.written_ms,
             100.0 * m.wait_share,
             m.p50 * 1e3,
             m.p95 * 1e3
         ),
-        Err(e) => format!("| {name} | {w} | error: {e} | | | | | |"),
+        Err(e) => format!("| {name} | {w} | error: {e} | | | | | | |"),
     }
 }
 
 /// The columns of every loader table.
-const COLUMNS: &str = "| variant | workers | images/s | vs PyTorch's best | of workers × the one-core rate | of the floor (as many threads, no loader) | consumer wait | step p50 / p95 |\n| --- | --- | --- | --- | --- | --- | --- | --- |";
+const COLUMNS: &str = "| variant | workers | images/s | vs PyTorch's best | of workers × the one-core rate | of the floor (as many threads, no loader) | workers busy / ms an image in them | consumer wait | step p50 / p95 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |";
 
 fn main() {
     let gpu = cuda_or_skip("bench images (GPU part)");
