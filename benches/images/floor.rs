@@ -5,13 +5,14 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use pinnable::BatchLayout;
 use pinnable::image::{ImageFolder, Transform};
 use pinnable::loader::{Dataset, SplitMix64};
+use pinnable::{BatchLayout, PinnedBatch, Slot};
 
 /// The CPUs as Linux describes them (`/sys/devices/system/cpu`, `/proc/cpuinfo`).
 pub struct Cpus {
@@ -91,6 +92,18 @@ impl fmt::Display for Cpus {
     }
 }
 
+/// Writes the next `rows`-long batch of `folder`'s samples (from the `k`th, cycled) into
+/// `block`'s slot `slot`.
+fn write_batch(folder: &ImageFolder, block: &mut PinnedBatch, slot: Slot, k: &mut usize) {
+    for mut row in block.view_mut(slot).rows_mut() {
+        let sample = folder.get(*k % folder.len()).expect("sample");
+        sample
+            .write(&mut row, SplitMix64::new(*k as u64))
+            .expect("write");
+        *k += 1;
+    }
+}
+
 /// Images a second of `threads` threads, each reading, decoding and transforming `batches`
 /// batches of `batch` images (its own share of `files`, cycled) into one block of its own,
 /// after one warm-up batch; the time is from all starting together to the last one done.
@@ -109,26 +122,22 @@ pub fn images_per_s(
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    let mut layout = BatchLayout::new();
-                    let shape = folder.sample_shape();
-                    let rows = layout
-                        .push(folder.dtype(), &[batch, shape[0], shape[1], shape[2]])
-                        .expect("layout");
-                    let mut block = layout.allocate().expect("block");
-                    let mut k = t * (batches + 1) * batch;
-                    let mut one_batch = |k: &mut usize| {
-                        for mut row in block.view_mut(rows).rows_mut() {
-                            let sample = folder.get(*k % folder.len()).expect("sample");
-                            sample
-                                .write(&mut row, SplitMix64::new(*k as u64))
-                                .expect("write");
-                            *k += 1;
-                        }
-                    };
-                    one_batch(&mut k);
+                    // A panic before the start is carried past it, so no thread waits forever.
+                    let ready = catch_unwind(AssertUnwindSafe(|| {
+                        let mut layout = BatchLayout::new();
+                        let [c, h, w] = folder.sample_shape();
+                        let slot = layout
+                            .push(folder.dtype(), &[batch, c, h, w])
+                            .expect("layout");
+                        let mut block = layout.allocate().expect("block");
+                        let mut k = t * (batches + 1) * batch;
+                        write_batch(folder, &mut block, slot, &mut k);
+                        (block, slot, k)
+                    }));
                     start.wait();
+                    let (mut block, slot, mut k) = ready.unwrap_or_else(|p| resume_unwind(p));
                     for _ in 0..batches {
-                        one_batch(&mut k);
+                        write_batch(folder, &mut block, slot, &mut k);
                     }
                     Instant::now()
                 })
