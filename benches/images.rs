@@ -8,7 +8,9 @@
 //!    as their sum.
 //! 2. **The loader on the host** (`Device::cpu`): images/s at 4, 8, 14 and 16 workers, as
 //!    steady-state throughput (the window's images over the window's time, after a warm-up),
-//!    the consumer's wait over that window, and step percentiles beside them.
+//!    the consumer's wait over that window, and step percentiles beside them; beside it the
+//!    machine's floor: as many threads decoding and transforming the files with no loader at
+//!    all (`floor.rs`), and the CPUs' topology (hyperthreads share a core).
 //! 3. **To the GPU** (skipped without one): the same, each batch moved without blocking and
 //!    read by one kernel (a sum) on a compute stream, as the PyTorch twin does: `u8` pixels
 //!    over the link (normalising on the device needs the gather's conversion,
@@ -20,7 +22,11 @@
 //! `bench/torch_images.py --generate DIR` writes them (PIL, `classNN/NNNN.jpg`); when the folder
 //! holds none, this bench writes its own (jpeg-encoder) and says so. Writes the tables to
 //! `$PINNABLE_BENCH_OUT/images.md`. Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,16`),
-//! `PINNABLE_BENCH_BATCHES` (batches in the measured window).
+//! `PINNABLE_BENCH_BATCHES` (batches in the measured window), `PINNABLE_BENCH_FLOOR_BATCHES`
+//! (batches each floor thread makes, default 4).
+
+#[path = "images/floor.rs"]
+mod floor;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -235,10 +241,53 @@ fn one_core(files: &[PathBuf], torch: &HashMap<String, f64>, rep: &mut Report) -
     }
 }
 
+/// The floor: for 1 thread and each worker count, the median images/s of three runs of that
+/// many threads decoding and transforming (`eval`, `u8`) with no loader; printed against the
+/// one-core stages (`per_image`, ms) and against one thread.
+fn floor_table(
+    files: &[PathBuf],
+    eval: &Transform,
+    workers: &[usize],
+    per_image: f64,
+    rep: &mut Report,
+) -> Vec<(usize, f64)> {
+    let batches = env_usize("PINNABLE_BENCH_FLOOR_BATCHES").unwrap_or(4);
+    rep.line(&format!("CPUs: {}\n", floor::Cpus::read()));
+    rep.line(&format!(
+        "## the floor: N threads each reading, decoding and transforming ({batches} batches of \
+         {BATCH} into one block of its own after one warm-up batch), no loader; median of 3\n"
+    ));
+    rep.line("| threads | images/s | per thread | of threads × the one-core stages | of threads × 1 thread |");
+    rep.line("| --- | --- | --- | --- | --- |");
+    let mut counts = vec![1];
+    counts.extend(workers.iter().copied().filter(|&w| w != 1));
+    let mut floors: Vec<(usize, f64)> = Vec::new();
+    for n in counts {
+        let runs = (0..3)
+            .map(|_| floor::images_per_s(files, eval, n, BATCH, batches))
+            .collect();
+        let f = median(runs);
+        let one = floors.first().map_or(f, |&(_, one)| one);
+        rep.line(&format!(
+            "| {n} | {f:.0} | {:.0} | {:.0}% | {:.0}% |",
+            f / n as f64,
+            100.0 * f * per_image / 1e3 / n as f64,
+            100.0 * f / (one * n as f64)
+        ));
+        floors.push((n, f));
+    }
+    rep.line("");
+    floors
+}
+
 /// A steady-state window of a loader run.
 struct Window {
     images_per_s: f64,
     wait_share: f64,
+    /// The workers' time loading and collating over workers × the window.
+    busy: f64,
+    /// Milliseconds a sample spent writing itself (read, decode, transform), in the workers.
+    written_ms: f64,
     p50: f64,
     p95: f64,
 }
@@ -295,7 +344,7 @@ where
     for b in epoch.by_ref().take(warmup) {
         consume(&images(b?)?.0);
     }
-    let waited = epoch.stats().waited;
+    let before = epoch.stats();
     let start = Instant::now();
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
@@ -306,7 +355,11 @@ where
         last = now;
     }
     let elapsed = start.elapsed();
-    let waited = epoch.stats().waited.saturating_sub(waited);
+    let after = epoch.stats();
+    let waited = after.waited.saturating_sub(before.waited);
+    let busy = (after.load + after.collate).saturating_sub(before.load + before.collate);
+    let written = after.written.saturating_sub(before.written);
+    let samples = after.samples.saturating_sub(before.samples).max(1);
     let images = steps.len() * BATCH;
     // Percentiles of the steps go beside the window's throughput, never instead of it.
     steps.sort_by(f64::total_cmp);
@@ -314,6 +367,8 @@ where
     Ok(Window {
         images_per_s: images as f64 / elapsed.as_secs_f64(),
         wait_share: waited.as_secs_f64() / elapsed.as_secs_f64().max(1e-9),
+        busy: busy.as_secs_f64() / (workers as f64 * elapsed.as_secs_f64()).max(1e-9),
+        written_ms: written.as_secs_f64() * 1e3 / samples as f64,
         p50: percentile(50),
         p95: percentile(95),
     })
@@ -327,26 +382,34 @@ fn window_row(
     m: pinnable::Result<Window>,
     best: Option<(&str, f64)>,
     per_image: f64,
+    floors: &[(usize, f64)],
 ) -> String {
+    let floor = floors.iter().find(|(n, _)| *n == w).map(|(_, f)| *f);
     match m {
         Ok(m) => format!(
-            "| {name} | {w} | {:.0} | {} | {:.0}% | {:.1}% | {:.2} / {:.2} ms |",
+            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.0}% / {:.3} ms | {:.1}% | {:.2} / {:.2} ms |",
             m.images_per_s,
             best.map_or("—".into(), |(k, v)| format!(
                 "{:.2}× ({k})",
                 m.images_per_s / v
             )),
             100.0 * m.images_per_s * per_image / 1e3 / w as f64,
+            floor.map_or("—".into(), |f| format!(
+                "{:.0}%",
+                100.0 * m.images_per_s / f
+            )),
+            100.0 * m.busy,
+            m.written_ms,
             100.0 * m.wait_share,
             m.p50 * 1e3,
             m.p95 * 1e3
         ),
-        Err(e) => format!("| {name} | {w} | error: {e} | | | | |"),
+        Err(e) => format!("| {name} | {w} | error: {e} | | | | | | |"),
     }
 }
 
 /// The columns of every loader table.
-const COLUMNS: &str = "| variant | workers | images/s | vs PyTorch's best | of workers × the one-core rate | consumer wait | step p50 / p95 |\n| --- | --- | --- | --- | --- | --- | --- |";
+const COLUMNS: &str = "| variant | workers | images/s | vs PyTorch's best | of workers × the one-core rate | of the floor (as many threads, no loader) | workers busy / ms an image in them | consumer wait | step p50 / p95 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |";
 
 fn main() {
     let gpu = cuda_or_skip("bench images (GPU part)");
@@ -363,6 +426,14 @@ fn main() {
         cores()
     ));
     let stages = one_core(&files, &torch, &mut rep);
+    let eval = Transform::resized_center_crop(256, 224);
+    let floors = floor_table(
+        &files,
+        &eval,
+        &workers,
+        stages.read_decode + stages.eval,
+        &mut rep,
+    );
 
     // PyTorch's best images/s in this run, over decoders and worker counts.
     let best = torch
@@ -373,7 +444,6 @@ fn main() {
     for (k, v) in torch.iter().filter(|(k, _)| k.starts_with("torch_images_")) {
         rep.line(&format!("{k}: {v:.0} images/s"));
     }
-    let eval = Transform::resized_center_crop(256, 224);
     let norm = eval
         .clone()
         .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
@@ -385,7 +455,7 @@ fn main() {
     let f32_cost = stages.read_decode + stages.norm;
     for &w in &workers {
         let m = window(&files, &eval, w, batches, &Device::cpu(), |_| {});
-        rep.line(&window_row("u8", w, m, best, u8_cost));
+        rep.line(&window_row("u8", w, m, best, u8_cost, &floors));
     }
     if let Some(dev) = gpu {
         gpu_part(
@@ -396,6 +466,7 @@ fn main() {
             best,
             (&eval, u8_cost),
             (&norm, f32_cost),
+            &floors,
             &mut rep,
         );
     }
@@ -411,6 +482,7 @@ fn gpu_part(
     best: Option<(&str, f64)>,
     (eval, u8_cost): (&Transform, f64),
     (norm, f32_cost): (&Transform, f64),
+    floors: &[(usize, f64)],
     rep: &mut Report,
 ) {
     let consumer = Consumer::new(dev);
@@ -459,7 +531,7 @@ fn gpu_part(
     rep.line(COLUMNS);
     for &w in workers {
         let m = window(files, eval, w, batches, dev, read);
-        rep.line(&window_row("u8 over the link", w, m, best, u8_cost));
+        rep.line(&window_row("u8 over the link", w, m, best, u8_cost, floors));
     }
     for &w in workers {
         let m = window(files, norm, w, batches, dev, read);
@@ -469,6 +541,7 @@ fn gpu_part(
             m,
             best,
             f32_cost,
+            &[],
         ));
     }
     // u8 over the link, normalised to f32 on the device by the gather's conversion.
@@ -491,6 +564,7 @@ fn gpu_part(
             m,
             best,
             u8_cost,
+            floors,
         ));
     }
     // The link's share: one raw copy of each batch's bytes from pinned memory.
