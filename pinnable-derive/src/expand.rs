@@ -87,6 +87,24 @@ pub fn derive(input: &Input<'_>, tr: Trait) -> TokenStream {
         Input::Struct(s) => emit.struct_body(s),
         Input::Enum(e) => emit.enum_body(e),
     };
+    // A move's first walk measures the same parts in the same order and builds nothing.
+    let measure = match tr {
+        Trait::Pinnable => TokenStream::new(),
+        Trait::ToDevice => {
+            let body = match input {
+                Input::Struct(s) => emit.struct_measure(s),
+                Input::Enum(e) => emit.enum_measure(e),
+            };
+            quote! {
+                fn measure_with(
+                    &self,
+                    __cx: &mut #private::#context<'_>,
+                ) -> #private::Result<()> {
+                    #body
+                }
+            }
+        }
+    };
     quote! {
         const _: () = {
             #[automatically_derived]
@@ -97,6 +115,7 @@ pub fn derive(input: &Input<'_>, tr: Trait) -> TokenStream {
                 ) -> #private::Result<Self> {
                     #body
                 }
+                #measure
             }
         };
     }
@@ -159,6 +178,81 @@ impl Gen<'_> {
                     #private::Ok(Self::#ident { #(#members: #values,)* })
                 })
             }
+        }
+    }
+
+    /// `measure_with`'s body for a struct: each field measured, in order, under its name.
+    fn struct_measure(&self, s: &Struct<'_>) -> TokenStream {
+        let private = self.private;
+        let root = root_name(&s.original.ident.unraw().to_string());
+        let fields = s.fields.iter().map(|f| {
+            let member = &f.member;
+            self.field_measure(f, quote!(&self.#member))
+        });
+        quote! {
+            #private::Walk::root(__cx, #root, |__cx| -> #private::Result<()> {
+                #(#fields)*
+                #private::Ok(())
+            })
+        }
+    }
+
+    /// `measure_with`'s body for an enum: the variant's fields measured under its name.
+    fn enum_measure(&self, e: &Enum<'_>) -> TokenStream {
+        let private = self.private;
+        if e.variants.is_empty() {
+            return quote!(match *self {});
+        }
+        let ty_name = e.original.ident.unraw().to_string();
+        let arms = e.variants.iter().map(|v| {
+            let ident = &v.original.ident;
+            let members: Vec<_> = v.fields.iter().map(|f| &f.member).collect();
+            let bindings: Vec<_> = (0..v.fields.len())
+                .map(|i| format_ident!("__binding_{}", i))
+                .collect();
+            if v.fields.is_empty() {
+                return quote!(Self::#ident {} => #private::Ok(()),);
+            }
+            let fields = v
+                .fields
+                .iter()
+                .zip(&bindings)
+                .map(|(f, b)| self.field_measure(f, b.to_token_stream()));
+            let variant_name = ident.unraw().to_string();
+            quote! {
+                Self::#ident { #(#members: #bindings),* } => {
+                    #private::Walk::variant(__cx, #ty_name, #variant_name, |__cx| -> #private::Result<()> {
+                        #(#fields)*
+                        #private::Ok(())
+                    })
+                }
+            }
+        });
+        quote! {
+            match self {
+                #(#arms)*
+            }
+        }
+    }
+
+    /// One field's step of `measure_with`: nothing for a skipped field; a `with` module's
+    /// `to_device_with`, dropped; else the field type's `measure_with`.
+    fn field_measure(&self, f: &Field<'_>, access: TokenStream) -> TokenStream {
+        let private = self.private;
+        let ty = f.ty;
+        let name = &f.path_name;
+        if f.is_skipped() {
+            return TokenStream::new();
+        }
+        let call = match &f.attrs.with {
+            Some(with) => {
+                let module = &with.value;
+                quote_spanned!(module.span()=> |__v, __cx| #module::to_device_with(__v, __cx).map(|_| ()))
+            }
+            None => quote_spanned!(ty.span()=> <#ty as #private::ToDevice>::measure_with),
+        };
+        quote! {
+            #private::Walk::field(__cx, #name, |__cx| (#call)(#access, __cx))?;
         }
     }
 

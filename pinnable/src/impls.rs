@@ -18,10 +18,13 @@ use crate::transfer::{MoveContext, ToDevice};
 
 /// Writes `impl Trait for Type` for both traits from one body that uses `$cx` and `$recurse`.
 /// The type parameters listed in `each[...]` are bounded by the trait being implemented.
+/// `measure` gives `ToDevice::measure_with`'s body (using `$visit`), which walks the parts in
+/// the same order without building anything; without it, the trait's default builds and drops.
 macro_rules! both {
     (
         impl[$($gen:tt)*] for $ty:ty where [$($bound:tt)*] each [$($p:ident),*];
         |$this:ident, $cx:ident, $recurse:ident| $body:block
+        $(measure |$mthis:ident, $mcx:ident, $visit:ident| $mbody:block)?
     ) => {
         impl<$($gen)*> Pinnable for $ty where $($bound)* $($p: Pinnable,)* {
             fn pin_with(&self, $cx: &mut PinContext<'_>) -> Result<Self> {
@@ -44,6 +47,17 @@ macro_rules! both {
                 let $this = self;
                 $body
             }
+            $(
+            fn measure_with(&self, $mcx: &mut MoveContext<'_>) -> Result<()> {
+                #[allow(unused_macros)]
+                macro_rules! $visit {
+                    ($v:expr) => { ToDevice::measure_with($v, $mcx) };
+                    ($v:expr, $c:expr) => { ToDevice::measure_with($v, $c) };
+                }
+                let $mthis = self;
+                $mbody
+            }
+            )?
         }
     };
 }
@@ -58,12 +72,19 @@ impl ToDevice for Tensor {
     fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self> {
         cx.move_tensor(self)
     }
+
+    fn measure_with(&self, cx: &mut MoveContext<'_>) -> Result<()> {
+        cx.measure_tensor(self)
+    }
 }
 
 /// Plain data: carried over unchanged.
 macro_rules! plain {
     ($($t:ty),* $(,)?) => {$(
-        both! { impl[] for $t where [] each []; |this, _cx, _r| { Ok(this.clone()) } }
+        both! {
+            impl[] for $t where [] each []; |this, _cx, _r| { Ok(this.clone()) }
+            measure |_this, _cx, _v| { Ok(()) }
+        }
     )*};
 }
 
@@ -91,26 +112,33 @@ plain!(
     &'static str
 );
 
-both! { impl[T: ?Sized] for PhantomData<T> where [] each []; |_this, _cx, _r| { Ok(PhantomData) } }
+both! {
+    impl[T: ?Sized] for PhantomData<T> where [] each []; |_this, _cx, _r| { Ok(PhantomData) }
+    measure |_this, _cx, _v| { Ok(()) }
+}
 
 both! {
     impl[T] for Option<T> where [] each [T];
     |this, cx, recurse| { match this { Some(v) => Ok(Some(recurse!(v)?)), None => Ok(None) } }
+    measure |this, cx, visit| { match this { Some(v) => visit!(v), None => Ok(()) } }
 }
 
 both! {
     impl[T] for Box<T> where [] each [T];
     |this, cx, recurse| { Ok(Box::new(recurse!(&**this)?)) }
+    measure |this, cx, visit| { visit!(&**this) }
 }
 
 both! {
     impl[T] for Arc<T> where [] each [T];
     |this, cx, recurse| { Ok(Arc::new(recurse!(&**this)?)) }
+    measure |this, cx, visit| { visit!(&**this) }
 }
 
 both! {
     impl[T] for Rc<T> where [] each [T];
     |this, cx, recurse| { Ok(Rc::new(recurse!(&**this)?)) }
+    measure |this, cx, visit| { visit!(&**this) }
 }
 
 // Sequences are built at their final capacity: collecting through `Result` gives no size
@@ -124,6 +152,12 @@ both! {
         }
         Ok(out)
     }
+    measure |this, cx, visit| {
+        for (i, v) in this.iter().enumerate() {
+            cx.index(i, |cx| visit!(v, cx))?;
+        }
+        Ok(())
+    }
 }
 
 both! {
@@ -135,6 +169,12 @@ both! {
         }
         Ok(out)
     }
+    measure |this, cx, visit| {
+        for (i, v) in this.iter().enumerate() {
+            cx.index(i, |cx| visit!(v, cx))?;
+        }
+        Ok(())
+    }
 }
 
 both! {
@@ -145,6 +185,12 @@ both! {
             v.push(cx.index(i, |cx| recurse!(x, cx))?);
         }
         Ok(v.try_into().unwrap_or_else(|_| unreachable!("N elements in, N out")))
+    }
+    measure |this, cx, visit| {
+        for (i, v) in this.iter().enumerate() {
+            cx.index(i, |cx| visit!(v, cx))?;
+        }
+        Ok(())
     }
 }
 
@@ -158,6 +204,12 @@ both! {
         }
         Ok(out)
     }
+    measure |this, cx, visit| {
+        for (k, v) in this {
+            cx.key(k, |cx| visit!(v, cx))?;
+        }
+        Ok(())
+    }
 }
 
 both! {
@@ -169,6 +221,12 @@ both! {
         }
         Ok(out)
     }
+    measure |this, cx, visit| {
+        for (k, v) in this {
+            cx.key(k, |cx| visit!(v, cx))?;
+        }
+        Ok(())
+    }
 }
 
 macro_rules! tuples {
@@ -177,6 +235,10 @@ macro_rules! tuples {
             impl[$($name),+] for ($($name,)+) where [] each [$($name),+];
             |this, cx, recurse| {
                 Ok(($( cx.field(stringify!($idx), |cx| recurse!(&this.$idx, cx))?, )+))
+            }
+            measure |this, cx, visit| {
+                $( cx.field(stringify!($idx), |cx| visit!(&this.$idx, cx))?; )+
+                Ok(())
             }
         }
     )*};

@@ -527,6 +527,7 @@ fn move_batch<T: ToDevice>(
                 device,
                 true,
                 crate::alloc::PinnedPool::global(),
+                |cx| batch.measure_with(cx),
                 |cx| batch.to_device_with(cx),
             )
             .map(|(moved, ready)| (Held::new(moved), ready))

@@ -57,6 +57,18 @@ pub trait ToDevice: Sized {
     /// Whatever moving a part returns, with its field path.
     fn to_device_with(&self, cx: &mut MoveContext<'_>) -> Result<Self>;
 
+    /// The first of a move's two walks: checks and measures every tensor of `self` through
+    /// `cx` in the order [`to_device_with`](Self::to_device_with) moves them, building
+    /// nothing. The default runs `to_device_with` and drops what it returns; the derive and
+    /// this crate's impls walk without building (a thousand tensors measured, not cloned).
+    ///
+    /// # Errors
+    ///
+    /// As [`to_device_with`](Self::to_device_with).
+    fn measure_with(&self, cx: &mut MoveContext<'_>) -> Result<()> {
+        self.to_device_with(cx).map(drop)
+    }
+
     /// A copy of `self` with every tensor on `device`.
     ///
     /// Pinned sources are copied asynchronously on the device's copy stream; pageable ones are
@@ -71,9 +83,14 @@ pub trait ToDevice: Sized {
     /// [`Error::DeviceOutOfMemory`] when the batch does not fit (nothing is copied then);
     /// [`Error::Driver`] when a copy cannot be issued.
     fn to_device(&self, device: &Device, non_blocking: bool) -> Result<Self> {
-        MoveContext::run(device, non_blocking, PinnedPool::global(), |cx| {
-            self.to_device_with(cx)
-        })
+        MoveContext::run_ready(
+            device,
+            non_blocking,
+            PinnedPool::global(),
+            |cx| self.measure_with(cx),
+            |cx| self.to_device_with(cx),
+        )
+        .map(|(moved, _)| moved)
     }
 
     /// A copy of `self` with every tensor on the host: device tensors land in pinned memory,
@@ -143,19 +160,29 @@ impl<'a> MoveContext<'a> {
         target: &'a Device,
         non_blocking: bool,
         pool: &'a PinnedPool,
-        f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
+        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
     ) -> Result<T> {
-        Self::run_ready(target, non_blocking, pool, f).map(|(value, _)| value)
+        let f = std::cell::RefCell::new(&mut f);
+        Self::run_ready(
+            target,
+            non_blocking,
+            pool,
+            |cx| (f.borrow_mut())(cx).map(drop),
+            |cx| (f.borrow_mut())(cx),
+        )
+        .map(|(value, _)| value)
     }
 
-    /// As [`run`](Self::run), also returning the move's ready event (`None` when it copied
+    /// As [`run`](Self::run), with the first walk `measure` (which builds nothing) apart from
+    /// the second, `build`; also returns the move's ready event (`None` when it copied
     /// nothing): a caller that keeps something until the copies finish waits on it, instead
     /// of recording an event of its own.
     pub(crate) fn run_ready<T>(
         target: &'a Device,
         non_blocking: bool,
         pool: &'a PinnedPool,
-        mut f: impl FnMut(&mut MoveContext<'a>) -> Result<T>,
+        measure: impl FnOnce(&mut MoveContext<'a>) -> Result<()>,
+        build: impl FnOnce(&mut MoveContext<'a>) -> Result<T>,
     ) -> Result<(T, Option<Arc<crate::cuda::Event>>)> {
         let mut cx = MoveContext {
             target,
@@ -175,11 +202,11 @@ impl<'a> MoveContext<'a> {
             last_mirrored: None,
             copies: Copies::default(),
         };
-        drop(f(&mut cx)?);
+        measure(&mut cx)?;
         cx.reserve()?;
         cx.pass = Pass::Build;
         cx.path = FieldPath::new();
-        let built = cx.launch().and_then(|()| f(&mut cx));
+        let built = cx.launch().and_then(|()| build(&mut cx));
         match built {
             Ok(value) => {
                 let ready = cx.ready.clone();
@@ -215,9 +242,25 @@ impl<'a> MoveContext<'a> {
     /// [`Error::NotDenseCpu`] for a source that is not dense data, allocation errors,
     /// [`Error::CudaUnavailable`].
     pub fn move_tensor(&mut self, t: &Tensor) -> Result<Tensor> {
+        Ok(self.route(t)?.unwrap_or_else(|| t.clone()))
+    }
+
+    /// The first walk's step for one tensor: checks it and notes the room it takes, as
+    /// [`move_tensor`](Self::move_tensor) does then, without building a placeholder.
+    ///
+    /// # Errors
+    ///
+    /// As [`move_tensor`](Self::move_tensor).
+    pub fn measure_tensor(&mut self, t: &Tensor) -> Result<()> {
+        self.route(t).map(drop)
+    }
+
+    /// Moves `t` by whichever way it takes; `None` for the first walk (nothing built) and for
+    /// a tensor that stays as it is.
+    fn route(&mut self, t: &Tensor) -> Result<Option<Tensor>> {
         match (t.placement(), self.target.ordinal()) {
-            (p, None) if p.is_host() => Ok(t.clone()),
-            (Placement::Cuda(n), Some(m)) if n == m => Ok(t.clone()),
+            (p, None) if p.is_host() => Ok(None),
+            (Placement::Cuda(n), Some(m)) if n == m => Ok(None),
             (p, Some(_)) if p.is_host() => {
                 check::dense_cpu(t, &self.path)?;
                 let registered = t.is_registered_pinned();
@@ -376,13 +419,13 @@ impl<'a> MoveContext<'a> {
 
     /// A source the copy engine reads as it is: registered pinned memory or device memory.
     /// Its span is copied (a strided view keeps its strides).
-    fn direct(&mut self, t: &Tensor) -> Result<Tensor> {
+    fn direct(&mut self, t: &Tensor) -> Result<Option<Tensor>> {
         let span = t.byte_span();
         // Noted in both walks: mirrors are copied right after the first one.
         self.wait_for(t);
         if self.pass == Pass::Measure {
             self.plan.note_direct(t, span);
-            return Ok(t.clone());
+            return Ok(None);
         }
         let (storage, at) = match self.plan.place_direct(t, span.clone()) {
             Slot::Mirrored(at) => (self.mirrored_part(t), at),
@@ -398,7 +441,7 @@ impl<'a> MoveContext<'a> {
                 (self.part(Some(data)), 0)
             }
         };
-        Ok(t.placed_in(storage, at, false))
+        Ok(Some(t.placed_in(storage, at, false)))
     }
 
     /// Plans a direct copy of `span` of `t`'s buffer to `dst`, outside any group: no group
@@ -414,15 +457,15 @@ impl<'a> MoveContext<'a> {
     }
 
     /// A source that is staged through pinned memory by the copy threads, then copied.
-    fn staged(&mut self, t: &Tensor) -> Result<Tensor> {
+    fn staged(&mut self, t: &Tensor) -> Result<Option<Tensor>> {
         let bytes = t.nbytes();
         if self.pass == Pass::Measure {
             self.plan.note_staged(bytes);
-            return Ok(t.clone());
+            return Ok(None);
         }
         if bytes == 0 {
             let at = self.plan.place_staged(0).unwrap_or(0);
-            return Ok(t.placed_in(self.part(None), at, true));
+            return Ok(Some(t.placed_in(self.part(None), at, true)));
         }
         let slot = self.plan.place_staged(bytes).and_then(|at| {
             let arena = self.arena.as_ref()?;
@@ -431,12 +474,12 @@ impl<'a> MoveContext<'a> {
         match slot {
             Some((at, stage, dst)) => {
                 self.stage(t, stage, dst, true)?;
-                Ok(t.placed_in(self.part(None), at, true))
+                Ok(Some(t.placed_in(self.part(None), at, true)))
             }
             None => {
                 let (data, dst) = self.own_destination(bytes)?;
                 self.stage_alone(t, dst)?;
-                Ok(t.placed_in(self.part(Some(data)), 0, true))
+                Ok(Some(t.placed_in(self.part(Some(data)), 0, true)))
             }
         }
     }
