@@ -1,6 +1,6 @@
 //! Host staging: the copy threads gather pageable (or otherwise unreachable) sources into the
-//! move's pinned staging block; as pieces land in order, they are sent to the device in runs of
-//! at least [`chunk`] bytes, so the device copies start while staging goes on.
+//! move's pinned staging block; as pieces land, they are sent to the device in runs of at least
+//! [`chunk`] bytes, so the device copies start while staging goes on.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -28,7 +28,7 @@ fn chunk(staged_bytes: usize) -> usize {
 }
 
 /// A run of staged bytes to send to the device in one copy.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Run {
     src: *const u8,
     dst: u64,
@@ -58,25 +58,26 @@ impl Run {
     }
 }
 
-/// Which staged pieces have landed, and what of them is not yet sent: turns landed pieces, in
-/// any order, into runs sent in staging order, each at least a chunk long.
+/// Which staged pieces have landed and which are sent: turns landed pieces into runs, each
+/// sent once the landed, unsent pieces around it make at least a chunk. Pieces land in about
+/// the order they are handed out, but a copy thread the system pauses must not hold back the
+/// pieces after its own: a block of landed pieces goes as soon as it is a chunk, wherever it
+/// lies; what is left goes when the last piece lands.
 struct Frontier<'a> {
     pieces: &'a [Piece],
     staged: &'a [HostCopy],
     staged_dst: &'a [Option<(u64, bool)>],
     chunk: usize,
+    /// The bytes each piece sends.
+    piece_bytes: Vec<usize>,
     state: Mutex<State>,
 }
 
 struct State {
     done: Vec<bool>,
-    next: usize,
-    pending: Option<Run>,
+    sent: Vec<bool>,
+    landed: usize,
 }
-
-// SAFETY: the raw pointers in a pending run point into the staging block, which outlives the
-// move; the state is only touched under its mutex.
-unsafe impl Send for State {}
 
 impl<'a> Frontier<'a> {
     fn new(
@@ -85,29 +86,68 @@ impl<'a> Frontier<'a> {
         staged_dst: &'a [Option<(u64, bool)>],
         chunk: usize,
     ) -> Frontier<'a> {
+        let piece_bytes = pieces
+            .iter()
+            .map(|p| {
+                p.writes(staged)
+                    .filter(|(c, _)| staged_dst[*c].is_some())
+                    .map(|(_, range)| range.len())
+                    .sum()
+            })
+            .collect();
         Frontier {
             pieces,
             staged,
             staged_dst,
             chunk,
+            piece_bytes,
             state: Mutex::new(State {
                 done: vec![false; pieces.len()],
-                next: 0,
-                pending: None,
+                sent: vec![false; pieces.len()],
+                landed: 0,
             }),
         }
     }
 
-    /// Notes that piece `i` landed; returns the runs now ready to send, in staging order. The
-    /// work under the lock is a few steps per piece (a piece of rows is one range however many
-    /// rows it holds); the caller sends the runs after the lock is released.
+    /// Notes that piece `i` landed; returns the runs now ready to send. The work under the lock
+    /// is a few steps per piece (a piece of rows is one range however many rows it holds); the
+    /// caller sends the runs after the lock is released.
     fn land(&self, i: usize) -> Vec<Run> {
-        let mut ready = Vec::new();
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let f = &mut *guard;
         f.done[i] = true;
-        while f.next < self.pieces.len() && f.done[f.next] {
-            for (c, range) in self.pieces[f.next].writes(self.staged) {
+        f.landed += 1;
+        let n = self.pieces.len();
+        let send: Vec<usize> = if f.landed == n {
+            // The last piece: everything not yet sent.
+            (0..n).filter(|&k| !f.sent[k]).collect()
+        } else {
+            let (mut lo, mut hi) = (i, i);
+            while lo > 0 && f.done[lo - 1] && !f.sent[lo - 1] {
+                lo -= 1;
+            }
+            while hi + 1 < n && f.done[hi + 1] && !f.sent[hi + 1] {
+                hi += 1;
+            }
+            let bytes: usize = self.piece_bytes[lo..=hi].iter().sum();
+            if bytes < self.chunk {
+                return Vec::new();
+            }
+            (lo..=hi).collect()
+        };
+        for &k in &send {
+            f.sent[k] = true;
+        }
+        drop(guard);
+        self.runs(&send)
+    }
+
+    /// The runs that send `pieces` (in staging order), neighbours merged.
+    fn runs(&self, pieces: &[usize]) -> Vec<Run> {
+        let mut ready = Vec::new();
+        let mut pending: Option<Run> = None;
+        for &k in pieces {
+            for (c, range) in self.pieces[k].writes(self.staged) {
                 // Bytes that stay in staging (the SMs convert them from there) are not sent.
                 let Some((dst, mergeable)) = self.staged_dst[c] else {
                     continue;
@@ -119,19 +159,13 @@ impl<'a> Frontier<'a> {
                     bytes: range.len(),
                     mergeable,
                 };
-                let merged = f.pending.as_mut().is_some_and(|run| run.absorb(&piece));
-                if !merged && let Some(run) = f.pending.replace(piece) {
+                let merged = pending.as_mut().is_some_and(|run| run.absorb(&piece));
+                if !merged && let Some(run) = pending.replace(piece) {
                     ready.push(run);
                 }
-                if f.pending.as_ref().is_some_and(|r| r.bytes >= self.chunk) {
-                    ready.extend(f.pending.take());
-                }
             }
-            f.next += 1;
         }
-        if f.next == self.pieces.len() {
-            ready.extend(f.pending.take());
-        }
+        ready.extend(pending);
         ready
     }
 }
@@ -190,7 +224,7 @@ mod tests {
 
     /// Lands every piece in a random order; returns each landing's runs, checking that no run
     /// covers a piece that has not landed yet.
-    fn land_all(f: &Frontier<'_>, r: &mut SplitMix64) -> Vec<Run> {
+    fn land_all(f: &Frontier<'_>, r: &mut SplitMix64) -> Vec<Vec<Run>> {
         let n = f.pieces.len();
         let mut order: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
@@ -200,7 +234,8 @@ mod tests {
         let mut runs = Vec::new();
         for i in order {
             landed[i] = true;
-            for run in f.land(i) {
+            let sent = f.land(i);
+            for run in &sent {
                 // Every staged byte of the run was written by a landed piece.
                 let (lo, hi) = (run.src as usize, run.src as usize + run.bytes);
                 for (p, piece) in f.pieces.iter().enumerate() {
@@ -212,20 +247,42 @@ mod tests {
                         }
                     }
                 }
-                runs.push(run);
             }
+            runs.push(sent);
         }
         runs
     }
 
+    /// Every staged byte of `runs` once, at its place on the device.
+    fn assert_covers(runs: &[Run], stage: *const u8, dst: u64, bytes: usize) {
+        let mut spans: Vec<(usize, usize)> = runs
+            .iter()
+            .map(|r| {
+                assert_eq!(
+                    r.dst - dst,
+                    (r.src as usize - stage as usize) as u64,
+                    "{r:?}"
+                );
+                (r.src as usize - stage as usize, r.bytes)
+            })
+            .collect();
+        spans.sort_unstable();
+        let mut at = 0;
+        for (from, len) in spans {
+            assert_eq!(from, at, "every staged byte sent once");
+            at += len;
+        }
+        assert_eq!(at, bytes, "every staged byte sent once");
+    }
+
     #[test]
-    fn landed_rows_are_sent_in_order_in_runs_of_at_least_a_chunk() {
+    fn landed_rows_are_sent_in_runs_of_at_least_a_chunk_whatever_the_order() {
         let mut r = rng("frontier rows");
         let (rows, len) = (2048, KIB);
         let src = vec![0u8; 4 << 20];
         let mut stage = vec![0u8; rows * len];
         let starts: Vec<usize> = (0..rows).map(|_| (r.next_u64() % 4096) as usize).collect();
-        for mergeable in [true, false] {
+        for (mergeable, in_order) in [(true, false), (false, false), (true, true)] {
             let staged = [HostCopy {
                 src: Src::Rows(Rows {
                     base: src.as_ptr(),
@@ -246,19 +303,69 @@ mod tests {
                 .collect();
             let chunk = 200 * KIB;
             let f = Frontier::new(&pieces, &staged, &staged_dst, chunk);
-            let runs = land_all(&f, &mut r);
-            let mut at = 0;
-            for (k, run) in runs.iter().enumerate() {
-                assert_eq!(run.src as usize, stage.as_ptr() as usize + at);
-                assert_eq!(run.dst, dst + at as u64);
-                assert!(k + 1 == runs.len() || run.bytes >= chunk, "{run:?}");
-                at += run.bytes;
+            let landings: Vec<Vec<Run>> = if in_order {
+                (0..pieces.len()).map(|i| f.land(i)).collect()
+            } else {
+                land_all(&f, &mut r)
+            };
+            // Only what the last landing flushes may be shorter than a chunk.
+            let (last, before) = landings.split_last().expect("pieces");
+            assert!(before.iter().flatten().all(|run| run.bytes >= chunk));
+            let runs: Vec<Run> = before.iter().flatten().chain(last).cloned().collect();
+            assert_covers(&runs, stage.as_ptr(), dst, rows * len);
+            if in_order {
+                // In order, a chunk goes as soon as it is complete: 2 MiB in runs of 224 KiB
+                // (whole pieces of 32 KiB past the 200 KiB chunk), and what is left.
+                assert!(
+                    runs[..runs.len() - 1]
+                        .iter()
+                        .all(|run| run.bytes == 224 * KIB)
+                );
+                assert_eq!(runs.len(), (rows * len).div_ceil(224 * KIB));
             }
-            assert_eq!(at, rows * len, "every staged byte sent once");
-            // A chunk is sent as soon as it is complete: 2 MiB in runs of 224 KiB (whole
-            // pieces of 32 KiB past the 200 KiB chunk), and what is left.
-            assert_eq!(runs.len(), (rows * len).div_ceil(224 * KIB));
         }
+    }
+
+    #[test]
+    fn a_paused_piece_holds_back_only_its_own_block() {
+        let src = vec![0u8; 64 * KIB];
+        let mut stage = vec![0u8; 64 * KIB];
+        let starts: Vec<usize> = (0..64).collect();
+        let staged = [HostCopy {
+            src: Src::Rows(Rows {
+                base: src.as_ptr(),
+                stride: KIB,
+                len: KIB,
+                starts: Arc::new(StartTable::new(&starts)),
+            }),
+            dst: stage.as_mut_ptr(),
+        }];
+        let staged_dst = [Some((1 << 40, true))];
+        let pieces: Vec<Piece> = (0..16)
+            .map(|k| Piece {
+                copies: 0..1,
+                part: copy::Part::Rows(k * 4..(k + 1) * 4),
+            })
+            .collect();
+        // Chunks of two pieces; piece 1 lands last.
+        let f = Frontier::new(&pieces, &staged, &staged_dst, 8 * KIB);
+        assert!(f.land(0).is_empty());
+        assert!(f.land(2).is_empty());
+        let sent = f.land(3);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            (
+                sent[0].src as usize - stage.as_ptr() as usize,
+                sent[0].bytes
+            ),
+            (8 * KIB, 8 * KIB)
+        );
+        let mut runs = sent;
+        for i in 4..16 {
+            runs.extend(f.land(i));
+        }
+        runs.extend(f.land(1));
+        assert_covers(&runs, stage.as_ptr(), 1 << 40, 64 * KIB);
     }
 
     #[test]
@@ -296,7 +403,7 @@ mod tests {
             })
             .collect();
         let f = Frontier::new(&pieces, &staged, &staged_dst, 1 << 20);
-        let runs = land_all(&f, &mut r);
+        let runs: Vec<Run> = land_all(&f, &mut r).into_iter().flatten().collect();
         let got: Vec<(usize, u64, usize)> = runs
             .iter()
             .map(|run| (run.src as usize - base as usize, run.dst - dst, run.bytes))
