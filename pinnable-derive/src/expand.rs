@@ -159,23 +159,48 @@ impl Gen<'_> {
     fn variant_arm(&self, ty_name: &str, v: &Variant<'_>) -> TokenStream {
         let private = self.private;
         let ident = &v.original.ident;
+        let members = v.fields.iter().map(|f| &f.member);
+        self.variant_match(
+            ty_name,
+            v,
+            quote!(Self),
+            |values| quote!(#private::Ok(Self::#ident { #(#members: #values,)* })),
+            |f, b| self.field_value(f, b),
+        )
+    }
+
+    /// One match arm over variant `v`: its fields bound, each turned by `field` into a
+    /// token stream, and `body` made of those, inside the variant's path segment; `out` is
+    /// what the arm returns.
+    fn variant_match(
+        &self,
+        ty_name: &str,
+        v: &Variant<'_>,
+        out: TokenStream,
+        body: impl FnOnce(Vec<TokenStream>) -> TokenStream,
+        field: impl Fn(&Field<'_>, TokenStream) -> TokenStream,
+    ) -> TokenStream {
+        let private = self.private;
+        let ident = &v.original.ident;
         let members: Vec<_> = v.fields.iter().map(|f| &f.member).collect();
         let bindings: Vec<_> = (0..v.fields.len())
             .map(|i| format_ident!("__binding_{}", i))
             .collect();
-        if v.fields.is_empty() {
-            return quote!(Self::#ident {} => #private::Ok(Self::#ident {}),);
-        }
-        let values = v
+        let parts = v
             .fields
             .iter()
             .zip(&bindings)
-            .map(|(f, b)| self.field_value(f, b.to_token_stream()));
+            .map(|(f, b)| field(f, b.to_token_stream()))
+            .collect();
+        let body = body(parts);
+        if v.fields.is_empty() {
+            return quote!(Self::#ident {} => #body,);
+        }
         let variant_name = ident.unraw().to_string();
         quote! {
             Self::#ident { #(#members: #bindings),* } => {
-                #private::Walk::variant(__cx, #ty_name, #variant_name, |__cx| -> #private::Result<Self> {
-                    #private::Ok(Self::#ident { #(#members: #values,)* })
+                #private::Walk::variant(__cx, #ty_name, #variant_name, |__cx| -> #private::Result<#out> {
+                    #body
                 })
             }
         }
@@ -205,28 +230,13 @@ impl Gen<'_> {
         }
         let ty_name = e.original.ident.unraw().to_string();
         let arms = e.variants.iter().map(|v| {
-            let ident = &v.original.ident;
-            let members: Vec<_> = v.fields.iter().map(|f| &f.member).collect();
-            let bindings: Vec<_> = (0..v.fields.len())
-                .map(|i| format_ident!("__binding_{}", i))
-                .collect();
-            if v.fields.is_empty() {
-                return quote!(Self::#ident {} => #private::Ok(()),);
-            }
-            let fields = v
-                .fields
-                .iter()
-                .zip(&bindings)
-                .map(|(f, b)| self.field_measure(f, b.to_token_stream()));
-            let variant_name = ident.unraw().to_string();
-            quote! {
-                Self::#ident { #(#members: #bindings),* } => {
-                    #private::Walk::variant(__cx, #ty_name, #variant_name, |__cx| -> #private::Result<()> {
-                        #(#fields)*
-                        #private::Ok(())
-                    })
-                }
-            }
+            self.variant_match(
+                &ty_name,
+                v,
+                quote!(()),
+                |steps| quote!({ #(#steps)* #private::Ok(()) }),
+                |f, b| self.field_measure(f, b),
+            )
         });
         quote! {
             match self {

@@ -127,14 +127,7 @@ impl Gather {
         starts: impl IntoIterator<Item = usize>,
         len: usize,
     ) -> Result<Gather> {
-        let &[n] = source.shape() else {
-            return Err(Error::Shape(format!(
-                "windows are taken from a 1-D tensor; this one has shape {:?} (reshape it to \
-                 [{}] first)",
-                source.shape(),
-                source.numel()
-            )));
-        };
+        let n = window_source_len(source)?;
         let (starts, runs) = runs_of(source, starts, len, n, "window")?;
         let count = starts.len();
         Ok(Gather::pending(source, starts, len, runs, vec![count, len]))
@@ -165,14 +158,7 @@ impl Gather {
         starts: &[usize],
         len: usize,
     ) -> Result<(Gather, Gather)> {
-        let &[n] = source.shape() else {
-            return Err(Error::Shape(format!(
-                "windows are taken from a 1-D tensor; this one has shape {:?} (reshape it to \
-                 [{}] first)",
-                source.shape(),
-                source.numel()
-            )));
-        };
+        let n = window_source_len(source)?;
         let (first, runs) = runs_of(source, starts.iter().copied(), len, n, "window")?;
         let later = starts.iter().map(|s| s.saturating_add(1));
         let (next, next_runs) = runs_of(source, later, len, n, "window")?;
@@ -452,6 +438,18 @@ pub(crate) fn parts_of(source: &Tensor, runs: &[Range<usize>]) -> Vec<Tensor> {
                 .expect("runs lie within the source")
         })
         .collect()
+}
+
+/// The length of a 1-D `source` of windows, or why it is not one.
+fn window_source_len(source: &Tensor) -> Result<usize> {
+    match source.shape() {
+        &[n] => Ok(n),
+        shape => Err(Error::Shape(format!(
+            "windows are taken from a 1-D tensor; this one has shape {shape:?} (reshape it to \
+             [{}] first)",
+            source.numel()
+        ))),
+    }
 }
 
 /// The starts of pieces of `n` consecutive indices of `source`'s first dimension (of `len`),

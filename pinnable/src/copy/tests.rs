@@ -5,13 +5,8 @@ use crate::transfer::StartTable;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
-/// A generator seeded from the clock; the seed is printed so a failure can be replayed.
 fn rng(test: &str) -> SplitMix64 {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    println!("{test}: seed {seed}");
-    SplitMix64::new(seed)
+    SplitMix64::for_test(test)
 }
 
 fn below(r: &mut SplitMix64, n: usize) -> usize {

@@ -33,6 +33,17 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// For tests: a generator seeded from the clock; the seed is printed, named after `test`,
+    /// so a failure can be replayed.
+    #[cfg(test)]
+    pub(crate) fn for_test(test: &str) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        println!("{test}: seed {seed}");
+        SplitMix64::new(seed)
+    }
+
     /// The generator for epoch `epoch` of a run seeded with `seed`: distinct epochs (and
     /// distinct seeds) give unrelated streams.
     pub fn for_epoch(seed: u64, epoch: u64) -> Self {

@@ -215,11 +215,7 @@ mod tests {
     const KIB: usize = 1 << 10;
 
     fn rng(test: &str) -> SplitMix64 {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        println!("{test}: seed {seed}");
-        SplitMix64::new(seed)
+        SplitMix64::for_test(test)
     }
 
     /// Lands every piece in a random order; returns each landing's runs, checking that no run
