@@ -16,6 +16,7 @@
 mod engine;
 mod issue;
 mod plan;
+pub(crate) mod resampled;
 mod stacked;
 
 pub(crate) use engine::SM_MAX_PIECE;
