@@ -60,6 +60,7 @@ impl Kernels {
     }
 
     /// The resample kernel writing `to`, if there is one.
+    #[cfg_attr(not(feature = "image"), allow(dead_code))]
     pub(crate) fn resample(&self, to: DType) -> Option<Function> {
         match to {
             DType::U8 => Some(self.resample[0]),

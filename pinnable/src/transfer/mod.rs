@@ -16,6 +16,7 @@
 mod engine;
 mod issue;
 mod plan;
+#[cfg(feature = "image")]
 pub(crate) mod resampled;
 mod stacked;
 

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::engine::sm::resample::{ENTRY_BYTES, Resample};
+use super::engine::sm::resample::Resample;
 use super::engine::sm::{SmJob, SmOp, SmWork};
 use super::{MoveContext, Pass};
 use crate::alloc::PinnedPool;
@@ -42,7 +42,7 @@ impl MoveContext<'_> {
     ///
     /// As [`move_tensor`](Self::move_tensor); the host resample's errors.
     pub(crate) fn move_resampled(&mut self, r: &Resampling<'_>) -> Result<Tensor> {
-        let count = r.table.len() / ENTRY_BYTES;
+        let count = r.table.len() / RESAMPLE_ENTRY_BYTES;
         let shape = [count, 3, r.size, r.size];
         let out_bytes = shape.iter().product::<usize>() * r.dtype.size();
         let block = match &r.pixels.storage().data {

@@ -124,7 +124,7 @@ impl Entry {
 /// ```
 /// use pinnable::image::{ImageBatcher, ImageFolder, Transform};
 /// use pinnable::loader::Loader;
-/// use pinnable::{Device, DType};
+/// use pinnable::{Device, DType, ToDevice};
 ///
 /// # let dir = std::env::temp_dir().join(format!("pinnable-doc-ragged-{}", std::process::id()));
 /// # std::fs::create_dir_all(dir.join("cat"))?;

@@ -72,6 +72,7 @@ pub(crate) enum SmWork {
     Indexed(Indexed),
     /// Decoded images cropped and resized into a batch (the job's `op` is not used: the
     /// resample says what it writes).
+    #[cfg_attr(not(feature = "image"), allow(dead_code))]
     Resample(resample::Resample),
 }
 

@@ -7,6 +7,9 @@
 //! The per-image table (64 bytes an image) is copied to the device with the launch's other
 //! tables; the pixels are read where they lie.
 
+// Only the `image` feature makes resample jobs.
+#![cfg_attr(not(feature = "image"), allow(dead_code))]
+
 use super::launch_kernel;
 use crate::cuda::{CudaDevice, Kernels};
 use crate::dtype::DType;
