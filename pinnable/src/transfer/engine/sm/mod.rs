@@ -9,6 +9,8 @@
 //! stream (the kernels read it many times; over the link each read would cost a round trip)
 //! and freed there after the kernels, all in stream order.
 
+pub(crate) mod resample;
+
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
@@ -68,6 +70,10 @@ pub(crate) enum SmWork {
     Pieces(Vec<SmPiece>),
     /// Pieces of one size (rows or windows of one source, stacked in order).
     Indexed(Indexed),
+    /// Decoded images cropped and resized into a batch (the job's `op` is not used: the
+    /// resample says what it writes).
+    #[cfg_attr(not(feature = "image"), allow(dead_code))]
+    Resample(resample::Resample),
 }
 
 /// Pieces of `piece` elements each: piece `p` is read from byte `src + starts[p] * stride` on
@@ -118,6 +124,7 @@ impl SmWork {
         match self {
             SmWork::Pieces(p) => p.is_empty(),
             SmWork::Indexed(ix) => ix.count() == 0 || ix.piece == 0,
+            SmWork::Resample(r) => r.units() == 0,
         }
     }
 }
@@ -313,6 +320,12 @@ pub(crate) unsafe fn launch(
                     }),
                 }
             }
+            SmWork::Resample(r) => Plan {
+                at: Place::Host(host.take(r.table.len())),
+                n: r.units(),
+                shift: 0,
+                indexed: None,
+            },
         };
         plans.push(plan);
     }
@@ -466,6 +479,7 @@ fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], bytes: &mut [u8]) 
                     out = &mut out[n..];
                 }
             }
+            SmWork::Resample(r) => out[..r.table.len()].copy_from_slice(&r.table),
         }
     }
 }
@@ -495,6 +509,11 @@ unsafe fn launch_one(
 ) -> Result<()> {
     if plan.n == 0 {
         return Ok(());
+    }
+    if let SmWork::Resample(r) = &job.work {
+        // SAFETY: the table at `table_at` holds the resample's, placed by `launch`; forwarded
+        // preconditions for its pixels and result.
+        return unsafe { resample::launch_one(dev, kernels, r, table_at) };
     }
     let shift = plan.shift;
     let threads = plan.n << shift;
