@@ -390,7 +390,7 @@ fn window_row(
     let floor = floors.iter().find(|(n, _)| *n == w).map(|(_, f)| *f);
     match m {
         Ok(m) => format!(
-            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.0}% / {} | {:.1}% | {:.2} / {:.2} ms |",
+            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.0}% / {:.3} ms | {:.1}% | {:.2} / {:.2} ms |",
             m.images_per_s,
             best.map_or("—".into(), |(k, v)| format!(
                 "{:.2}× ({k})",
@@ -402,12 +402,7 @@ fn window_row(
                 100.0 * m.images_per_s / f
             )),
             100.0 * m.busy,
-            // Rows written through the collator only (a batch of decoded images has none).
-            if m.written_ms > 0.0 {
-                format!("{:.3} ms", m.written_ms)
-            } else {
-                "—".into()
-            },
+            m.written_ms,
             100.0 * m.wait_share,
             m.p50 * 1e3,
             m.p95 * 1e3

@@ -121,11 +121,6 @@ fn on_the_host_the_batch_is_the_cpu_path_s() {
     cleanup(&dir);
 }
 
-/// Whether `a` and `b` agree to `rel` of their size (or of 1 near zero).
-fn close(a: f32, b: f32, rel: f32) -> bool {
-    (a - b).abs() <= rel * a.abs().max(b.abs()).max(1.0)
-}
-
 /// The `u8` values behind `got` and `want` (batches of `t`'s dtype) differ by at most 1: for a
 /// float type, each value of `got` is the normalisation of `want`'s `u8` value, or of a
 /// neighbour. Returns how many values differ.
@@ -157,31 +152,27 @@ fn within_one(t: &Transform, got: &Tensor, want_u8: &[u8]) -> usize {
                 check(i, &|_, u| v[i] == u, v[i] == want_u8[i]);
             }
         }
-        // The kernel's coefficients and this formula's may differ in their last bit: a float
-        // is the normalisation of a u8 when it is within one unit in the last place of the
-        // type (f32: 2^-23, f16: 2^-10, bf16: 2^-7, relative).
         DType::F32 => {
             let v = got.to_vec::<f32>().unwrap();
             for i in 0..v.len() {
                 let c = (i / plane) % 3;
-                let near = |c, u| close(v[i], norm(c, u), 2e-7);
-                check(i, &near, near(c, want_u8[i]));
+                check(i, &|c, u| v[i] == norm(c, u), v[i] == norm(c, want_u8[i]));
             }
         }
         DType::F16 => {
             let v = got.to_vec::<half::f16>().unwrap();
             for i in 0..v.len() {
                 let c = (i / plane) % 3;
-                let near = |c, u| close(v[i].to_f32(), norm(c, u), 1e-3);
-                check(i, &near, near(c, want_u8[i]));
+                let h = |c, u| half::f16::from_f32(norm(c, u));
+                check(i, &|c, u| v[i] == h(c, u), v[i] == h(c, want_u8[i]));
             }
         }
         _ => {
             let v = got.to_vec::<half::bf16>().unwrap();
             for i in 0..v.len() {
                 let c = (i / plane) % 3;
-                let near = |c, u| close(v[i].to_f32(), norm(c, u), 8e-3);
-                check(i, &near, near(c, want_u8[i]));
+                let h = |c, u| half::bf16::from_f32(norm(c, u));
+                check(i, &|c, u| v[i] == h(c, u), v[i] == h(c, want_u8[i]));
             }
         }
     }
