@@ -15,9 +15,8 @@
 //!    read by one kernel (a sum) on a compute stream, as the PyTorch twin does: `u8` pixels
 //!    over the link (normalising on the device needs the gather's conversion,
 //!    `Convert::normalize`; this bench has the `u8` row for it), and `f32` normalised on the
-//!    host (four times the bytes); then decoded on the workers and cropped, resized (and
-//!    normalised) on the GPU (`on_device.rs`), `u8` and `f32`. Ratios against PyTorch's best
-//!    in the same run (`$PINNABLE_BENCH_OUT/torch_images.txt`, by `bench/torch_images.py`).
+//!    host (four times the bytes). Ratios against PyTorch's best in the same run
+//!    (`$PINNABLE_BENCH_OUT/torch_images.txt`, written by `bench/torch_images.py`).
 //!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as
 //! `bench/torch_images.py --generate DIR` writes them (PIL, `classNN/NNNN.jpg`); when the folder
@@ -28,8 +27,6 @@
 
 #[path = "images/floor.rs"]
 mod floor;
-#[path = "images/on_device.rs"]
-mod on_device;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -469,7 +466,7 @@ fn main() {
             best,
             (&eval, u8_cost),
             (&norm, f32_cost),
-            (&floors, stages.read_decode),
+            &floors,
             &mut rep,
         );
     }
@@ -485,7 +482,7 @@ fn gpu_part(
     best: Option<(&str, f64)>,
     (eval, u8_cost): (&Transform, f64),
     (norm, f32_cost): (&Transform, f64),
-    (floors, decode_cost): (&[(usize, f64)], f64),
+    floors: &[(usize, f64)],
     rep: &mut Report,
 ) {
     let consumer = Consumer::new(dev);
@@ -570,17 +567,6 @@ fn gpu_part(
             floors,
         ));
     }
-    on_device::rows(
-        dev,
-        files,
-        workers,
-        batches,
-        best,
-        (eval, norm),
-        decode_cost,
-        &read,
-        rep,
-    );
     // The link's share: one raw copy of each batch's bytes from pinned memory.
     let u8_batch = BATCH * 3 * 224 * 224 + 8 * BATCH;
     for (name, bytes) in [("u8", u8_batch), ("f32", 4 * u8_batch)] {

@@ -36,8 +36,6 @@ pub(crate) struct Kernels {
     cast: [[Function; 2]; 3],
     /// u8 affine maps to `[f32, f16, bf16]`.
     affine: [Function; 3],
-    /// Decoded images cropped and resized into `[u8, f32, f16, bf16]` batches.
-    resample: [Function; 4],
     /// Multiprocessors on the device, for sizing grids.
     pub(crate) multiprocessors: u32,
 }
@@ -57,18 +55,6 @@ impl Kernels {
             _ => return None,
         };
         Some(self.cast[i][j])
-    }
-
-    /// The resample kernel writing `to`, if there is one.
-    #[cfg_attr(not(feature = "image"), allow(dead_code))]
-    pub(crate) fn resample(&self, to: DType) -> Option<Function> {
-        match to {
-            DType::U8 => Some(self.resample[0]),
-            DType::F32 => Some(self.resample[1]),
-            DType::F16 => Some(self.resample[2]),
-            DType::BF16 => Some(self.resample[3]),
-            _ => None,
-        }
     }
 
     /// The affine kernel from u8 to `to`, if there is one.
@@ -196,12 +182,6 @@ fn load(dev: &CudaDevice) -> std::result::Result<Arc<Kernels>, String> {
             function(c"gather_affine_u8_f32")?,
             function(c"gather_affine_u8_f16")?,
             function(c"gather_affine_u8_bf16")?,
-        ],
-        resample: [
-            function(c"resample_u8")?,
-            function(c"resample_f32")?,
-            function(c"resample_f16")?,
-            function(c"resample_bf16")?,
         ],
         multiprocessors,
     }))

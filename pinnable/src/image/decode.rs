@@ -73,43 +73,11 @@ impl Image {
         self.pixels
     }
 
-    /// The pixels, borrowed.
-    pub(crate) fn view(&self) -> View<'_> {
-        View {
-            width: self.width,
-            height: self.height,
-            pixels: &self.pixels,
-        }
-    }
-
     /// Makes this `width × height`, keeping the buffer's memory; the pixels are then stale.
     fn reshape(&mut self, width: usize, height: usize) {
         self.width = width;
         self.height = height;
         self.pixels.resize(width * height * 3, 0);
-    }
-}
-
-/// An image's pixels where they lie (an [`Image`]'s, or a decoded image in a batch's block):
-/// RGB, `[height, width, 3]`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct View<'a> {
-    pub(crate) width: usize,
-    pub(crate) height: usize,
-    pub(crate) pixels: &'a [u8],
-}
-
-impl View<'_> {
-    pub(crate) fn width(&self) -> usize {
-        self.width
-    }
-
-    pub(crate) fn height(&self) -> usize {
-        self.height
-    }
-
-    pub(crate) fn pixels(&self) -> &[u8] {
-        self.pixels
     }
 }
 
@@ -163,11 +131,6 @@ impl Decoder {
     pub fn max_pixels(mut self, max_pixels: usize) -> Decoder {
         self.max_pixels = max_pixels;
         self
-    }
-
-    /// The image decoded last (empty before the first decode).
-    pub(crate) fn image(&self) -> &Image {
-        &self.image
     }
 
     /// The image decoded last (empty before the first decode), given up.

@@ -301,30 +301,6 @@ impl ImageFile {
         self.folder.labels[self.index]
     }
 
-    /// The dataset's transform.
-    pub(crate) fn transform(&self) -> &Transform {
-        &self.folder.transform
-    }
-
-    /// Reads the file into `bytes` and decodes it with `decoder` (the dataset's pixel limit).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Image`] naming the file that cannot be read or decoded.
-    pub(crate) fn decode_into<'d>(
-        &self,
-        bytes: &mut Vec<u8>,
-        decoder: &'d mut Decoder,
-    ) -> Result<&'d Image> {
-        let path = self.path();
-        bytes.clear();
-        fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(bytes))
-            .map_err(|e| read_error(path, &e))?;
-        decoder.max_pixels = self.folder.max_pixels;
-        decoder.decode(bytes, path)
-    }
-
     /// Reads and decodes the file and writes it, transformed with the random draws of `rng`,
     /// into `row` (a view of the dataset's [`sample_shape`](ImageFolder::sample_shape) and
     /// [`dtype`](ImageFolder::dtype), e.g. its row of a batch). The thread's file, pixel and
@@ -335,11 +311,18 @@ impl ImageFile {
     /// [`Error::Image`] naming the file that cannot be read or decoded; [`Error::Shape`] for a
     /// view of another shape or dtype.
     pub fn write(&self, row: &mut TensorMut<'_>, rng: SplitMix64) -> Result<()> {
+        let path = self.path();
+        let max_pixels = self.folder.max_pixels;
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let Scratch { bytes, decoder } = &mut *scratch;
+            bytes.clear();
+            fs::File::open(path)
+                .and_then(|mut f| f.read_to_end(bytes))
+                .map_err(|e| read_error(path, &e))?;
             let decoder = decoder.get_or_insert_with(Decoder::new);
-            let image = self.decode_into(bytes, decoder)?;
+            decoder.max_pixels = max_pixels;
+            let image = decoder.decode(bytes, path)?;
             self.folder.transform.write(image, row, rng)
         })
     }

@@ -24,11 +24,6 @@
 //! Moving `u8` pixels and normalising on the device moves a quarter of the bytes of `f32`:
 //! deliver the `u8` batch and convert there, or [`normalize`](Transform::normalize) on the host.
 //!
-//! [`ImageBatcher::on_device`] takes the resize off the workers: they only decode, each batch's
-//! images land whole in its pinned block ([`DecodedImages`]), and one kernel crops, resizes,
-//! flips and normalises them on the GPU as the batch is moved (on the host, the same code as
-//! the CPU path makes the same batch).
-//!
 //! # Examples
 //!
 //! ```
@@ -66,11 +61,9 @@ mod avx2;
 mod decode;
 mod folder;
 mod orient;
-mod ragged;
 mod resample;
 mod transform;
 
 pub use decode::{Decoder, Image, MAX_PIXELS};
 pub use folder::{ImageBatcher, ImageFile, ImageFolder};
-pub use ragged::{DecodedBatcher, DecodedImages};
 pub use transform::{IMAGENET_MEAN, IMAGENET_STD, Transform};

@@ -9,9 +9,7 @@
 
 use std::ops::Range;
 
-#[cfg(test)]
 use super::decode::Image;
-use super::decode::View;
 
 /// Fixed-point bits of a weight (PIL's `PRECISION_BITS`): sums of 8-bit pixels times weights
 /// fit an `i32`.
@@ -310,7 +308,7 @@ impl Resampler {
     /// pixels.
     pub(crate) fn run(
         &mut self,
-        image: View<'_>,
+        image: &Image,
         crop: Rect,
         out: (usize, usize),
         cols: Range<usize>,
@@ -333,7 +331,7 @@ impl Resampler {
     #[cfg(test)]
     fn run_portable(
         &mut self,
-        image: View<'_>,
+        image: &Image,
         crop: Rect,
         out: (usize, usize),
         cols: Range<usize>,
@@ -355,7 +353,7 @@ impl Resampler {
     #[target_feature(enable = "avx2")]
     unsafe fn passes_avx2(
         &mut self,
-        image: View<'_>,
+        image: &Image,
         crop: Rect,
         vertical_first: bool,
         dst: Planes<'_>,
@@ -368,7 +366,7 @@ impl Resampler {
     #[inline(always)]
     fn passes<const AVX2: bool>(
         &mut self,
-        image: View<'_>,
+        image: &Image,
         crop: Rect,
         vertical_first: bool,
         dst: Planes<'_>,
@@ -469,7 +467,7 @@ mod tests {
             y0: 0,
             flip: false,
         };
-        Resampler::default().run(image.view(), crop, out, 0..w, 0..h, dst);
+        Resampler::default().run(image, crop, out, 0..w, 0..h, dst);
         (0..w * h)
             .flat_map(|p| [planes[p], planes[w * h + p], planes[2 * w * h + p]])
             .collect()
@@ -505,9 +503,9 @@ mod tests {
                 };
                 let mut r = Resampler::default();
                 if k == 0 {
-                    r.run(image.view(), crop, out, 0..out.0, 0..out.1, dst);
+                    r.run(&image, crop, out, 0..out.0, 0..out.1, dst);
                 } else {
-                    r.run_portable(image.view(), crop, out, 0..out.0, 0..out.1, dst);
+                    r.run_portable(&image, crop, out, 0..out.0, 0..out.1, dst);
                 }
             }
             assert!(
@@ -552,7 +550,7 @@ mod tests {
                     y0: 0,
                     flip,
                 };
-                Resampler::default().run(image.view(), crop, out, cols.clone(), rows.clone(), dst);
+                Resampler::default().run(&image, crop, out, cols.clone(), rows.clone(), dst);
                 for (j, y) in rows.clone().enumerate() {
                     for (i, x) in cols.clone().enumerate() {
                         let i = if flip { 14 - i } else { i };

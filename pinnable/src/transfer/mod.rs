@@ -16,8 +16,6 @@
 mod engine;
 mod issue;
 mod plan;
-#[cfg(feature = "image")]
-pub(crate) mod resampled;
 mod stacked;
 
 pub(crate) use engine::SM_MAX_PIECE;

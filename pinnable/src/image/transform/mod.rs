@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use super::decode::{Image, View};
+use super::decode::Image;
 use super::resample::{Planes, Rect, Resampler};
 use crate::batch::TensorMut;
 use crate::dtype::DType;
@@ -70,8 +70,6 @@ pub struct Transform {
     crop: Crop,
     flip: f64,
     table: Table,
-    /// Per channel, the scale and offset of the normalisation (`[1; 3]`, `[0; 3]` for `u8`).
-    affine: ([f32; 3], [f32; 3]),
 }
 
 /// Where one image's pixels go: the source rectangle, the size it is resized to, and the
@@ -101,7 +99,6 @@ impl Transform {
             crop,
             flip: 0.0,
             table: Table::U8,
-            affine: ([1.0; 3], [0.0; 3]),
         }
     }
 
@@ -182,11 +179,9 @@ impl Transform {
                 problem: format!("standard deviations {std:?} must be positive"),
             });
         }
-        let scale = std.map(|s| 1.0 / (255.0 * s));
-        let offset = [0, 1, 2].map(|c| -mean[c] / std[c]);
         let value = |i: usize| {
             let (c, x) = (i / 256, (i % 256) as f32);
-            x.mul_add(scale[c], offset[c])
+            x.mul_add(1.0 / (255.0 * std[c]), -mean[c] / std[c])
         };
         self.table = match dtype {
             DType::F32 => Table::F32((0..768).map(value).collect()),
@@ -199,7 +194,6 @@ impl Transform {
                 });
             }
         };
-        self.affine = (scale, offset);
         Ok(self)
     }
 
@@ -211,12 +205,6 @@ impl Transform {
             Table::F16(_) => DType::F16,
             Table::BF16(_) => DType::BF16,
         }
-    }
-
-    /// Per channel, the `(scale, offset)` of the normalisation: an output is
-    /// `(u8 as f32).mul_add(scale[c], offset[c])`, rounded to the dtype.
-    pub(crate) fn affine(&self) -> ([f32; 3], [f32; 3]) {
-        self.affine
     }
 
     /// The output's shape, `[3, size, size]`.
@@ -367,44 +355,6 @@ impl Transform {
     /// this transform's.
     fn run(&self, image: &Image, out: Out<'_>, mut rng: SplitMix64, r: &mut Resampler) {
         let plan = self.plan(image.width(), image.height(), &mut rng);
-        self.run_plan(image.view(), &plan, out, r);
-    }
-
-    /// Writes `image` as `plan` says into `row` (a view of [`shape`](Self::shape) and
-    /// [`dtype`](Self::dtype)): what [`write`](Self::write) does once it has drawn the plan.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Shape`] for a view of another shape or dtype.
-    pub(crate) fn write_plan(
-        &self,
-        image: View<'_>,
-        plan: &Plan,
-        row: &mut TensorMut<'_>,
-        r: &mut Resampler,
-    ) -> Result<()> {
-        let shape = self.shape();
-        if row.dtype() != self.dtype() || row.shape() != shape {
-            return Err(Error::Shape(format!(
-                "the transform writes {} {shape:?}, not into a view of {} {:?}",
-                self.dtype(),
-                row.dtype(),
-                row.shape()
-            )));
-        }
-        let out = match self.table {
-            Table::U8 => Out::U8(row.as_mut_slice()?),
-            Table::F32(_) => Out::F32(row.as_mut_slice()?),
-            Table::F16(_) => Out::F16(row.as_mut_slice()?),
-            Table::BF16(_) => Out::BF16(row.as_mut_slice()?),
-        };
-        self.run_plan(image, plan, out, r);
-        Ok(())
-    }
-
-    /// Writes `image` as `plan` says into `out`, whose element type is this transform's.
-    fn run_plan(&self, image: View<'_>, plan: &Plan, out: Out<'_>, r: &mut Resampler) {
-        let plan = *plan;
         let size = self.shape()[1];
         let at = |c: usize, v: u8| c * 256 + usize::from(v);
         match (&self.table, out) {
@@ -489,7 +439,7 @@ fn random_crop(
 
 /// Writes the planned image into `planes` (`[3, size, size]`), zeros where the window pads
 /// the image.
-fn resample(image: View<'_>, plan: &Plan, size: usize, planes: &mut [u8], r: &mut Resampler) {
+fn resample(image: &Image, plan: &Plan, size: usize, planes: &mut [u8], r: &mut Resampler) {
     // The window's part inside the resized image, in resized and in output coordinates.
     let inside = |at: isize, len: usize| {
         let lo = at.max(0) as usize;
@@ -524,7 +474,7 @@ fn resample(image: View<'_>, plan: &Plan, size: usize, planes: &mut [u8], r: &mu
 /// Writes the planned image into `dst` (`[3, size, size]`), each pixel value `v` of channel `c`
 /// as `value(c, v)`; `u8` outputs are written in place, others through `r`'s planes.
 fn write<T: Copy>(
-    image: View<'_>,
+    image: &Image,
     plan: &Plan,
     size: usize,
     dst: &mut [T],

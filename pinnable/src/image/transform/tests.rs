@@ -30,7 +30,7 @@ fn resized_crop(image: &Image, crop: Rect, size: usize) -> Vec<u8> {
     };
     let mut out = vec![0u8; 3 * size * size];
     write(
-        image.view(),
+        image,
         &plan,
         size,
         &mut out,

@@ -9,8 +9,6 @@
 //! stream (the kernels read it many times; over the link each read would cost a round trip)
 //! and freed there after the kernels, all in stream order.
 
-pub(crate) mod resample;
-
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
@@ -70,10 +68,6 @@ pub(crate) enum SmWork {
     Pieces(Vec<SmPiece>),
     /// Pieces of one size (rows or windows of one source, stacked in order).
     Indexed(Indexed),
-    /// Decoded images cropped and resized into a batch (the job's `op` is not used: the
-    /// resample says what it writes).
-    #[cfg_attr(not(feature = "image"), allow(dead_code))]
-    Resample(resample::Resample),
 }
 
 /// Pieces of `piece` elements each: piece `p` is read from byte `src + starts[p] * stride` on
@@ -124,7 +118,6 @@ impl SmWork {
         match self {
             SmWork::Pieces(p) => p.is_empty(),
             SmWork::Indexed(ix) => ix.count() == 0 || ix.piece == 0,
-            SmWork::Resample(r) => r.units() == 0,
         }
     }
 }
@@ -320,12 +313,6 @@ pub(crate) unsafe fn launch(
                     }),
                 }
             }
-            SmWork::Resample(r) => Plan {
-                at: Place::Host(host.take(r.table.len())),
-                n: r.units(),
-                shift: 0,
-                indexed: None,
-            },
         };
         plans.push(plan);
     }
@@ -479,7 +466,6 @@ fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], bytes: &mut [u8]) 
                     out = &mut out[n..];
                 }
             }
-            SmWork::Resample(r) => out[..r.table.len()].copy_from_slice(&r.table),
         }
     }
 }
@@ -509,11 +495,6 @@ unsafe fn launch_one(
 ) -> Result<()> {
     if plan.n == 0 {
         return Ok(());
-    }
-    if let SmWork::Resample(r) = &job.work {
-        // SAFETY: the table at `table_at` holds the resample's, placed by `launch`; forwarded
-        // preconditions for its pixels and result.
-        return unsafe { resample::launch_one(dev, kernels, r, table_at) };
     }
     let shift = plan.shift;
     let threads = plan.n << shift;
