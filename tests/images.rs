@@ -114,8 +114,15 @@ fn jpeg_pixels_match_a_second_decoder_and_the_source() {
                     "{kind:?} {w}x{h} q{q}: mean {mean:.2}, max {max}"
                 );
             } else {
+                // Where a picture is a few blocks across, most pixels are near an edge of the
+                // halved chroma planes, which the two decoders interpolate differently.
+                let (mean_max, share_max) = if w.min(h) < 32 {
+                    (2.5, 0.08)
+                } else {
+                    (1.5, 0.03)
+                };
                 assert!(
-                    mean < 1.5 && share < 0.03,
+                    mean < mean_max && share < share_max,
                     "{kind:?} {w}x{h} q{q}: mean {mean:.2}, {:.2}% over 8",
                     share * 100.0
                 );
