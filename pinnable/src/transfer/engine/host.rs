@@ -37,18 +37,23 @@ struct Run {
     /// batch's arena, where the staging block and the device mirror each other, padding
     /// included).
     mergeable: bool,
+    /// The staged copy the run starts in.
+    copy: usize,
 }
 
 impl Run {
     /// Extends `self` over `next` when `next` follows it in both host and device memory: right
-    /// after it, or with at most the arena's alignment padding between them when both may be
-    /// merged.
+    /// after it within one staged copy, or with at most the arena's alignment padding between
+    /// them when both lie in the arena. Copies outside the arena go to allocations of their
+    /// own, which may happen to lie side by side on the device: one device copy must not
+    /// cross from one into the next (the driver refuses it).
     fn absorb(&mut self, next: &Run) -> bool {
         let end = self.src as usize + self.bytes;
         let gap = (next.src as usize).wrapping_sub(end);
         let same_shift = (next.src as usize).wrapping_sub(self.src as usize) as u64
             == next.dst.wrapping_sub(self.dst);
-        let adjacent = gap == 0 || (self.mergeable && next.mergeable && gap < PART_ALIGN);
+        let adjacent = (gap == 0 && next.copy == self.copy)
+            || (self.mergeable && next.mergeable && gap < PART_ALIGN);
         if same_shift && adjacent {
             self.bytes = next.src as usize + next.bytes - self.src as usize;
             true
@@ -158,6 +163,7 @@ impl<'a> Frontier<'a> {
                     dst: dst + range.start as u64,
                     bytes: range.len(),
                     mergeable,
+                    copy: c,
                 };
                 let merged = pending.as_mut().is_some_and(|run| run.absorb(&piece));
                 if !merged && let Some(run) = pending.replace(piece) {
@@ -365,7 +371,7 @@ mod tests {
     }
 
     #[test]
-    fn runs_merge_across_padding_only_in_the_arena_and_skip_bytes_kept_in_staging() {
+    fn runs_merge_only_within_a_copy_or_the_arena_and_skip_bytes_kept_in_staging() {
         let mut r = rng("frontier copies");
         let src = vec![7u8; 64 * KIB];
         let mut stage = vec![0u8; 64 * KIB];
@@ -404,14 +410,16 @@ mod tests {
             .iter()
             .map(|run| (run.src as usize - base as usize, run.dst - dst, run.bytes))
             .collect();
-        // The first two merge over their padding (both in the arena); the next, outside the
-        // arena, does not merge across its gap but the one right after it does; the copy kept
-        // in staging is not sent, and the last stands alone.
+        // The first two merge over their padding (both in the arena); the next two, outside
+        // the arena, stay apart even right after each other (they may be allocations of their
+        // own, side by side on the device); the copy kept in staging is not sent, and the last
+        // stands alone.
         assert_eq!(
             got,
             [
                 (0, 0, 2 * KIB + 64),
-                (3 * KIB, 3 * KIB as u64, 2 * KIB),
+                (3 * KIB, 3 * KIB as u64, KIB),
+                (4 * KIB, 4 * KIB as u64, KIB),
                 (8 * KIB, 8 * KIB as u64, KIB)
             ]
         );
