@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use cudarc::driver::{DevicePtr, sys};
-use pinnable::loader::{TokenShards, TokenWindows};
+use pinnable::formats::tokens::{TokenShards, TokenWindows};
 use pinnable::{Convert, DType, Device, Gather, Tensor, ToDevice};
 use pinnable_harness::bench::{Report, raw_one_copy};
 use pinnable_harness::kernels::Kernels;

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pinnable::image::{
+use pinnable::formats::image::{
     Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder, Transform,
 };
 use pinnable::loader::{Batcher, Loader, SplitMix64};

@@ -21,9 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pinnable::loader::{
-    Loader, Position, Residency, SplitMix64, TokenBatch, TokenShards, TokenWindows,
-};
+use pinnable::formats::tokens::{Residency, TokenBatch, TokenShards, TokenWindows};
+use pinnable::loader::{Loader, Position, SplitMix64};
 use pinnable::{DType, Device};
 use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
 use pinnable_harness::{cuda_or_skip, hold_stream};

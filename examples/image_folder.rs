@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pinnable::image::{IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::image::{IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFolder, Transform};
 use pinnable::loader::{Loader, SplitMix64};
 use pinnable::{DType, Device, ToDevice};
 use pinnable_harness::images;

@@ -15,7 +15,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use pinnable::loader::{Collator, Dataset, Loader, NpyArray, Rows};
+use pinnable::formats::npy::NpyArray;
+use pinnable::loader::{Collator, Dataset, Loader, Rows};
 use pinnable::{Device, Tensor, ToDevice};
 
 const CHANNELS: usize = 3;

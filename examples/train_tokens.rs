@@ -17,9 +17,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use pinnable::loader::{
-    Loader, LoaderBuilder, Position, Residency, TokenBatch, TokenShards, TokenWindows,
-};
+use pinnable::formats::tokens::{Residency, TokenBatch, TokenShards, TokenWindows};
+use pinnable::loader::{Loader, LoaderBuilder, Position};
 use pinnable::{DType, Device, Error, ToDevice};
 
 struct Options {

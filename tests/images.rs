@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pinnable::image::{Decoder, Image, ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::image::{Decoder, Image, ImageBatcher, ImageFolder, Transform};
 use pinnable::loader::{Dataset, Loader};
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::images::{self, Jpeg};
@@ -634,8 +634,8 @@ fn normalised_batches_are_the_u8_batches_normalised() {
     let list = || ImageFolder::from_list(files.iter().map(|p| (p.clone(), 0)));
     let t = Transform::random_resized_crop(10).flip(0.5);
     let (mean, std) = (
-        pinnable::image::IMAGENET_MEAN,
-        pinnable::image::IMAGENET_STD,
+        pinnable::formats::image::IMAGENET_MEAN,
+        pinnable::formats::image::IMAGENET_STD,
     );
     let run = |folder: ImageFolder| -> Tensor {
         let loader = Loader::builder(folder)

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pinnable::loader::{
-    Batcher, Collator, Dataset, FnDataset, Launch, Loader, NpyArray, Rows, Stack,
-};
+use pinnable::formats::npy::NpyArray;
+use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Launch, Loader, Rows, Stack};
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::samples::{Sample, collate, random_samples};
 use pinnable_harness::{bytes_of, random_tensor, rng};

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use pinnable::loader::{FnDataset, IterSource, Loader, Position, Stack, TokenShards, TokenWindows};
+use pinnable::formats::tokens::{TokenShards, TokenWindows};
+use pinnable::loader::{FnDataset, IterSource, Loader, Position, Stack};
 use pinnable::{DType, Device, Error, Tensor};
 use pinnable_harness::samples::{collate, random_samples};
 use pinnable_harness::tokens::{TempDir, random_tokens, shard_file, write};
@@ -124,7 +125,7 @@ fn token_shards(r: &mut SmallRng, dir: &TempDir, context: usize) -> Arc<TokenSha
             write(
                 dir.path(),
                 &format!("{i}.bin"),
-                &shard_file(pinnable::loader::ShardFormat::LlmC, DType::U16, &t),
+                &shard_file(pinnable::formats::tokens::ShardFormat::LlmC, DType::U16, &t),
             )
         })
         .collect();
@@ -157,7 +158,7 @@ fn a_token_loader_resumes_byte_for_byte_with_1_4_and_8_workers() {
         .unwrap()
         .batcher(DType::I64, &Device::cpu())
         .unwrap();
-    let bytes = |b: pinnable::loader::TokenBatch| -> Bytes {
+    let bytes = |b: pinnable::formats::tokens::TokenBatch| -> Bytes {
         vec![
             bytes_of(&b.x.tensor().unwrap()),
             bytes_of(&b.y.tensor().unwrap()),

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-use pinnable::loader::{
-    Dataset, Loader, Residency, ShardFormat, TokenBatch, TokenBatcher, TokenShards, TokenWindows,
+use pinnable::formats::tokens::{
+    Residency, ShardFormat, TokenBatch, TokenBatcher, TokenShards, TokenWindows,
 };
+use pinnable::loader::{Dataset, Loader};
 use pinnable::{DType, Device, Error, Tensor};
 use pinnable_harness::rng;
 use pinnable_harness::tokens::{

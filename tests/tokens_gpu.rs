@@ -4,9 +4,8 @@
 //! batches of the uninterrupted run. Without a GPU each test prints `skipped: …` (a failure
 //! under `PINNABLE_REQUIRE_GPU=1`).
 
-use pinnable::loader::{
-    Loader, Position, Residency, ShardFormat, TokenBatch, TokenShards, TokenWindows,
-};
+use pinnable::formats::tokens::{Residency, ShardFormat, TokenBatch, TokenShards, TokenWindows};
+use pinnable::loader::{Loader, Position};
 use pinnable::{DType, Device, Placement, Tensor, ToDevice};
 use pinnable_harness::tokens::{FORMATS, TempDir, random_shards};
 use pinnable_harness::{cuda_or_skip, rng};

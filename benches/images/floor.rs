@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use pinnable::image::{ImageFolder, Transform};
+use pinnable::formats::image::{ImageFolder, Transform};
 use pinnable::loader::{Dataset, SplitMix64};
 use pinnable::{BatchLayout, PinnedBatch, Slot};
 

@@ -56,8 +56,9 @@
 //!   way (u8 pixels to normalised f32, u16 tokens to i64);
 //! - [`error`]: the one [`Error`] type;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
-//! - `image` (the `image` feature): folders of JPEG and PNG files decoded straight into the
-//!   batch's pinned block, with the standard crops and flips.
+//! - [`formats`]: the files the loader reads, one module each: `.npy` arrays, token shards and
+//!   (the `image` feature) folders of JPEG and PNG files decoded straight into the batch's
+//!   pinned block, with the standard crops and flips.
 
 #![warn(missing_docs)]
 
@@ -70,9 +71,8 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod fanout;
+pub mod formats;
 mod gather;
-#[cfg(feature = "image")]
-pub mod image;
 mod impls;
 pub mod interop;
 pub mod loader;

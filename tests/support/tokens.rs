@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use pinnable::DType;
-use pinnable::loader::ShardFormat;
+use pinnable::formats::tokens::ShardFormat;
 use rand::Rng;
 
 /// The formats a shard can be written in: raw, llm.c's, `.npy`, each with u16 and u32 tokens.

@@ -10,9 +10,9 @@
 //!
 //! - **Sources** ([`dataset`]): the [`Dataset`] trait (implemented for slices, `Vec`s, `Arc`s,
 //!   references), [`FnDataset`] for closures, [`Rows`] for the rows of one big tensor,
-//!   [`NpyArray`] for a memory-mapped `.npy` file ([`npy`]), [`TokenWindows`] for windows of
-//!   language-model token shards ([`tokens`]), and [`IterSource`] for streams that cannot be
-//!   indexed ([`stream`]). Samples may be zero-copy views of the dataset's memory.
+//!   and [`IterSource`] for streams that cannot be indexed ([`stream`]); the file formats
+//!   ([`formats`](crate::formats): `.npy` arrays, token shards, image folders) implement these
+//!   traits from outside the loader. Samples may be zero-copy views of the dataset's memory.
 //! - **Collation** ([`collate`], [`batcher`]): a [`Batcher`] (any closure
 //!   `Fn(Vec<Sample>, &mut Collator) -> Result<Batch>`) plans the batch's tensors with the
 //!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
@@ -94,7 +94,6 @@ mod epoch;
 mod guard;
 pub mod launch;
 mod loaders;
-pub mod npy;
 #[cfg(test)]
 mod panic_tests;
 mod pipeline;
@@ -104,7 +103,6 @@ pub mod stats;
 pub mod stream;
 #[cfg(test)]
 mod tests;
-pub mod tokens;
 
 pub use batcher::{Batcher, Stack};
 pub use builder::LoaderBuilder;
@@ -113,12 +111,7 @@ pub use dataset::{Dataset, FnDataset, Rows};
 pub use epoch::{Epoch, StreamEpoch};
 pub use launch::Launch;
 pub use loaders::{Loader, StreamLoader};
-pub use npy::NpyArray;
 pub use position::Position;
 pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
 pub use stream::{IterSource, NotSeekable, Seekable};
-pub use tokens::{
-    Residency, Shard, ShardFormat, ShardOptions, TokenBatch, TokenBatcher, TokenShards,
-    TokenWindows, Window,
-};

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::npy::{Header, parse_header};
 use super::*;
 use crate::alloc::{PinnedPool, PoolConfig};
 use crate::{DType, Error, Tensor};
@@ -109,81 +108,6 @@ fn sampler_batches_keep_or_drop_the_short_last_batch() {
     assert_eq!(s.batches(0).len(), 2);
     assert!(matches!(Sampler::new(3, 0), Err(Error::Config { .. })));
     assert!(Sampler::new(3, 1).unwrap().shard(2, 2).is_err());
-}
-
-#[test]
-fn npy_headers_of_every_version_parse() {
-    let header = |major: u8, dict: &str| {
-        let mut v = b"\x93NUMPY".to_vec();
-        v.extend([major, 0]);
-        let len = dict.len();
-        if major == 1 {
-            v.extend((len as u16).to_le_bytes());
-        } else {
-            v.extend((len as u32).to_le_bytes());
-        }
-        v.extend(dict.as_bytes());
-        v
-    };
-    let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }   \n";
-    for major in [1, 2, 3] {
-        let h = parse_header(&header(major, dict)).unwrap();
-        let start = if major == 1 { 10 } else { 12 };
-        let want = Header {
-            dtype: DType::F32,
-            shape: vec![3, 4],
-            data_offset: start + dict.len(),
-        };
-        assert_eq!(h, want);
-    }
-    let scalar = "{\"shape\": (), \"fortran_order\": False, \"descr\": \"|b1\"}\n";
-    let h = parse_header(&header(1, scalar)).unwrap();
-    assert_eq!((h.dtype, h.shape), (DType::Bool, vec![]));
-    let one = "{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }\n";
-    assert_eq!(parse_header(&header(1, one)).unwrap().shape, vec![7]);
-}
-
-#[test]
-fn npy_header_errors_say_what_to_do() {
-    let header = |dict: &str| {
-        let mut v = b"\x93NUMPY\x01\x00".to_vec();
-        v.extend((dict.len() as u16).to_le_bytes());
-        v.extend(dict.as_bytes());
-        v
-    };
-    let err = |dict: &str| parse_header(&header(dict)).unwrap_err();
-    let e = err("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 4), }");
-    assert!(e.contains("np.ascontiguousarray"), "{e}");
-    let e = err("{'descr': '>f8', 'fortran_order': False, 'shape': (3,), }");
-    assert!(
-        e.contains("big-endian") && e.contains("newbyteorder"),
-        "{e}"
-    );
-    let e = err("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }");
-    assert!(
-        e.contains("'<c8' is not supported") && e.contains("astype"),
-        "{e}"
-    );
-    let e = err("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }");
-    assert!(e.contains("structured"), "{e}");
-    let e = err("{'descr': '<f4', 'shape': (3,), }");
-    assert!(e.contains("'fortran_order'"), "{e}");
-    let e = err("not a dict");
-    assert!(e.contains("not a dict literal"), "{e}");
-    assert!(
-        parse_header(b"PK\x03\x04 zip")
-            .unwrap_err()
-            .contains("magic")
-    );
-    let mut v2 = header("{}");
-    v2[6] = 9;
-    assert!(parse_header(&v2).unwrap_err().contains("version 9.0"));
-    assert!(
-        parse_header(&header(
-            "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }"
-        ))
-        .is_ok()
-    );
 }
 
 #[test]

@@ -41,7 +41,7 @@ struct Folder {
 /// # Examples
 ///
 /// ```no_run
-/// use pinnable::image::{ImageBatcher, ImageFolder, Transform};
+/// use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
 /// use pinnable::loader::Loader;
 ///
 /// // train/cat/001.jpg, train/cat/002.png, train/dog/001.jpg, ...

@@ -95,7 +95,7 @@ impl Image {
 /// # Examples
 ///
 /// ```
-/// use pinnable::image::Decoder;
+/// use pinnable::formats::image::Decoder;
 ///
 /// let mut decoder = Decoder::new();
 /// let e = decoder.decode(b"GIF89a...", "cat.gif".as_ref()).unwrap_err();

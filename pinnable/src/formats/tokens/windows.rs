@@ -26,7 +26,7 @@ use crate::transfer::{MoveContext, ToDevice};
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{TokenShards, TokenWindows, Window};
+/// use pinnable::formats::tokens::{TokenShards, TokenWindows, Window};
 ///
 /// let dir = std::env::temp_dir().join(format!("windows-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();
@@ -417,8 +417,8 @@ where
 mod tests {
     use super::*;
     use crate::alloc::{PinnedPool, PoolConfig};
+    use crate::formats::tokens::Residency;
     use crate::loader::sampler::SplitMix64;
-    use crate::loader::tokens::Residency;
 
     /// A batcher for a device gathers the same windows the host path writes: from the shards'
     /// pinned block, or staged from mapped shards (read back by the gathers' host conversion).

@@ -52,7 +52,7 @@ enum Table {
 /// # Examples
 ///
 /// ```
-/// use pinnable::image::{IMAGENET_MEAN, IMAGENET_STD, Image, Transform};
+/// use pinnable::formats::image::{IMAGENET_MEAN, IMAGENET_STD, Image, Transform};
 /// use pinnable::loader::SplitMix64;
 /// use pinnable::DType;
 ///
@@ -263,7 +263,7 @@ impl Transform {
     /// # Examples
     ///
     /// ```
-    /// use pinnable::image::{Image, Transform};
+    /// use pinnable::formats::image::{Image, Transform};
     /// use pinnable::loader::SplitMix64;
     /// use pinnable::{BatchLayout, DType};
     ///

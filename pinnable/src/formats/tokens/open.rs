@@ -14,7 +14,7 @@ use crate::alloc::PinnedPool;
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::loader::npy::Mapping;
+use crate::formats::npy::Mapping;
 use crate::tensor::{HostBytes, Tensor};
 
 /// Where a shard's tokens are kept once opened.
@@ -22,7 +22,7 @@ use crate::tensor::{HostBytes, Tensor};
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{Residency, ShardOptions};
+/// use pinnable::formats::tokens::{Residency, ShardOptions};
 ///
 /// // Read shards into pinned memory up to 2 GiB in all, map the rest (the default rule with
 /// // a limit of one's own).

@@ -27,7 +27,7 @@
 //! # Examples
 //!
 //! ```
-//! use pinnable::image::{ImageBatcher, ImageFolder, Transform};
+//! use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
 //! use pinnable::loader::Loader;
 //!
 //! // Two tiny grayscale PNGs of one class, written on the spot.

@@ -15,9 +15,9 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::dataset::{Dataset, Rows};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::loader::{Dataset, Rows};
 use crate::tensor::{External, HostBytes, Tensor, contiguous_strides};
 
 /// A read-only, private memory mapping of a whole file.
@@ -361,7 +361,8 @@ impl Parser<'_> {
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{Dataset, NpyArray};
+/// use pinnable::loader::Dataset;
+/// use pinnable::formats::npy::NpyArray;
 ///
 /// // A 2×3 i32 array as `np.save` writes it: magic, version 1.0, the header padded to 64 bytes.
 /// let mut header = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }".to_string();
@@ -428,7 +429,8 @@ impl NpyArray {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use pinnable::loader::{Dataset, NpyArray};
+    /// use pinnable::loader::Dataset;
+    /// use pinnable::formats::npy::NpyArray;
     ///
     /// let header = "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }";
     /// let mut file = b"\x93NUMPY\x01\x00".to_vec();
@@ -505,5 +507,86 @@ mod descr_tests {
         for bad in ["", "é4", "<", "ff", "<é", "\u{1F600}f4", "<f16"] {
             assert!(parse_descr(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::{Header, parse_header};
+    use crate::dtype::DType;
+
+    #[test]
+    fn npy_headers_of_every_version_parse() {
+        let header = |major: u8, dict: &str| {
+            let mut v = b"\x93NUMPY".to_vec();
+            v.extend([major, 0]);
+            let len = dict.len();
+            if major == 1 {
+                v.extend((len as u16).to_le_bytes());
+            } else {
+                v.extend((len as u32).to_le_bytes());
+            }
+            v.extend(dict.as_bytes());
+            v
+        };
+        let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }   \n";
+        for major in [1, 2, 3] {
+            let h = parse_header(&header(major, dict)).unwrap();
+            let start = if major == 1 { 10 } else { 12 };
+            let want = Header {
+                dtype: DType::F32,
+                shape: vec![3, 4],
+                data_offset: start + dict.len(),
+            };
+            assert_eq!(h, want);
+        }
+        let scalar = "{\"shape\": (), \"fortran_order\": False, \"descr\": \"|b1\"}\n";
+        let h = parse_header(&header(1, scalar)).unwrap();
+        assert_eq!((h.dtype, h.shape), (DType::Bool, vec![]));
+        let one = "{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }\n";
+        assert_eq!(parse_header(&header(1, one)).unwrap().shape, vec![7]);
+    }
+
+    #[test]
+    fn npy_header_errors_say_what_to_do() {
+        let header = |dict: &str| {
+            let mut v = b"\x93NUMPY\x01\x00".to_vec();
+            v.extend((dict.len() as u16).to_le_bytes());
+            v.extend(dict.as_bytes());
+            v
+        };
+        let err = |dict: &str| parse_header(&header(dict)).unwrap_err();
+        let e = err("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 4), }");
+        assert!(e.contains("np.ascontiguousarray"), "{e}");
+        let e = err("{'descr': '>f8', 'fortran_order': False, 'shape': (3,), }");
+        assert!(
+            e.contains("big-endian") && e.contains("newbyteorder"),
+            "{e}"
+        );
+        let e = err("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }");
+        assert!(
+            e.contains("'<c8' is not supported") && e.contains("astype"),
+            "{e}"
+        );
+        let e = err("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }");
+        assert!(e.contains("structured"), "{e}");
+        let e = err("{'descr': '<f4', 'shape': (3,), }");
+        assert!(e.contains("'fortran_order'"), "{e}");
+        let e = err("not a dict");
+        assert!(e.contains("not a dict literal"), "{e}");
+        assert!(
+            parse_header(b"PK\x03\x04 zip")
+                .unwrap_err()
+                .contains("magic")
+        );
+        let mut v2 = header("{}");
+        v2[6] = 9;
+        assert!(parse_header(&v2).unwrap_err().contains("version 9.0"));
+        assert!(
+            parse_header(&header(
+                "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }"
+            ))
+            .is_ok()
+        );
     }
 }

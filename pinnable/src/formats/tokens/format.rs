@@ -4,14 +4,14 @@
 use std::fmt;
 
 use crate::dtype::DType;
-use crate::loader::npy::parse_header;
+use crate::formats::npy::parse_header;
 
 /// How a shard file is laid out.
 ///
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::ShardFormat;
+/// use pinnable::formats::tokens::ShardFormat;
 /// use pinnable::DType;
 ///
 /// // nanoGPT's `train.bin` of a tokenizer with more than 65536 tokens: say so.

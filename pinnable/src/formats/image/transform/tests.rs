@@ -42,7 +42,7 @@ fn resized_crop(image: &Image, crop: Rect, size: usize) -> Vec<u8> {
 
 #[test]
 fn pixels_are_pil_s_for_torchvision_s_transforms() {
-    let cases = include_str!("../../../tests/data/pil_resize.txt");
+    let cases = include_str!("../../../../tests/data/pil_resize.txt");
     let lines: Vec<&str> = cases.lines().filter(|l| !l.starts_with('#')).collect();
     let rng = || SplitMix64::new(0);
     let mut checked = 0;

@@ -13,17 +13,18 @@
 //! **Windows** never cross a shard's end. Window `j` of a shard holds its tokens
 //! `j·context .. j·context + context + 1`: consecutive windows overlap by one token, so `x`
 //! covers each token once per epoch (but a shard's last `(len − 1) mod context` tokens). The
-//! loader's [`shuffle`](super::LoaderBuilder::shuffle) visits the windows in a random order
-//! drawn from the seed and the epoch; [`shard`](super::LoaderBuilder::shard) with
-//! [`drop_last`](super::LoaderBuilder::drop_last) gives each rank disjoint windows (without
+//! loader's [`shuffle`](crate::loader::LoaderBuilder::shuffle) visits the windows in a random order
+//! drawn from the seed and the epoch; [`shard`](crate::loader::LoaderBuilder::shard) with
+//! [`drop_last`](crate::loader::LoaderBuilder::drop_last) gives each rank disjoint windows (without
 //! `drop_last`, a few windows repeat to make the ranks' parts even, as PyTorch's
-//! `DistributedSampler` does); a position ([`Position`](super::Position)) resumes the run at
+//! `DistributedSampler` does); a position ([`Position`](crate::loader::Position)) resumes the run at
 //! the next batch.
 //!
 //! # Examples
 //!
 //! ```
-//! use pinnable::loader::{Loader, TokenShards, TokenWindows};
+//! use pinnable::loader::Loader;
+//! use pinnable::formats::tokens::{TokenShards, TokenWindows};
 //! use pinnable::{DType, Device, ToDevice};
 //!
 //! // A raw u16 shard, as nanoGPT's prepare.py writes `train.bin` (np.uint16 tofile).

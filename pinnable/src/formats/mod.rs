@@ -1,0 +1,13 @@
+//! The file formats the loader reads, one module each: [`npy`] arrays, [`tokens`] shards (llm.c,
+//! nanoGPT, `.npy`) and, with the `image` feature, [`image`] folders of JPEG and PNG files.
+//!
+//! Each format implements the loader's traits ([`Dataset`](crate::loader::Dataset),
+//! [`Batcher`](crate::loader::Batcher)) from outside the loader: the loader is generic and
+//! names no format. Every file a format reads is hostile input until checked: headers are
+//! parsed into typed values first, every length is checked against the file's size before
+//! anything is read, and every error names the file.
+
+#[cfg(feature = "image")]
+pub mod image;
+pub mod npy;
+pub mod tokens;
