@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::pipeline::Pipeline;
 use super::position::{Position, Progress};
 use super::stats::{Counters, EpochStats};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One epoch of a [`Loader`](super::Loader): its batches in order, each an `Ok(batch)` or, in
 /// place of a batch that could not be made, the `Err` that ended the epoch.
@@ -24,6 +24,8 @@ pub struct Epoch<T> {
     remaining: usize,
     epoch: u64,
     progress: Arc<Progress>,
+    /// Why the epoch cannot run: its one item.
+    refused: Option<Error>,
 }
 
 impl<T> Epoch<T> {
@@ -38,7 +40,15 @@ impl<T> Epoch<T> {
             remaining: batches,
             epoch,
             progress,
+            refused: None,
         }
+    }
+
+    /// An epoch that cannot run (its pipeline has no job): it yields `error`, then ends.
+    pub(crate) fn refused(mut self, error: Error) -> Self {
+        self.remaining = 0;
+        self.refused = Some(error);
+        self
     }
 
     /// The epoch number (which decided the shuffle).
@@ -67,6 +77,9 @@ impl<T> Iterator for Epoch<T> {
     type Item = Result<T>;
 
     fn next(&mut self) -> Option<Result<T>> {
+        if let Some(e) = self.refused.take() {
+            return Some(Err(e));
+        }
         if self.remaining == 0 {
             if let Some(e) = self.pipeline.shutdown() {
                 return Some(Err(e));
@@ -111,6 +124,8 @@ pub struct StreamEpoch<T> {
     epoch: u64,
     progress: Arc<Progress>,
     failed: bool,
+    /// Why the epoch cannot run: its one item.
+    refused: Option<Error>,
 }
 
 impl<T> StreamEpoch<T> {
@@ -120,7 +135,15 @@ impl<T> StreamEpoch<T> {
             epoch,
             progress,
             failed: false,
+            refused: None,
         }
+    }
+
+    /// An epoch that cannot run (its pipeline has no job): it yields `error`, then ends.
+    pub(crate) fn refused(mut self, error: Error) -> Self {
+        self.failed = true;
+        self.refused = Some(error);
+        self
     }
 
     /// The epoch number (passed to the stream's closure).
@@ -148,6 +171,9 @@ impl<T> Iterator for StreamEpoch<T> {
     type Item = Result<T>;
 
     fn next(&mut self) -> Option<Result<T>> {
+        if let Some(e) = self.refused.take() {
+            return Some(Err(e));
+        }
         let item = self.pipeline.next();
         match &item {
             Some(Ok(_)) => self.progress.received(),

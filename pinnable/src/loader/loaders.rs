@@ -9,6 +9,7 @@ use super::collate::EpochSeed;
 use super::dataset::Dataset;
 use super::epoch::{Epoch, StreamEpoch};
 use super::pipeline::{Job, Jobs, Pipeline, Spec};
+use super::position::check_epoch;
 use super::position::{Position, Progress};
 use super::sampler::Sampler;
 use super::stats::{Counters, EpochStats};
@@ -102,8 +103,16 @@ impl Run {
         last.as_ref().map(|(c, _)| c.snapshot())
     }
 
+    /// The epoch the next `iter` runs, advanced; it stops at `u64::MAX` (such an epoch is
+    /// refused when it runs) rather than wrapping to 0.
     fn take_epoch(&self) -> u64 {
-        self.next_epoch.fetch_add(1, Ordering::Relaxed)
+        let next = |e: u64| Some(e.saturating_add(1));
+        match self
+            .next_epoch
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, next)
+        {
+            Ok(e) | Err(e) => e,
+        }
     }
 }
 
@@ -205,12 +214,13 @@ where
     /// the last one received.
     pub fn epoch(&self, epoch: u64) -> Epoch<B::Batch> {
         let first = self.run.first_batch(epoch);
+        let refused = check_epoch(epoch).err();
         // A position's batch is at most the epoch's length (checked when it was given).
         let batches = self.sampler.batches_from(epoch, first as usize);
-        let n = batches.len();
+        let n = if refused.is_some() { 0 } else { batches.len() };
         let dataset: Arc<dyn Dataset<Sample = D::Sample>> = self.dataset.clone();
         let spec = self.run.spec(
-            Box::new(batches.map(Job::Indices)),
+            Box::new(batches.take(n).map(Job::Indices)),
             Some(dataset),
             self.batcher.clone(),
             EpochSeed {
@@ -218,11 +228,15 @@ where
                 epoch,
             },
         );
+        // A refused epoch has no length, so its position stays where it starts.
         let progress = Progress::new(
             self.sampler.position_at(epoch, first),
-            Some(self.sampler.len()),
+            refused.is_none().then(|| self.sampler.len()),
         );
-        let e = Epoch::new(Pipeline::start(spec), n, epoch, progress.clone());
+        let mut e = Epoch::new(Pipeline::start(spec), n, epoch, progress.clone());
+        if let Some(error) = refused {
+            e = e.refused(error);
+        }
         self.run.started(e.counters(), progress);
         e
     }
@@ -402,7 +416,10 @@ where
             .saturating_mul(self.batch_size as u64)
             .saturating_mul(world as u64);
         let (batch_size, drop_last) = (self.batch_size, self.drop_last);
-        let jobs: Jobs<S> = if skip == 0 {
+        let refused = check_epoch(epoch).err();
+        let jobs: Jobs<S> = if refused.is_some() {
+            Box::new(std::iter::empty())
+        } else if skip == 0 {
             Box::new(Chunks {
                 items: shard_stream(self.source.open(epoch), 0, rank, world),
                 batch_size,
@@ -423,7 +440,10 @@ where
         let seed = EpochSeed { seed: None, epoch };
         let spec = self.run.spec(jobs, None, self.batcher.clone(), seed);
         let progress = Progress::new(self.position_at(epoch, first), None);
-        let e = StreamEpoch::new(Pipeline::start(spec), epoch, progress.clone());
+        let mut e = StreamEpoch::new(Pipeline::start(spec), epoch, progress.clone());
+        if let Some(error) = refused {
+            e = e.refused(error);
+        }
         self.run.started(e.counters(), progress);
         e
     }

@@ -79,6 +79,12 @@ pub struct Position {
 }
 
 impl Position {
+    /// The largest epoch and batch number a position holds: 2⁶³ − 1, so every position fits a
+    /// signed 64-bit integer (as checkpoints written by other tools store numbers). A loader
+    /// runs epochs below it, so the position after its last epoch still fits; a position or an
+    /// epoch past it is an error ([`Error::Position`]), never a wrap to epoch 0.
+    pub const LIMIT: u64 = i64::MAX as u64;
+
     /// The position at batch `batch` of epoch `epoch` of a loader with these settings.
     pub(crate) fn new(
         (epoch, batch): (u64, u64),
@@ -253,6 +259,14 @@ impl Position {
         if self.batch_size == 0 {
             return bad("a batch size of 0".into());
         }
+        if self.epoch > Position::LIMIT || self.batch > Position::LIMIT {
+            return bad(format!(
+                "epoch {} batch {}: epochs and batches go up to {} (`Position::LIMIT`)",
+                self.epoch,
+                self.batch,
+                Position::LIMIT
+            ));
+        }
         for v in [self.rank, self.world, self.batch_size]
             .into_iter()
             .chain(self.samples)
@@ -318,6 +332,20 @@ impl Position {
         }
         Ok(())
     }
+}
+
+/// Refuses to run an epoch whose end could not be saved as a position.
+pub(crate) fn check_epoch(epoch: u64) -> Result<()> {
+    if epoch >= Position::LIMIT {
+        return Err(Error::Position {
+            problem: format!(
+                "epoch {epoch} cannot run: epochs run below {} (`Position::LIMIT`), so the \
+                 position after each still fits a signed 64-bit integer",
+                Position::LIMIT
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn check_version(version: u64) -> Result<()> {
@@ -463,10 +491,15 @@ impl Progress {
     /// Where the consumer is: after the last batch received, or at the start of the next epoch
     /// once this one is over.
     pub(crate) fn position(&self) -> Position {
-        let batch = self.start.batch + self.received.load(Ordering::Relaxed);
+        // Both stay within `Position::LIMIT`: epochs past `LIMIT - 1` never run (`check_epoch`),
+        // and no run receives 2⁶³ batches.
+        let batch = self
+            .start
+            .batch
+            .saturating_add(self.received.load(Ordering::Relaxed));
         let over = self.ended.load(Ordering::Relaxed) || self.batches == Some(batch);
         if over {
-            self.start.at(self.start.epoch + 1, 0)
+            self.start.at(self.start.epoch.saturating_add(1), 0)
         } else {
             self.start.at(self.start.epoch, batch)
         }
@@ -484,8 +517,8 @@ mod tests {
     fn random(r: &mut SplitMix64) -> Position {
         let world = 1 + r.below(64);
         Position {
-            epoch: r.next_u64() >> r.below(64),
-            batch: r.next_u64() >> r.below(64),
+            epoch: r.next_u64() >> (1 + r.below(63)),
+            batch: r.next_u64() >> (1 + r.below(63)),
             seed: (r.below(2) == 0).then(|| r.next_u64()),
             rank: r.below(world),
             world,
@@ -579,6 +612,30 @@ mod tests {
             match p.check_settings(&current) {
                 Err(Error::Resume { setting: s, .. }) => assert_eq!(s, setting),
                 other => panic!("{setting}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn epochs_and_batches_past_the_limit_are_refused() {
+        let p = Position::new((0, 0), Some(1), (0, 1), Some(10), 2, false);
+        let at = |epoch, batch| p.at(epoch, batch);
+        for ok in [at(Position::LIMIT, 0), at(0, Position::LIMIT)] {
+            assert_eq!(Position::from_bytes(&ok.to_bytes()).unwrap(), ok);
+            assert_eq!(ok.to_string().parse::<Position>().unwrap(), ok);
+        }
+        for bad in [
+            at(Position::LIMIT + 1, 0),
+            at(u64::MAX, 0),
+            at(0, Position::LIMIT + 1),
+            at(3, u64::MAX),
+        ] {
+            for e in [
+                Position::from_bytes(&bad.to_bytes()).unwrap_err(),
+                bad.to_string().parse::<Position>().unwrap_err(),
+            ] {
+                assert!(matches!(e, Error::Position { .. }), "{e}");
+                assert!(e.to_string().contains("Position::LIMIT"), "{e}");
             }
         }
     }

@@ -462,3 +462,45 @@ fn rows_are_zero_copy_views() {
     ));
     assert!(Rows::new(Tensor::from_vec(vec![1u8], &[]).unwrap()).is_err());
 }
+
+#[test]
+fn epochs_past_the_position_limit_are_errors_not_a_wrap_to_epoch_0() {
+    use super::Position;
+    let pool = pool();
+    let loader = loader(2, &pool);
+    // The last epoch that runs ends at a position that still fits, and reads back.
+    let last = Position::LIMIT - 1;
+    let mut epoch = loader.epoch(last);
+    assert_eq!(epoch.len(), loader.len());
+    assert!(epoch.by_ref().all(|b| b.is_ok()));
+    let end = epoch.position();
+    assert_eq!((end.epoch(), end.batch()), (Position::LIMIT, 0));
+    assert_eq!(end.to_string().parse::<Position>().unwrap(), end);
+    drop(epoch);
+    // Past it: one error naming the limit, then the end; the position does not move.
+    for e in [Position::LIMIT, u64::MAX] {
+        let mut epoch = loader.epoch(e);
+        let err = epoch.next().unwrap().map(|_| ()).unwrap_err();
+        assert!(matches!(err, Error::Position { .. }), "{err}");
+        assert!(err.to_string().contains("Position::LIMIT"), "{err}");
+        assert!(epoch.next().is_none());
+        assert_eq!(epoch.position().epoch(), e);
+    }
+    // `iter` after `set_epoch(u64::MAX)` stays there instead of going back to epoch 0.
+    loader.set_epoch(u64::MAX);
+    assert!(loader.iter().next().unwrap().is_err());
+    assert_eq!(loader.next_epoch(), u64::MAX);
+    assert_eq!(pool.stats().in_use_bytes, 0);
+    // Streams too.
+    let source = IterSource::new(|_| (0..4u32).map(|i| Ok(Tensor::from_vec1(vec![i]))));
+    let stream = Loader::builder(source)
+        .batch_size(2)
+        .workers(2)
+        .pool(pool.clone())
+        .build(Stack)
+        .unwrap();
+    let mut epoch = stream.epoch(u64::MAX);
+    assert!(matches!(epoch.next(), Some(Err(Error::Position { .. }))));
+    assert!(epoch.next().is_none());
+    assert_eq!(stream.epoch(Position::LIMIT - 1).count(), 2);
+}
