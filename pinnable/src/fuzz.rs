@@ -206,9 +206,9 @@ impl Fuzz {
     }
 }
 
-/// The run's seed: `PINNABLE_SEED`, or the clock (fixed under Miri, which has no clock or
-/// environment to read).
-fn run_seed() -> u64 {
+/// The run's seed (also for other tests' fresh random data): `PINNABLE_SEED`, or the clock
+/// (fixed under Miri, which has no clock or environment to read).
+pub(crate) fn run_seed() -> u64 {
     if cfg!(miri) {
         return 0x5EED;
     }

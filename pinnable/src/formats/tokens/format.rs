@@ -26,7 +26,10 @@ pub enum ShardFormat {
     /// magic numbers (20240520, 20240801) in the first 4 bytes, anything else raw u16 tokens
     /// (nanoGPT's `train.bin`). A raw u16 file cannot be mistaken for llm.c's: its first two
     /// tokens would be 55432 and 308 (or 55489 and 308), and no raw file of u32 tokens is read
-    /// as u16 without [`Raw`](Self::Raw) saying so — give the format explicitly for those.
+    /// as u16 without [`Raw`](Self::Raw) saying so — give the format explicitly for those. A
+    /// file that starts with what looks like a damaged header of either (a `.npy` magic one
+    /// byte off; 1024 bytes shaped like llm.c's header with a magic it does not write) is
+    /// refused, not read as tokens: name its format to read it anyway.
     #[default]
     Auto,
     /// Raw little-endian tokens and nothing else, u16 ([`DType::U16`]) or u32
@@ -114,7 +117,10 @@ pub(crate) fn layout(format: ShardFormat, head: &[u8], file_len: u64) -> Result<
         {
             ShardFormat::LlmC
         }
-        ShardFormat::Auto => ShardFormat::Raw(DType::U16),
+        ShardFormat::Auto => {
+            refuse_header_shaped(head, file_len)?;
+            ShardFormat::Raw(DType::U16)
+        }
         f => f,
     };
     let layout = match format {
@@ -126,6 +132,62 @@ pub(crate) fn layout(format: ShardFormat, head: &[u8], file_len: u64) -> Result<
         (layout.offset as u64) + (layout.tokens as u64) * (layout.dtype.size() as u64) <= file_len
     );
     Ok(Layout { format, ..layout })
+}
+
+/// In automatic detection, a file that is neither a `.npy` file nor llm.c's but starts with
+/// what looks like one of their headers is refused rather than read as raw u16 tokens (its
+/// header would become tokens). The rule:
+/// - `.npy`-shaped: the first 6 bytes differ from `\x93NUMPY` in exactly one byte;
+/// - llm.c-shaped: the file has at least 1024 bytes, and its third little-endian i32 is the
+///   number of u16 or u32 tokens after a 1024-byte header, or the 1012 bytes after the first
+///   three i32 are all zero (llm.c writes its header as 256 i32, unused ones zero).
+///
+/// Real text tokenized into u16 has neither: a 4-byte field equal to the file's token count
+/// is a 1-in-2³² coincidence, and 506 zero tokens in a row do not occur in text. A raw file
+/// that does start so can still be read by naming its format ([`ShardFormat::Raw`]).
+fn refuse_header_shaped(head: &[u8], file_len: u64) -> Result<(), Problem> {
+    let advice = "the file is damaged; if it really holds raw tokens, give its format \
+                  explicitly (ShardFormat::Raw(DType::U16))";
+    if head.len() >= NPY_MAGIC.len() {
+        let differ = head.iter().zip(NPY_MAGIC).filter(|(a, b)| a != b).count();
+        if differ == 1 {
+            return problem(
+                "header",
+                format!(
+                    "it starts with {:02x?}, one byte away from the .npy magic \\x93NUMPY: \
+                     {advice}",
+                    &head[..NPY_MAGIC.len()]
+                ),
+            );
+        }
+    }
+    if file_len < LLMC_HEADER as u64 || head.len() < LLMC_HEADER {
+        return Ok(());
+    }
+    let int = |i: usize| i32::from_le_bytes(head[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    let tokens = file_len - LLMC_HEADER as u64;
+    let count = u64::try_from(int(2)).ok();
+    let counts = count.is_some_and(|n| n * 2 == tokens || n * 4 == tokens);
+    let zeros = head[12..LLMC_HEADER].iter().all(|&b| b == 0);
+    if counts || zeros {
+        let why = if counts {
+            format!(
+                "its third i32 ({}) is the token count after a 1024-byte header",
+                int(2)
+            )
+        } else {
+            "its first 1024 bytes are three i32 and zeros".to_owned()
+        };
+        return problem(
+            "header[0] (magic)",
+            format!(
+                "{}, which is not llm.c's 20240520 or 20240801, but the file looks like an \
+                 llm.c shard ({why}): {advice}",
+                int(0)
+            ),
+        );
+    }
+    Ok(())
 }
 
 fn raw(dtype: DType, file_len: u64) -> Result<Layout, Problem> {
@@ -362,6 +424,78 @@ mod tests {
             "shape"
         );
         assert_eq!(field_of(parse(ShardFormat::Npy, &[1, 2, 3])), "header");
+    }
+
+    #[test]
+    fn a_damaged_header_is_refused_not_read_as_raw_tokens() {
+        let mut r = SplitMix64::new(crate::fuzz::run_seed());
+        for _ in 0..200 {
+            let tokens = 2 * (1 + r.below(500) as usize);
+            // llm.c's magic off by a little, or any wrong magic with the right count.
+            let good = LLMC[r.below(2) as usize];
+            let step = [1, -1, 1 << 8, r.next_u64() as i32 | 1][r.below(4) as usize];
+            let magic = good.0.wrapping_add(step);
+            let n = tokens / good.2.size();
+            let damaged = llmc_file(magic, good.1, n as i32, tokens);
+            let p = parse(ShardFormat::Auto, &damaged).unwrap_err();
+            assert_eq!(p.field, "header[0] (magic)");
+            assert!(p.problem.contains("ShardFormat::Raw"), "{}", p.problem);
+            // A wrong count too: the zeros give it away.
+            let damaged = llmc_file(magic, good.1, n as i32 + 1, tokens);
+            assert!(parse(ShardFormat::Auto, &damaged).is_err());
+            // Named explicitly, the same bytes are raw tokens.
+            let raw = parse(ShardFormat::Raw(DType::U16), &damaged).unwrap();
+            assert_eq!(raw.tokens, damaged.len() / 2);
+            // A .npy magic with one byte changed.
+            let mut npy = npy_file("<u2", "(6,)", 12);
+            let i = r.below(6) as usize;
+            npy[i] ^= 1 + r.below(255) as u8;
+            assert_eq!(field_of(parse(ShardFormat::Auto, &npy)), "header");
+        }
+        // Random u16 tokens (text) are still raw, whatever their length.
+        for _ in 0..200 {
+            let n = r.below(4096) as usize;
+            let text: Vec<u8> = (0..2 * n).map(|_| r.next_u64() as u8).collect();
+            let l = parse(ShardFormat::Auto, &text).unwrap();
+            assert_eq!((l.format, l.tokens), (ShardFormat::Raw(DType::U16), n));
+        }
+    }
+
+    /// The shard headers under the crate's property-test harness: seeds of every format,
+    /// mutated; every layout accepted lies within the file, no input panics or hangs.
+    #[test]
+    fn shard_headers_under_the_property_test_harness() {
+        let seeds = vec![
+            llmc_file(20240520, 1, 5, 10),
+            llmc_file(20240801, 7, 3, 12),
+            npy_file("<u2", "(6,)", 12),
+            npy_file("<u4", "(2,)", 8),
+        ];
+        crate::fuzz::Fuzz::new("token_shard_header")
+            .seeds(seeds)
+            .tokens(&[
+                b"\x93NUMPY",
+                &20240520i32.to_le_bytes(),
+                &20240801i32.to_le_bytes(),
+            ])
+            .run(|file| {
+                let formats = [
+                    ShardFormat::Auto,
+                    ShardFormat::Raw(DType::U32),
+                    ShardFormat::LlmC,
+                    ShardFormat::Npy,
+                ];
+                for format in formats {
+                    let len = file.len() as u64;
+                    if let Ok(l) = layout(format, &file[..file.len().min(HEAD)], len) {
+                        let end = l.offset as u64 + l.tokens as u64 * l.dtype.size() as u64;
+                        if end > len || l.format == ShardFormat::Auto {
+                            return Err(format!("{format}: {l:?} for {len} bytes"));
+                        }
+                    }
+                }
+                Ok(())
+            });
     }
 
     /// Arbitrary bytes, and valid headers with random damage, never panic or hang, and every
