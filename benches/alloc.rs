@@ -8,7 +8,6 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use pinnable::alloc::rounded_size;
 use pinnable::{BackendChoice, PinnedPool, PoolConfig};
 use rand::Rng;
 
@@ -62,7 +61,7 @@ fn hit(bytes: usize) -> String {
 /// `cuMemHostRegister` the mmap and the parallel pre-fault), and of the backend free.
 fn miss(bytes: usize, backend: BackendChoice) -> String {
     let gpu = !matches!(backend, BackendChoice::Mlock);
-    if gpu && !pinnable::cuda::is_available() {
+    if gpu && !pinnable::Device::is_available() {
         return "skipped".into();
     }
     let pool = PinnedPool::new(PoolConfig::default().backend(backend));
@@ -90,7 +89,7 @@ fn miss(bytes: usize, backend: BackendChoice) -> String {
 }
 
 fn cost_table(out: &mut String) {
-    let _ = pinnable::alloc::raise_memlock_limit();
+    let _ = pinnable::PinnedPool::raise_memlock_limit();
     writeln!(out, "### Allocation cost (median; alloc / free)\n").unwrap();
     writeln!(
         out,
@@ -116,13 +115,13 @@ fn cost_table(out: &mut String) {
                 .unwrap_or_default()
         );
     }
-    if let Some(reason) = pinnable::cuda::unavailable_reason() {
+    if let Some(reason) = pinnable::Device::unavailable_reason() {
         writeln!(out, "\nskipped: GPU columns: {reason}").unwrap();
     }
     writeln!(
         out,
         "\nCache hit on a pool with the default backend ({}).",
-        if pinnable::cuda::is_available() {
+        if pinnable::Device::is_available() {
             "CUDA"
         } else {
             "mlock: no CUDA here"
@@ -133,7 +132,7 @@ fn cost_table(out: &mut String) {
 
 /// PyTorch's rounding: whole pages, then the next power of two.
 fn power_of_two(bytes: usize) -> usize {
-    rounded_size(1).max(bytes.next_power_of_two())
+    pinnable::PinnedPool::rounded_size(1).max(bytes.next_power_of_two())
 }
 
 fn waste_table(out: &mut String) {
@@ -152,7 +151,7 @@ fn waste_table(out: &mut String) {
         let mut add = |row: usize, bytes: usize| {
             let r = &mut rows[row];
             r.1 += bytes as u128;
-            r.2 += rounded_size(bytes) as u128;
+            r.2 += pinnable::PinnedPool::rounded_size(bytes) as u128;
             r.3 += power_of_two(bytes) as u128;
         };
         add(0, b * 3 * 224 * 224 * 4);

@@ -79,7 +79,7 @@ fn main() {
         "# one block per batch\n\ndevice: {} ({}), copy threads: {}\n",
         dev.name(),
         dev.pcie_bus_id().unwrap_or_default(),
-        pinnable::copy::copy_threads()
+        pinnable::copy_threads()
     ));
 
     // --- An already-pinned 64 × 1 MiB + labels batch.

@@ -23,7 +23,7 @@
 //! `PINNABLE_BENCH_GATHER_WORKERS` (2). Needs the `candle-cuda` feature and a GPU.
 
 use candle_core as candle;
-use pinnable::loader::{Dataset, FnDataset, Loader, Rows, Stack};
+use pinnable::loader::{Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Device, Gather, Pinnable, Tensor, ToDevice};
 use pinnable_harness::bench::{self, Spread, Throughput, raw_one_copy};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
@@ -58,7 +58,7 @@ struct Setup {
     /// candle CPU tensors: the pageable batch both `to_device` loops move.
     batch: Batch,
     /// The host-collated loader's samples: views of a pageable array.
-    rows: Rows,
+    rows: TensorRows,
     /// The same images pinned once, and their labels, for the gathered loader.
     pinned: Tensor,
     labels: Tensor,
@@ -137,7 +137,7 @@ impl Setup {
                 Gather::rows(&labels, rows)?,
             ))
         })?;
-        self.drive(loader.epoch(0), |(x, y): (Gather, Gather)| {
+        self.drive(loader.run_epoch(0), |(x, y): (Gather, Gather)| {
             Ok((x.into_tensor()?, y.into_tensor()?))
         })
     }
@@ -153,7 +153,7 @@ impl Setup {
             .workers(self.workers)
             .device(self.dev.clone())
             .build(Stack)?;
-        self.drive(loader.epoch(0), Ok)
+        self.drive(loader.run_epoch(0), Ok)
     }
 
     /// Runs a loader's epoch to candle; checks the first batch; the figure and the pinned
@@ -241,7 +241,7 @@ fn main() {
     let cpu = &candle::Device::Cpu;
     let repeats = env_usize("PINNABLE_BENCH_REPEATS").unwrap_or(7).max(5);
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let rows = Rows::new(random_tensor(
+    let rows = TensorRows::new(random_tensor(
         &mut r,
         DType::F32,
         &[IMAGES, IMAGE[0], IMAGE[1], IMAGE[2]],

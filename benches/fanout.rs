@@ -6,7 +6,7 @@
 //! batches runs here.
 
 use cudarc::driver::{result, sys};
-use pinnable::{DType, Device, Pinnable, Route, Tensor, ToDevice, ToDevices};
+use pinnable::{DType, Device, FanoutRoute, Pinnable, Tensor, ToDevice, ToDevices};
 use pinnable_harness::bench::{Table, check, time};
 use pinnable_harness::{cuda_pair_or_skip, random_tensor, rng};
 
@@ -93,9 +93,9 @@ fn main() {
         None,
     );
     for (name, route) in [
-        ("Auto", Route::Auto),
-        ("HostToEach", Route::HostToEach),
-        ("HostThenPeer", Route::HostThenPeer),
+        ("Auto", FanoutRoute::Auto),
+        ("HostToEach", FanoutRoute::HostToEach),
+        ("HostThenPeer", FanoutRoute::HostThenPeer),
     ] {
         let ours = time(3, 20, || {
             drop(pinned.to_devices_by(&devices, false, route).unwrap())
@@ -139,7 +139,7 @@ fn main() {
     );
     t.note(&format!(
         "\nAuto resolves to {:?} for two devices.\n",
-        Route::Auto.resolve(&devices)
+        FanoutRoute::Auto.resolve(&devices)
     ));
     t.save("fanout.md");
 }

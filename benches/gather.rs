@@ -39,7 +39,7 @@ fn main() {
         return;
     };
     let mut r = rng("bench gather");
-    println!("gather kernels: {:?}", pinnable::cuda::gather_kernels(&dev));
+    println!("gather kernels: {:?}", dev.gather_kernels());
     let ceiling = raw_one_copy(&dev, BATCH);
     // `PINNABLE_BENCH_ONLY=small` runs the small tensors' figure alone; `=beside` the figures
     // beside a compute kernel alone (of the routes `PINNABLE_BENCH_ROUTES` lists, if set).
@@ -317,7 +317,7 @@ fn small_tensors(dev: &Device, r: &mut SmallRng, table: &mut Table) {
     table.note(&format!(
         "## 1000 pinned tensors of 4 KiB, `to_device(true)` + sync (median of 30; gather \
          kernels {})\n\n",
-        if pinnable::cuda::gather_kernels(dev).is_ok() {
+        if dev.gather_kernels().is_ok() {
             "on"
         } else {
             "off"

@@ -340,7 +340,7 @@ where
         .workers(workers)
         .device(device.clone())
         .build(batcher)?;
-    let mut epoch = loader.epoch(0);
+    let mut epoch = loader.run_epoch(0);
     for b in epoch.by_ref().take(warmup) {
         consume(&images(b?)?.0);
     }

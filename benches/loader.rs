@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
-use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Rows, Stack};
+use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
 use pinnable_harness::bench::{Report, Throughput, event_time, median, torch_rows};
@@ -56,7 +56,7 @@ fn worker_counts() -> Vec<usize> {
 
 /// The "views" dataset: zero-copy views of `images`.
 fn dataset(
-    images: &Rows,
+    images: &TensorRows,
     len: usize,
 ) -> FnDataset<impl Fn(usize) -> pinnable::Result<(Tensor, i64)> + Send + Sync + 'static> {
     let images = images.clone();
@@ -75,7 +75,7 @@ struct Run {
 /// Runs one epoch of `warmup + batches` batches through `consume`; times the part after the
 /// warm-up (blocks allocated, pipeline full).
 fn run(
-    images: &Rows,
+    images: &TensorRows,
     decode: bool,
     workers: usize,
     batches: usize,
@@ -151,7 +151,7 @@ where
     B::Batch: ToDevice + 'static,
 {
     let bytes = BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8;
-    let (fig, stats) = bench::epoch(loader.epoch(0), WARMUP, bytes, |b| {
+    let (fig, stats) = bench::epoch(loader.run_epoch(0), WARMUP, bytes, |b| {
         consume(&tensors(b)?);
         Ok(())
     })?;
@@ -173,7 +173,7 @@ fn main() {
         env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 200 } else { 24 });
     let count =
         env_usize("PINNABLE_BENCH_IMAGES").unwrap_or(if gpu.is_some() { 2048 } else { 256 });
-    let images = Rows::new(random_tensor(
+    let images = TensorRows::new(random_tensor(
         &mut r,
         DType::F32,
         &[count, IMAGE[0], IMAGE[1], IMAGE[2]],
@@ -228,7 +228,7 @@ fn main() {
 
 fn gpu_part(
     dev: &Device,
-    images: &Rows,
+    images: &TensorRows,
     workers: &[usize],
     batches: usize,
     batch_bytes: usize,

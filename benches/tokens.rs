@@ -100,7 +100,7 @@ fn run(
         .workers(workers)
         .device(device.clone())
         .build(batcher)?;
-    let mut epoch = loader.epoch(0);
+    let mut epoch = loader.run_epoch(0);
     let warmup = (epoch.len() / 4).min(16);
     let batches = batches.min(epoch.len() - warmup);
     for batch in epoch.by_ref().take(warmup) {

@@ -25,7 +25,7 @@ fn main() {
         "# transfer bench\n\ndevice: {} ({}), copy threads: {}\n",
         dev.name(),
         dev.pcie_bus_id().unwrap_or_default(),
-        pinnable::copy::copy_threads()
+        pinnable::copy_threads()
     ));
 
     // --- 256 MiB from pinned memory: the raw ceiling vs ours.

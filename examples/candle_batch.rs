@@ -22,7 +22,7 @@ struct Batch {
 
 /// candle's `cuda:0` when this build has candle's CUDA backend and a GPU is there.
 fn candle_device() -> candle::Device {
-    if cfg!(feature = "candle-cuda") && pinnable::cuda::is_available() {
+    if cfg!(feature = "candle-cuda") && pinnable::Device::is_available() {
         match candle::Device::new_cuda(0) {
             Ok(d) => return d,
             Err(e) => println!("candle cannot open cuda:0 ({e}); running on the CPU"),

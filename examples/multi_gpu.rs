@@ -48,7 +48,7 @@ struct Setup {
 /// The devices to feed and the work for each: every GPU, or only `cuda:LOCAL_RANK` in a rank's
 /// process. Without CUDA, two host "devices" (one for a rank).
 fn setup(rank: Option<&Launch>) -> pinnable::Result<Setup> {
-    let gpus = pinnable::cuda::device_count();
+    let gpus = pinnable::Device::count();
     let devices: Vec<Device> = match (gpus, rank) {
         (0, None) => vec![Device::cpu(), Device::cpu()],
         (0, Some(_)) => vec![Device::cpu()],
@@ -205,7 +205,7 @@ where
     B: Batcher<D::Sample> + 'static,
     B::Batch: ToDevice + Arrived + 'static,
 {
-    let (fig, _) = bench::epoch(loader.epoch(0), WARMUP, batch_bytes(), |b| b.wait())?;
+    let (fig, _) = bench::epoch(loader.run_epoch(0), WARMUP, batch_bytes(), |b| b.wait())?;
     Ok(fig)
 }
 

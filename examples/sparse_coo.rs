@@ -4,10 +4,10 @@
 //!
 //!     cargo run --release --example sparse_coo
 
-use pinnable::check::{self, Layout, TensorMeta};
 use pinnable::{
     Device, MoveContext, PinContext, Pinnable, Placement, Result, Tensor, ToDevice, Walk,
 };
+use pinnable::{TensorLayout, TensorMeta};
 
 /// A sparse matrix in coordinate format: `indices` is i64 `[2, nnz]`, `values` is `[nnz]`.
 #[derive(Clone, Debug)]
@@ -55,8 +55,8 @@ impl TensorMeta for SparseCoo {
     fn placement(&self) -> Placement {
         self.values.placement()
     }
-    fn layout(&self) -> Layout {
-        Layout::Other("sparse COO")
+    fn layout(&self) -> TensorLayout {
+        TensorLayout::Other("sparse COO")
     }
 }
 
@@ -112,7 +112,7 @@ fn main() -> Result<()> {
     );
 
     // The dense-CPU check refuses the sparse type as a whole, naming the field and layout.
-    let err = check::dense_cpu(&batch.adjacency, &pinnable::FieldPath::new()).unwrap_err();
+    let err = pinnable::dense_cpu(&batch.adjacency, &pinnable::FieldPath::new()).unwrap_err();
     println!("as one dense tensor it is refused: {err}");
 
     match Device::cuda(0) {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pinnable::formats::npy::NpyArray;
-use pinnable::loader::{Collator, Dataset, Loader, Rows};
+use pinnable::loader::{Collator, Dataset, Loader, TensorRows};
 use pinnable::{Device, Tensor, ToDevice};
 
 const CHANNELS: usize = 3;
@@ -120,7 +120,7 @@ fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
 }
 
 /// The images as one array (held in memory, or saved and memory-mapped) and the labels.
-fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(Rows, Vec<i64>)> {
+fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(TensorRows, Vec<i64>)> {
     let per = CHANNELS * SIDE * SIDE;
     let pixels: Vec<f32> = (0..o.samples * per)
         .map(|k| pixel(k / per, k % per))
@@ -128,7 +128,7 @@ fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(Rows, Vec<i64>)> {
     let labels: Vec<i64> = (0..o.samples).map(label).collect();
     let shape = [o.samples, CHANNELS, SIDE, SIDE];
     if o.in_memory {
-        return Ok((Rows::new(Tensor::from_vec(pixels, &shape)?)?, labels));
+        return Ok((TensorRows::new(Tensor::from_vec(pixels, &shape)?)?, labels));
     }
     let (images_npy, labels_npy) = (dir.join("images.npy"), dir.join("labels.npy"));
     let io = |e: std::io::Error| pinnable::Error::Npy {
@@ -145,7 +145,7 @@ fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(Rows, Vec<i64>)> {
     let labels = unsafe { NpyArray::open(&labels_npy) }?
         .tensor()
         .to_vec::<i64>()?;
-    Ok((Rows::new(images.tensor().clone())?, labels))
+    Ok((TensorRows::new(images.tensor().clone())?, labels))
 }
 
 fn progress(done: usize, total: usize, started: Instant, waited_share: f64) {

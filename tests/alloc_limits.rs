@@ -5,17 +5,16 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use pinnable::alloc::rounded_size;
 use pinnable::{BackendChoice, Error, PinnedPool, PoolConfig};
 
 fn mlock_pool(config: PoolConfig) -> PinnedPool {
-    let _ = pinnable::alloc::raise_memlock_limit();
+    let _ = pinnable::PinnedPool::raise_memlock_limit();
     PinnedPool::new(config.backend(BackendChoice::Mlock))
 }
 
 #[test]
 fn over_budget_waits_for_the_configured_time_then_names_request_use_and_budget() {
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     let wait = Duration::from_millis(150);
     let pool = mlock_pool(PoolConfig::default().max_bytes(64 * page).wait(wait));
     let held = pool.alloc(40 * page).unwrap();
@@ -31,7 +30,7 @@ fn over_budget_waits_for_the_configured_time_then_names_request_use_and_budget()
     else {
         panic!("expected BudgetExceeded, got {err}");
     };
-    assert_eq!(*requested, rounded_size(30 * page));
+    assert_eq!(*requested, pinnable::PinnedPool::rounded_size(30 * page));
     assert_eq!((*in_use, *budget), (40 * page, 64 * page));
     assert!(
         *waited >= wait && took >= wait,
@@ -50,7 +49,7 @@ fn over_budget_waits_for_the_configured_time_then_names_request_use_and_budget()
 
 #[test]
 fn a_free_on_another_thread_unblocks_a_waiting_allocation() {
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     let pool = mlock_pool(
         PoolConfig::default()
             .max_bytes(32 * page)
@@ -81,7 +80,7 @@ fn a_free_on_another_thread_unblocks_a_waiting_allocation() {
 
 #[test]
 fn many_threads_never_over_commit_the_budget() {
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     let budget = 48 * page;
     let pool = mlock_pool(
         PoolConfig::default()

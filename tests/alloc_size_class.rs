@@ -1,19 +1,18 @@
 //! Size classes: at most 1/8 waste over the page-rounded request, and a reused block is never
 //! smaller than the request (PyTorch PR #192722).
 
-use pinnable::alloc::rounded_size;
 use pinnable::{BackendChoice, PinnedPool, PoolConfig};
 use rand::Rng;
 
 #[test]
 fn reserved_is_within_an_eighth_plus_a_page_for_1_byte_to_1_gib() {
     let mut rng = pinnable_harness::rng("size_classes_random");
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     assert!(page.is_power_of_two());
     for _ in 0..200_000 {
         let bits = rng.random_range(0..=30);
         let requested = rng.random_range(1..=1usize << bits);
-        let reserved = rounded_size(requested);
+        let reserved = pinnable::PinnedPool::rounded_size(requested);
         assert!(reserved >= requested, "{requested} -> {reserved}");
         assert_eq!(reserved % page, 0);
         assert!(
@@ -21,26 +20,29 @@ fn reserved_is_within_an_eighth_plus_a_page_for_1_byte_to_1_gib() {
             "{requested} -> {reserved}: more than 1/8 + a page"
         );
     }
-    assert_eq!(rounded_size(1 << 30), 1 << 30);
+    assert_eq!(pinnable::PinnedPool::rounded_size(1 << 30), 1 << 30);
 }
 
 #[test]
 fn power_of_two_requests_and_their_neighbours_round_tightly() {
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     for p in 12..=30 {
         let r = 1usize << p;
-        assert_eq!(rounded_size(r), r.div_ceil(page) * page);
-        assert!(rounded_size(r + 1) <= r + r / 8 + page);
-        assert!(rounded_size(r - 1) >= r - 1);
+        assert_eq!(
+            pinnable::PinnedPool::rounded_size(r),
+            r.div_ceil(page) * page
+        );
+        assert!(pinnable::PinnedPool::rounded_size(r + 1) <= r + r / 8 + page);
+        assert!(pinnable::PinnedPool::rounded_size(r - 1) >= r - 1);
     }
 }
 
 #[test]
 fn reused_large_block_is_never_smaller_than_the_request() {
     let mut rng = pinnable_harness::rng("size_classes_reuse");
-    let _ = pinnable::alloc::raise_memlock_limit();
+    let _ = pinnable::PinnedPool::raise_memlock_limit();
     let pool = PinnedPool::new(PoolConfig::default().backend(BackendChoice::Mlock));
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     let large = 512 * page;
     let big = pool.alloc(large).expect("a 2 MiB page-locked block");
     let big_ptr = big.as_ptr();
@@ -62,7 +64,7 @@ fn reused_large_block_is_never_smaller_than_the_request() {
         if b.as_ptr() == big_ptr {
             assert_eq!(
                 b.capacity(),
-                rounded_size(large),
+                pinnable::PinnedPool::rounded_size(large),
                 "the large block served {bytes}"
             );
         }

@@ -36,7 +36,7 @@ impl Drop for CompleteOnDrop {
 #[test]
 fn block_freed_during_a_copy_is_reused_only_after_the_fence_completes() {
     let mut rng = pinnable_harness::rng("alloc_stream_cpu");
-    let _ = pinnable::alloc::raise_memlock_limit();
+    let _ = pinnable::PinnedPool::raise_memlock_limit();
     let pool = PinnedPool::new(PoolConfig::default().backend(BackendChoice::Mlock));
     let bytes = rng.random_range(1..=256 << 10);
     let block = pool.alloc(bytes).unwrap();

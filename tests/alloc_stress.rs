@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use pinnable::alloc::{memlock_limit, raise_memlock_limit, rounded_size};
 use pinnable::{BackendChoice, Error, PinnedBlock, PinnedPool, PoolConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -66,13 +65,13 @@ fn check_canary(b: &PinnedBlock, tag: u64) {
 #[test]
 fn sixteen_threads_allocate_write_verify_free_without_leaks() {
     let seed = pinnable_harness::rng("alloc_stress").random::<u64>();
-    let _ = raise_memlock_limit();
+    let _ = pinnable::PinnedPool::raise_memlock_limit();
     // `PINNABLE_STRESS_MEMLOCK=bytes` sizes the test as if that limit bound (to exercise the
     // budgeted configuration on a machine where it does not).
     let limit = std::env::var("PINNABLE_STRESS_MEMLOCK")
         .ok()
         .and_then(|v| v.parse().ok())
-        .or_else(|| memlock_limit().filter(|_| !has_cap_ipc_lock()));
+        .or_else(|| pinnable::PinnedPool::memlock_limit().filter(|_| !has_cap_ipc_lock()));
     // Fit the locked-memory limit when it binds: the budget makes threads wait, never fail.
     let (large_max, config) = match limit {
         None => (4 << 20, PoolConfig::default()),
@@ -87,7 +86,7 @@ fn sixteen_threads_allocate_write_verify_free_without_leaks() {
     };
     println!("memlock limit {limit:?}, largest block {large_max} B");
     let pool = PinnedPool::new(config.backend(BackendChoice::Mlock));
-    let page = rounded_size(1);
+    let page = pinnable::PinnedPool::rounded_size(1);
     let budget_retries = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..THREADS)

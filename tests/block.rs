@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use pinnable::batch::{BatchLayout, PART_ALIGN};
+use pinnable::BatchLayout;
+const PART_ALIGN: usize = BatchLayout::PART_ALIGN;
 use pinnable::{BackendChoice, DType, Error, Pinnable, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::{bytes_of, random_tensor, rng};
 use rand::Rng;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use pinnable::check::{self, TensorMeta};
+use pinnable::TensorMeta;
 use pinnable::{
     DType, Device, MoveContext, PinContext, Pinnable, Placement, Result, Tensor, ToDevice, Walk,
 };
@@ -275,7 +275,7 @@ impl Fake {
     fn host() -> Fake {
         Fake {
             dtype: "f32",
-            placement: Placement::Cpu,
+            placement: Placement::Pageable,
         }
     }
 
@@ -299,7 +299,7 @@ impl TensorMeta for Fake {
 
 impl Pinnable for Fake {
     fn pin_with(&self, cx: &mut PinContext<'_>) -> Result<Self> {
-        check::dense_cpu(self, cx.path())?;
+        pinnable::dense_cpu(self, cx.path())?;
         Ok(self.clone())
     }
 }

@@ -2,7 +2,7 @@
 //! two-device tests send both copies to that GPU (printing `partly skipped: …`); without a GPU
 //! they skip (printing `skipped: …`).
 
-use pinnable::{DType, Device, Pinnable, Route, Tensor, ToDevice, ToDevices};
+use pinnable::{DType, Device, FanoutRoute, Pinnable, Tensor, ToDevice, ToDevices};
 use pinnable_harness::{bytes_of, cuda_targets_or_skip, random_batch, random_tensor, rng};
 use rand::Rng;
 
@@ -50,7 +50,11 @@ fn fan_out_to_two_devices_matches_the_source_by_every_route() {
     };
     let mut r = rng("fan_out_to_two_devices_matches_the_source_by_every_route");
     for i in 0..200 {
-        let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
+        let route = [
+            FanoutRoute::Auto,
+            FanoutRoute::HostToEach,
+            FanoutRoute::HostThenPeer,
+        ][i % 3];
         let mut batch = random_batch(&mut r, 6);
         let expected: Vec<Vec<u8>> = batch.iter().map(bytes_of).collect();
         let copies = batch

@@ -147,7 +147,7 @@ fn the_loader_gathers_each_batch_from_a_pinned_dataset_on_the_host() {
         })
         .unwrap();
     let mut seen = vec![0; n];
-    for b in loader.epoch(0) {
+    for b in loader.run_epoch(0) {
         let b = b.unwrap();
         let rows = b.labels.tensor().unwrap().to_vec::<i64>().unwrap();
         let rows: Vec<usize> = rows.into_iter().map(|i| i as usize).collect();
@@ -171,7 +171,7 @@ fn gathers_reach_the_device_intact_with_the_source_overwritten_at_once() {
     let mut r = rng(test);
     for i in 0..200 {
         let n = r.random_range(1..48);
-        // Rows from a few bytes (gathered on the host) to 1 MiB of f32 (copied straight).
+        // TensorRows from a few bytes (gathered on the host) to 1 MiB of f32 (copied straight).
         let row = if r.random_bool(0.5) {
             r.random_range(1..2000)
         } else {
@@ -320,7 +320,7 @@ fn the_loader_gathers_batches_on_the_device_from_a_pinned_dataset() {
         })
         .unwrap();
     let mut seen = vec![0; n];
-    for b in loader.epoch(3) {
+    for b in loader.run_epoch(3) {
         let b = b.unwrap();
         let images_t = b.images.tensor().unwrap();
         assert_eq!(images_t.placement(), Placement::Cuda(0));
@@ -347,7 +347,7 @@ fn a_gathered_batch_fans_out_to_two_devices() {
     let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
-    use pinnable::{Route, ToDevices};
+    use pinnable::{FanoutRoute, ToDevices};
     let mut r = rng(test);
     for i in 0..200 {
         let n = r.random_range(1..32);
@@ -357,7 +357,11 @@ fn a_gathered_batch_fans_out_to_two_devices() {
         let rows = random_rows(&mut r, n, count);
         let want = expected(&src, &rows);
         let g = Gather::rows(&src, rows.iter().copied()).unwrap();
-        let route = [Route::Auto, Route::HostToEach, Route::HostThenPeer][i % 3];
+        let route = [
+            FanoutRoute::Auto,
+            FanoutRoute::HostToEach,
+            FanoutRoute::HostThenPeer,
+        ][i % 3];
         let copies = g.to_devices_by(&devices, true, route).unwrap();
         assert_eq!(copies.len(), devices.len(), "one copy a target");
         drop(g);
@@ -408,7 +412,7 @@ fn gathering_loaders_feed_two_devices_at_once_each_its_own_shard() {
                 let images = &images;
                 s.spawn(move || {
                     let mut seen = Vec::new();
-                    for b in loader.epoch(5) {
+                    for b in loader.run_epoch(5) {
                         let (g_images, g_labels) = b.unwrap();
                         let t = g_images.tensor().unwrap();
                         assert_eq!(t.device().ordinal(), device.ordinal());

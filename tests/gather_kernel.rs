@@ -85,7 +85,7 @@ fn affine_bytes(
         .collect()
 }
 
-/// Rows of a source with rows of 1 B to `max_row` bytes (odd sizes, any dtype), at most
+/// TensorRows of a source with rows of 1 B to `max_row` bytes (odd sizes, any dtype), at most
 /// `budget` bytes of source.
 fn rows_case(r: &mut SmallRng, max_row: usize, budget: usize, pinned: bool) -> Case {
     let row = log_uniform(r, max_row);
@@ -148,7 +148,7 @@ fn windows_case(r: &mut SmallRng, pinned: bool) -> Case {
     }
 }
 
-/// Rows of u8 images `[n, C, H, W]` mapped per channel to f32, f16 or bf16.
+/// TensorRows of u8 images `[n, C, H, W]` mapped per channel to f32, f16 or bf16.
 fn images_case(r: &mut SmallRng, pinned: bool) -> Case {
     let c = r.random_range(1..5);
     let (h, w) = (r.random_range(1..40), r.random_range(1..40));
@@ -269,7 +269,7 @@ fn gathers_of_any_piece_size_reach_the_device_by_every_route() {
     let Some(dev) = cuda_or_skip(test) else {
         return;
     };
-    println!("gather kernels: {:?}", pinnable::cuda::gather_kernels(&dev));
+    println!("gather kernels: {:?}", dev.gather_kernels());
     let mut r = rng(test);
     let routes = [
         GatherRoute::Auto,

@@ -454,7 +454,7 @@ fn a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else() {
         .unwrap();
     let mut delivered = 0;
     let mut failure = None;
-    for batch in loader.epoch(0) {
+    for batch in loader.run_epoch(0) {
         match batch {
             Ok((images, labels)) => {
                 assert_eq!(images.shape(), &[4, 3, 16, 16]);
@@ -526,7 +526,7 @@ fn crops_and_flips_are_reproducible_from_the_seed_and_change_across_epochs() {
             .build(ImageBatcher)
             .unwrap();
         let mut by_index = vec![Vec::new(); 10];
-        for b in loader.epoch(epoch) {
+        for b in loader.run_epoch(epoch) {
             let (images, labels) = b.unwrap();
             let labels = labels.to_vec::<i64>().unwrap();
             for (row, &i) in images.to_vec::<u8>().unwrap().chunks(432).zip(&labels) {
@@ -644,7 +644,7 @@ fn normalised_batches_are_the_u8_batches_normalised() {
             .workers(2)
             .build(ImageBatcher)
             .unwrap();
-        loader.epoch(5).next().unwrap().unwrap().0
+        loader.run_epoch(5).next().unwrap().unwrap().0
     };
     let u8s = run(list().transform(t.clone())).to_vec::<u8>().unwrap();
     let f32s = run(list().transform(t.normalize(DType::F32, mean, std).unwrap()));

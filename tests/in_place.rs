@@ -126,11 +126,15 @@ fn a_loader_writing_in_place_allocates_per_batch_not_per_sample() {
             .build_with(move |indices, c| batch(key, indices, c))
             .unwrap();
         // One epoch to fill the pool's cache, one measured.
-        for b in loader.epoch(0) {
+        for b in loader.run_epoch(0) {
             check(key, &b.unwrap());
         }
-        let (seen, allocations) =
-            allocations_during(|| loader.epoch(1).map(|b| b.unwrap().1.numel()).sum::<usize>());
+        let (seen, allocations) = allocations_during(|| {
+            loader
+                .run_epoch(1)
+                .map(|b| b.unwrap().1.numel())
+                .sum::<usize>()
+        });
         assert_eq!(seen, samples);
         allocations
     };

@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pinnable::formats::npy::NpyArray;
-use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Launch, Loader, Rows, Stack};
+use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Launch, Loader, Stack, TensorRows};
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::samples::{Sample, collate, random_samples};
 use pinnable_harness::{bytes_of, random_tensor, rng};
@@ -41,7 +41,7 @@ where
     B: Batcher<Sample, Batch = Vec<Tensor>> + 'static,
 {
     loader
-        .epoch(epoch)
+        .run_epoch(epoch)
         .map(|b| {
             let b = b.unwrap();
             assert!(
@@ -172,7 +172,7 @@ fn shards_are_disjoint_equal_and_cover_the_epoch() {
                     .build(Stack)
                     .unwrap();
                 loader
-                    .epoch(5)
+                    .run_epoch(5)
                     .flat_map(|b| b.unwrap().1.to_vec::<i64>().unwrap())
                     .collect()
             })
@@ -225,7 +225,7 @@ fn an_error_in_sample_k_surfaces_with_k_and_the_loader_stops() {
         .iter()
         .position(|&i| i == k)
         .unwrap();
-    let results: Vec<_> = loader.epoch(0).collect();
+    let results: Vec<_> = loader.run_epoch(0).collect();
     assert_eq!(
         results.len(),
         position / 8 + 1,
@@ -299,7 +299,7 @@ fn dropping_mid_epoch_joins_threads_and_returns_every_block() {
     let pool = own_pool();
     let before = pool.stats().in_use_bytes;
     assert_eq!(loader_threads(), 0);
-    let loader = Loader::builder(Rows::new(images).unwrap())
+    let loader = Loader::builder(TensorRows::new(images).unwrap())
         .batch_size(16)
         .shuffle(r.random())
         .workers(4)
@@ -341,7 +341,7 @@ fn pinned_bytes_held_never_exceed_the_bound_with_a_slow_consumer() {
     let images = random_tensor(&mut r, DType::F32, &[256, 3, 16, 16]);
     let pool = own_pool();
     let (workers, prefetch) = (r.random_range(1..5), r.random_range(0..4));
-    let loader = Loader::builder(Rows::new(images).unwrap())
+    let loader = Loader::builder(TensorRows::new(images).unwrap())
         .batch_size(8)
         .workers(workers)
         .prefetch(prefetch)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use pinnable::loader::{Dataset, FnDataset, Loader, Rows, Stack};
+use pinnable::loader::{Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Error, PinnedPool, PoolConfig};
 use pinnable_harness::{random_tensor, rng};
 use rand::Rng;
@@ -55,7 +55,7 @@ fn soak_100k_batches_keep_pinned_memory_and_threads_flat() {
         .unwrap_or(100_000);
     let (batch, epochs, workers) = (32, 10, 2);
     let per_epoch = total / epochs;
-    let rows = Rows::new(random_tensor(&mut r, DType::F32, &[4096, 3, 16, 16])).unwrap();
+    let rows = TensorRows::new(random_tensor(&mut r, DType::F32, &[4096, 3, 16, 16])).unwrap();
     // Every epoch is `per_epoch` batches of zero-copy views. In every fifth epoch one sample
     // fails, so the error path (stop, join, return the blocks) is soaked too.
     let fail = Arc::new(AtomicBool::new(false));
@@ -86,7 +86,7 @@ fn soak_100k_batches_keep_pinned_memory_and_threads_flat() {
     let mut epoch = 0;
     while batches < total {
         fail.store(epoch % 5 == 4, Ordering::Relaxed);
-        for (i, b) in loader.epoch(epoch).enumerate() {
+        for (i, b) in loader.run_epoch(epoch).enumerate() {
             match b {
                 Ok(t) => {
                     block = block.max(t.pinned_block().unwrap().capacity());

@@ -28,7 +28,7 @@ fn labels_of(
     device: &Device,
 ) -> Vec<i64> {
     let mut seen = Vec::new();
-    for batch in loader.epoch(3) {
+    for batch in loader.run_epoch(3) {
         let (images, labels) = batch.unwrap();
         assert_eq!(images.device().ordinal(), device.ordinal());
         seen.extend(labels.to_cpu(false).unwrap().to_vec::<i64>().unwrap());

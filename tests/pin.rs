@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use pinnable::check::{TensorMeta, dense_cpu};
 use pinnable::{DType, Error, PinContext, Pinnable, Placement, Tensor, Walk};
+use pinnable::{TensorMeta, dense_cpu};
 use pinnable_harness::{bytes_of, random_tensor, rng};
 use rand::Rng;
 
@@ -182,12 +182,12 @@ fn large_batches_pin_through_parallel_copies() {
 
 #[test]
 fn cuda_is_unavailable_here_without_panicking() {
-    if pinnable::cuda::is_available() {
+    if pinnable::Device::is_available() {
         println!("skipped: cuda_is_unavailable_here_without_panicking: a CUDA device is present");
         return;
     }
-    assert_eq!(pinnable::cuda::device_count(), 0);
-    let reason = pinnable::cuda::unavailable_reason().unwrap();
+    assert_eq!(pinnable::Device::count(), 0);
+    let reason = pinnable::Device::unavailable_reason().unwrap();
     let err = pinnable::Device::cuda(0).unwrap_err();
     assert!(matches!(err, Error::CudaUnavailable { .. }));
     assert_eq!(err.to_string(), format!("CUDA is unavailable: {reason}"));

@@ -316,7 +316,7 @@ fn positions_from_other_settings_are_refused_naming_the_setting() {
             .workers(1)
     };
     let loader = builder(n).build(Stack).unwrap();
-    let mut epoch = loader.epoch(0);
+    let mut epoch = loader.run_epoch(0);
     epoch.next().unwrap().unwrap();
     let p = epoch.position();
     drop(epoch);
@@ -363,9 +363,9 @@ fn positions_from_other_settings_are_refused_naming_the_setting() {
     let loaders = per.build_per_device(&devices, Stack).unwrap();
     let whole: Vec<Vec<Vec<u8>>> = loaders
         .iter()
-        .map(|l| l.epoch(1).map(|b| bytes_of(&b.unwrap())).collect())
+        .map(|l| l.run_epoch(1).map(|b| bytes_of(&b.unwrap())).collect())
         .collect();
-    let mut e = loaders[1].epoch(1);
+    let mut e = loaders[1].run_epoch(1);
     let k = r.random_range(0..e.len());
     for _ in 0..k {
         e.next().unwrap().unwrap();

@@ -13,7 +13,7 @@ fn from_vec_round_trips_every_dtype() {
         assert_eq!(t.dtype(), dtype);
         assert_eq!(t.shape(), &shape);
         assert_eq!(bytes_of(&t).len(), shape[0] * shape[1] * dtype.size());
-        assert_eq!(t.placement(), Placement::Cpu);
+        assert_eq!(t.placement(), Placement::Pageable);
         assert!(t.is_contiguous());
     }
 }

@@ -111,7 +111,7 @@ fn batches_equal_the_reference_in_every_format_residency_and_dtype() {
             let loader = builder.build(batcher).unwrap();
             for epoch in 0..2 {
                 let order = loader.sampler().batches(epoch);
-                let got: Vec<TokenBatch> = loader.epoch(epoch).map(Result::unwrap).collect();
+                let got: Vec<TokenBatch> = loader.run_epoch(epoch).map(Result::unwrap).collect();
                 assert_eq!(got.len(), order.len());
                 for (batch, indices) in got.iter().zip(&order) {
                     let x = batch.x.tensor().unwrap();
@@ -367,7 +367,7 @@ fn ranks_get_disjoint_windows_that_cover_the_epoch() {
                 .workers(2)
                 .build(batcher)
                 .unwrap();
-            let e = loader.epoch(epoch);
+            let e = loader.run_epoch(epoch);
             lens.push(e.len());
             for b in e {
                 let x = xy(&b.unwrap()).0;

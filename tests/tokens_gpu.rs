@@ -90,7 +90,7 @@ fn two_hundred_random_batches_reach_the_device_equal_to_the_reference() {
             .unwrap();
         let epoch = r.random_range(0..4);
         let order = loader.sampler().batches(epoch);
-        for (batch, indices) in loader.epoch(epoch).zip(&order).take(20) {
+        for (batch, indices) in loader.run_epoch(epoch).zip(&order).take(20) {
             let batch = batch.unwrap();
             assert_eq!(batch.x.shape(), vec![indices.len(), context]);
             assert_eq!(batch.x.dtype(), dtype);
@@ -142,7 +142,7 @@ fn a_run_resumed_on_the_device_delivers_the_uninterrupted_batches() {
     let whole: Vec<(Vec<i64>, Vec<i64>)> = (0..epochs)
         .flat_map(|e| {
             loader
-                .epoch(e)
+                .run_epoch(e)
                 .map(|b| xy(&b.unwrap(), &dev))
                 .collect::<Vec<_>>()
         })
@@ -162,7 +162,7 @@ fn a_run_resumed_on_the_device_delivers_the_uninterrupted_batches() {
         let first = b.build(batcher).unwrap();
         let mut got = Vec::new();
         'run: for e in 0..epochs {
-            let mut epoch = first.epoch(e);
+            let mut epoch = first.run_epoch(e);
             loop {
                 if got.len() == stop {
                     break 'run;

@@ -1,32 +1,3 @@
-//! Batches built in place in pinned memory: one block per batch, writable views of it.
-//!
-//! Say what the batch holds with a [`BatchLayout`], reserve its one block with
-//! [`BatchLayout::allocate`], write each tensor through a [`TensorMut`] (safe Rust: typed
-//! slices, row views, gathers from other tensors), and [`finish`](PinnedBatch::finish) it into
-//! tensors. They share the block, which goes back to the pool when the last of them is dropped
-//! and every copy reading it has finished. Offsets inside the block are multiples of
-//! [`PART_ALIGN`] bytes, the same as inside a moved batch's device allocation, so the whole
-//! batch moves to a device with one copy.
-//!
-//! ```
-//! use pinnable::batch::BatchLayout;
-//! use pinnable::DType;
-//!
-//! let mut layout = BatchLayout::new();
-//! let images = layout.push(DType::F32, &[4, 3, 2, 2])?;
-//! let labels = layout.push(DType::I64, &[4])?;
-//! let mut batch = layout.allocate()?;
-//! for (i, mut row) in batch.view_mut(images).rows_mut().enumerate() {
-//!     row.fill(i as f32)?; // in real life: copy sample i's image here
-//! }
-//! batch.view_mut(labels).copy_from_slice(&[3i64, 1, 4, 1])?;
-//! let tensors = batch.finish();
-//! assert!(tensors[0].shares_block_with(&tensors[1]));
-//! assert_eq!(tensors[1].to_vec::<i64>()?, vec![3, 1, 4, 1]);
-//! assert_eq!(tensors[0].to_vec::<f32>()?[12], 1.0);
-//! # Ok::<(), pinnable::Error>(())
-//! ```
-
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -37,9 +8,9 @@ use crate::tensor::{Data, Storage, Tensor, contiguous_strides};
 
 /// Tensors inside one pinned block, and inside a moved batch's device allocation, start at
 /// multiples of this many bytes (what CUDA's own allocator guarantees for an allocation).
-pub const PART_ALIGN: usize = 256;
+pub(crate) const PART_ALIGN: usize = BatchLayout::PART_ALIGN;
 
-/// `bytes` rounded up to a multiple of [`PART_ALIGN`].
+/// `bytes` rounded up to a multiple of [`BatchLayout::PART_ALIGN`].
 pub(crate) fn part_align(bytes: usize) -> usize {
     bytes.div_ceil(PART_ALIGN) * PART_ALIGN
 }
@@ -71,13 +42,19 @@ pub struct BatchLayout {
 }
 
 impl BatchLayout {
+    /// Tensors inside one pinned block, and inside a moved batch's device allocation, start at
+    /// multiples of this many bytes (what CUDA's own allocator guarantees for an allocation).
+    pub const PART_ALIGN: usize = 256;
+}
+
+impl BatchLayout {
     /// An empty layout.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Adds a contiguous tensor of `dtype` and `shape`; its bytes start at the next multiple of
-    /// [`PART_ALIGN`].
+    /// [`BatchLayout::PART_ALIGN`].
     ///
     /// # Errors
     ///
@@ -110,7 +87,7 @@ impl BatchLayout {
         self.parts.is_empty()
     }
 
-    /// The block's size: every tensor's bytes, each but the last rounded up to [`PART_ALIGN`].
+    /// The block's size: every tensor's bytes, each but the last rounded up to [`BatchLayout::PART_ALIGN`].
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -143,7 +120,38 @@ impl BatchLayout {
     }
 }
 
-/// A batch's one pinned block while it is being written; see the [module docs](self).
+/// A batch's one pinned block while it is being written; see [below](#batches-built-in-place).
+///
+/// # Batches built in place
+///
+/// Batches built in place in pinned memory: one block per batch, writable views of it.
+///
+/// Say what the batch holds with a [`BatchLayout`], reserve its one block with
+/// [`BatchLayout::allocate`], write each tensor through a [`TensorMut`] (safe Rust: typed
+/// slices, row views, gathers from other tensors), and [`finish`](PinnedBatch::finish) it into
+/// tensors. They share the block, which goes back to the pool when the last of them is dropped
+/// and every copy reading it has finished. Offsets inside the block are multiples of
+/// [`BatchLayout::PART_ALIGN`] bytes, the same as inside a moved batch's device allocation, so the whole
+/// batch moves to a device with one copy.
+///
+/// ```
+/// use pinnable::BatchLayout;
+/// use pinnable::DType;
+///
+/// let mut layout = BatchLayout::new();
+/// let images = layout.push(DType::F32, &[4, 3, 2, 2])?;
+/// let labels = layout.push(DType::I64, &[4])?;
+/// let mut batch = layout.allocate()?;
+/// for (i, mut row) in batch.view_mut(images).rows_mut().enumerate() {
+///     row.fill(i as f32)?; // in real life: copy sample i's image here
+/// }
+/// batch.view_mut(labels).copy_from_slice(&[3i64, 1, 4, 1])?;
+/// let tensors = batch.finish();
+/// assert!(tensors[0].shares_block_with(&tensors[1]));
+/// assert_eq!(tensors[1].to_vec::<i64>()?, vec![3, 1, 4, 1]);
+/// assert_eq!(tensors[0].to_vec::<f32>()?[12], 1.0);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 pub struct PinnedBatch {
     block: Arc<PinnedBlock>,
     layout: BatchLayout,

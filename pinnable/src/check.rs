@@ -9,18 +9,18 @@ use crate::tensor::{Placement, Tensor};
 /// How a tensor-like value lays out its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Layout {
+pub enum TensorLayout {
     /// Every element stored, at a regular stride (contiguous or a strided view).
     Dense,
     /// Anything else, named for messages: `sparse COO`, `quantized`, `lazy`...
     Other(&'static str),
 }
 
-impl fmt::Display for Layout {
+impl fmt::Display for TensorLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Layout::Dense => f.write_str("dense"),
-            Layout::Other(name) => f.write_str(name),
+            TensorLayout::Dense => f.write_str("dense"),
+            TensorLayout::Other(name) => f.write_str(name),
         }
     }
 }
@@ -33,8 +33,8 @@ pub trait TensorMeta {
     /// Where the elements live.
     fn placement(&self) -> Placement;
     /// How the elements are laid out.
-    fn layout(&self) -> Layout {
-        Layout::Dense
+    fn layout(&self) -> TensorLayout {
+        TensorLayout::Dense
     }
 }
 
@@ -58,20 +58,20 @@ impl TensorMeta for Tensor {
 /// # Examples
 ///
 /// ```
-/// use pinnable::{FieldPath, Tensor, check};
+/// use pinnable::{FieldPath, Tensor, dense_cpu};
 ///
 /// let t = Tensor::from_vec(vec![1i64, 2, 3], &[3])?;
-/// check::dense_cpu(&t, &FieldPath::new())?;
+/// dense_cpu(&t, &FieldPath::new())?;
 /// # Ok::<(), pinnable::Error>(())
 /// ```
 pub fn dense_cpu<T: TensorMeta + ?Sized>(value: &T, path: &FieldPath) -> Result<()> {
     let placement = value.placement();
     let layout = value.layout();
-    if placement.is_host() && layout == Layout::Dense {
+    if placement.is_host() && layout == TensorLayout::Dense {
         return Ok(());
     }
     let placement = match layout {
-        Layout::Dense => placement.to_string(),
+        TensorLayout::Dense => placement.to_string(),
         other => format!("{placement}, {other} layout"),
     };
     Err(Error::NotDenseCpu {

@@ -1,28 +1,3 @@
-//! One batch to several devices: pinned once, then copied to each.
-//!
-//! [`ToDevices::to_devices`] pins the batch once (already-pinned tensors are shared, so a
-//! pinned batch costs nothing here) and then takes one of two [`Route`]s:
-//! - [`Route::HostToEach`]: one host-to-device copy per device from the one pinned block, all at
-//!   once, each on its own device's copy stream. Every GPU has its own PCIe link, so the copies
-//!   run side by side until host memory bandwidth binds.
-//! - [`Route::HostThenPeer`]: one host-to-device copy to the first device, then
-//!   device-to-device copies from it, over NVLink where the devices can reach each other.
-//!
-//! Every result's tensors carry their own ready event, on their own device. The pinned block is
-//! not reused until every copy reading it has finished.
-//!
-//! ```
-//! use pinnable::{Device, Tensor, ToDevices};
-//!
-//! let batch = vec![Tensor::from_vec(vec![1.5f32; 1024], &[32, 32])?];
-//! let devices: Vec<Device> = (0..pinnable::cuda::device_count())
-//!     .map(Device::cuda)
-//!     .collect::<pinnable::Result<_>>()?;
-//! let copies = batch.to_devices(&devices, true)?;
-//! assert_eq!(copies.len(), devices.len());
-//! # Ok::<(), pinnable::Error>(())
-//! ```
-
 use crate::cuda::{Device, peer_access};
 use crate::error::Result;
 use crate::pin::Pinnable;
@@ -31,9 +6,9 @@ use crate::transfer::ToDevice;
 /// How [`ToDevices`] reaches several devices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Route {
-    /// [`HostToEach`](Route::HostToEach) for up to [`HOST_TO_EACH_MAX`] devices; beyond, when
-    /// every device can reach the first directly, [`HostThenPeer`](Route::HostThenPeer), so
+pub enum FanoutRoute {
+    /// [`HostToEach`](FanoutRoute::HostToEach) for up to four devices; beyond, when
+    /// every device can reach the first directly, [`HostThenPeer`](FanoutRoute::HostThenPeer), so
     /// host memory is not read once per device.
     #[default]
     Auto,
@@ -43,16 +18,16 @@ pub enum Route {
     HostThenPeer,
 }
 
-/// Up to this many devices, [`Route::Auto`] copies from the host to each. Measured on two
+/// Up to this many devices, [`FanoutRoute::Auto`] copies from the host to each. Measured on two
 /// H200s (NVLink between them, each on its own PCIe Gen5 x16 link): see `bench/results`.
-pub const HOST_TO_EACH_MAX: usize = 4;
+pub(crate) const HOST_TO_EACH_MAX: usize = 4;
 
-impl Route {
-    /// The route [`Auto`](Route::Auto) takes for `devices`; other routes are returned as they are.
-    pub fn resolve(self, devices: &[Device]) -> Route {
+impl FanoutRoute {
+    /// The route [`Auto`](FanoutRoute::Auto) takes for `devices`; other routes are returned as they are.
+    pub fn resolve(self, devices: &[Device]) -> FanoutRoute {
         match self {
-            Route::Auto if devices.len() <= HOST_TO_EACH_MAX => Route::HostToEach,
-            Route::Auto => {
+            FanoutRoute::Auto if devices.len() <= HOST_TO_EACH_MAX => FanoutRoute::HostToEach,
+            FanoutRoute::Auto => {
                 let first = devices[0].cuda_device("to_devices").ok();
                 let all_peers =
                     devices[1..]
@@ -62,9 +37,9 @@ impl Route {
                             _ => false,
                         });
                 if all_peers {
-                    Route::HostThenPeer
+                    FanoutRoute::HostThenPeer
                 } else {
-                    Route::HostToEach
+                    FanoutRoute::HostToEach
                 }
             }
             other => other,
@@ -74,8 +49,35 @@ impl Route {
 
 /// Moving one value to several devices. Implemented for every value that is both
 /// [`Pinnable`] and [`ToDevice`] (a derived batch, the std containers, tensors).
+///
+/// # Routes
+///
+/// One batch to several devices: pinned once, then copied to each.
+///
+/// [`ToDevices::to_devices`] pins the batch once (already-pinned tensors are shared, so a
+/// pinned batch costs nothing here) and then takes one of two [`FanoutRoute`]s:
+/// - [`FanoutRoute::HostToEach`]: one host-to-device copy per device from the one pinned block, all at
+///   once, each on its own device's copy stream. Every GPU has its own PCIe link, so the copies
+///   run side by side until host memory bandwidth binds.
+/// - [`FanoutRoute::HostThenPeer`]: one host-to-device copy to the first device, then
+///   device-to-device copies from it, over NVLink where the devices can reach each other.
+///
+/// Every result's tensors carry their own ready event, on their own device. The pinned block is
+/// not reused until every copy reading it has finished.
+///
+/// ```
+/// use pinnable::{Device, Tensor, ToDevices};
+///
+/// let batch = vec![Tensor::from_vec(vec![1.5f32; 1024], &[32, 32])?];
+/// let devices: Vec<Device> = (0..pinnable::Device::count())
+///     .map(Device::cuda)
+///     .collect::<pinnable::Result<_>>()?;
+/// let copies = batch.to_devices(&devices, true)?;
+/// assert_eq!(copies.len(), devices.len());
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 pub trait ToDevices: Pinnable + ToDevice {
-    /// A copy of `self` on each of `devices`, in order, by [`Route::Auto`].
+    /// A copy of `self` on each of `devices`, in order, by [`FanoutRoute::Auto`].
     ///
     /// With `non_blocking = false` this returns once every copy is on its device; with `true`
     /// it returns at once, and every consumer waits for its own device's copy first. The source
@@ -86,7 +88,7 @@ pub trait ToDevices: Pinnable + ToDevice {
     /// As [`Pinnable::pin_memory`] and [`ToDevice::to_device`]. An error on one device drops
     /// the copies already made to the others; the source is intact.
     fn to_devices(&self, devices: &[Device], non_blocking: bool) -> Result<Vec<Self>> {
-        self.to_devices_by(devices, non_blocking, Route::Auto)
+        self.to_devices_by(devices, non_blocking, FanoutRoute::Auto)
     }
 
     /// As [`to_devices`](Self::to_devices), by the given route.
@@ -98,14 +100,14 @@ pub trait ToDevices: Pinnable + ToDevice {
         &self,
         devices: &[Device],
         non_blocking: bool,
-        route: Route,
+        route: FanoutRoute,
     ) -> Result<Vec<Self>> {
         let Some(first) = devices.first() else {
             return Ok(Vec::new());
         };
         let pinned = self.pin_memory()?;
         let out: Vec<Self> = match route.resolve(devices) {
-            Route::HostThenPeer => {
+            FanoutRoute::HostThenPeer => {
                 let on_first = pinned.to_device(first, true)?;
                 let mut out = Vec::with_capacity(devices.len());
                 for d in &devices[1..] {

@@ -325,7 +325,7 @@ impl Gather {
 ///
 /// Whatever the route, a move never fails for want of the gather kernels (an old driver, a JIT
 /// failure, `PINNABLE_GATHER_KERNELS=0`): it takes the copy engine and host staging instead,
-/// and [`cuda::gather_kernels`](crate::cuda::gather_kernels) says why.
+/// and [`Device::gather_kernels`](crate::Device::gather_kernels) says why.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GatherRoute {
     /// Each run of consecutive pieces read where it lies: by the gather kernels below 512 KiB,

@@ -37,50 +37,52 @@
 //! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
 //! functions are `unsafe` and why.
 //!
-//! The modules, in the order a batch meets them:
-//! - [`tensor`]: the dense, strided, dtype-tagged [`Tensor`] batches are made of;
-//! - [`batch`]: batches built in place in one pinned block ([`BatchLayout`], [`PinnedBatch`]);
-//! - [`dtype`]: the element types ([`DType`], [`Element`]);
-//! - [`check`]: the dense-CPU check every pinned tensor passes;
-//! - [`pin`] and [`transfer`]: the [`Pinnable`] and [`ToDevice`] traits and their contexts;
-//! - [`path`]: field paths that errors name (`batch.masks[2]`);
-//! - [`alloc`]: the caching pinned host allocator;
-//! - [`copy`]: multi-threaded host copies into pinned memory;
-//! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on;
-//! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
-//!   moved to the device by worker threads out;
-//! - [`cuda`]: driver availability, devices, copy streams and events;
-//! - [`fanout`]: one batch to several devices, pinned once ([`ToDevices`]);
+//! **Where things are.** Every public item has exactly one path. The core types sit at the
+//! root, in the order a batch meets them:
+//! - [`Tensor`] (dense, strided, dtype-tagged; [`DType`], [`Element`], [`Placement`]) and the
+//!   dense-CPU check every pinned tensor passes ([`dense_cpu`], [`TensorMeta`]);
+//! - [`BatchLayout`] and [`PinnedBatch`]: batches built in place in one pinned block;
+//! - the [`Pinnable`] and [`ToDevice`] traits, their contexts ([`PinContext`], [`MoveContext`])
+//!   and the field paths errors name ([`FieldPath`]: `batch.masks[2]`);
+//! - [`PinnedPool`]: the caching pinned host allocator ([`PoolConfig`], [`PoolStats`]);
+//! - [`Device`] and [`Event`]: driver availability ([`Device::is_available`]), devices, copy
+//!   streams and events;
+//! - [`ToDevices`]: one batch to several devices, pinned once;
 //! - [`Gather`]: rows or windows of a pinned (or device) dataset, stacked on the device by the
 //!   gather kernels or the copy engine, with no collation on the host, and [`Convert`]ed on the
 //!   way (u8 pixels to normalised f32, u16 tokens to i64);
-//! - [`error`]: the one [`Error`] type;
-//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
+//! - [`Error`]: the one error type.
+//!
+//! Four namespaces hold the concepts with many items of their own:
+//! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
+//!   moved to the device by worker threads out;
 //! - [`formats`]: the files the loader reads, one module each: `.npy` arrays, token shards and
 //!   (the `image` feature) folders of JPEG and PNG files decoded straight into the batch's
-//!   pinned block, with the standard crops and flips.
+//!   pinned block, with the standard crops and flips;
+//! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
+//! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on.
 
 #![warn(missing_docs)]
 
-pub mod alloc;
-pub mod batch;
-pub mod check;
+mod alloc;
+mod batch;
+mod check;
 mod convert;
-pub mod copy;
-pub mod cuda;
-pub mod dtype;
-pub mod error;
-pub mod fanout;
+mod copy;
+mod cuda;
+mod dtype;
+mod error;
+mod fanout;
 pub mod formats;
 mod gather;
 mod impls;
 pub mod interop;
 pub mod loader;
 pub mod numa;
-pub mod path;
-pub mod pin;
-pub mod tensor;
-pub mod transfer;
+mod path;
+mod pin;
+mod tensor;
+mod transfer;
 
 #[cfg(test)]
 mod fuzz;
@@ -89,11 +91,13 @@ pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,
 };
 pub use batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
+pub use check::{TensorLayout, TensorMeta, dense_cpu};
 pub use convert::Convert;
+pub use copy::copy_threads;
 pub use cuda::{Device, Event};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use fanout::{Route, ToDevices};
+pub use fanout::{FanoutRoute, ToDevices};
 pub use gather::{Gather, GatherRoute};
 pub use path::{FieldPath, Segment, Walk};
 pub use pin::{PinContext, Pinnable};

@@ -86,7 +86,7 @@ enum Pass {
 ///
 /// [`run`](Self::run) walks the value twice: the first walk checks every tensor and adds up
 /// its bytes, then the whole batch's block is allocated at once, and the second walk places
-/// each tensor in it at an aligned offset ([`PART_ALIGN`](crate::batch::PART_ALIGN)). So an
+/// each tensor in it at an aligned offset ([`BatchLayout::PART_ALIGN`](crate::BatchLayout::PART_ALIGN)). So an
 /// allocation error comes back before anything is copied, and the batch moves to a device with
 /// one copy. Implementations must walk the same tensors in the same order every time they are
 /// called on the same value (the derive and the std impls do); a walk that pins more than it

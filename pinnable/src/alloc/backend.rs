@@ -246,7 +246,7 @@ fn memlock_rlimit() -> Option<libc::rlimit> {
 ///
 /// The [`Mlock`](BackendKind::Mlock) backend can lock at most this much (unless the process
 /// has `CAP_IPC_LOCK`); CUDA's backends are not bound by it.
-pub fn memlock_limit() -> Option<u64> {
+pub(crate) fn memlock_limit() -> Option<u64> {
     memlock_rlimit()
         .filter(|l| l.rlim_cur != libc::RLIM_INFINITY)
         // `rlim_t` is `u64` on 64-bit Linux but narrower elsewhere.
@@ -263,7 +263,7 @@ pub fn memlock_limit() -> Option<u64> {
 /// # Errors
 ///
 /// [`Error::HostAlloc`] with the OS error when the limit cannot be read or set.
-pub fn raise_memlock_limit() -> Result<Option<u64>> {
+pub(crate) fn raise_memlock_limit() -> Result<Option<u64>> {
     let os_err = |source| Error::HostAlloc {
         requested: 0,
         source,

@@ -36,10 +36,11 @@ mod tests;
 
 use std::time::Duration;
 
-pub use backend::{BackendKind, memlock_limit, raise_memlock_limit};
+pub use backend::BackendKind;
+pub(crate) use backend::{memlock_limit, raise_memlock_limit};
 pub use block::PinnedBlock;
 pub use pool::PinnedPool;
-pub use size_class::rounded_size;
+pub(crate) use size_class::rounded_size;
 pub use stats::PoolStats;
 
 /// Something that completes later, such as a CUDA event recorded after a copy. A pinned block

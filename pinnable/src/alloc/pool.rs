@@ -18,6 +18,21 @@ use crate::error::{Error, Result};
 
 /// A pool of page-locked host memory. Cheap to clone (clones share one cache).
 ///
+/// # How it works
+///
+/// - [size classes](PinnedPool::rounded_size): requests round to whole pages, then to one of 8 classes per
+///   power of two (at most 1/8 waste); a reused block is never smaller than asked.
+/// - backends: `cuMemHostAlloc`, `cuMemHostRegister` over `mmap`'d memory pre-faulted by
+///   several threads (for blocks of at least [`PoolConfig::register_threshold`]), and, without
+///   CUDA, `mmap` + `mlock` (page-locked, but registered with no device).
+/// - the pool: per-class LIFO free lists, each behind its own mutex; no OS or driver call
+///   (`mmap`, `mlock`, `cuMemHostAlloc`, `cuMemHostRegister`, frees) while any lock is held.
+/// - stream safety: a dropped block whose recorded [`Fence`]s are incomplete waits on a pending
+///   list, polled on allocation, and is reused only once they complete; dropping never blocks.
+/// - limits: a byte budget ([`PoolConfig::max_bytes`]) with a bounded wait, a cap on cached
+///   bytes, [`PinnedPool::trim`] and [`PinnedPool::empty_cache`].
+/// - [`PoolStats`]: in use, cached, pending, peak, hits, misses, backend calls and their times.
+///
 /// # Examples
 ///
 /// ```
@@ -126,7 +141,7 @@ impl PinnedPool {
     }
 
     /// A page-locked block of at least `bytes` bytes ([`len`](PinnedBlock::len) is `bytes`,
-    /// [`capacity`](PinnedBlock::capacity) its [size class](super::rounded_size)).
+    /// [`capacity`](PinnedBlock::capacity) its [size class](PinnedPool::rounded_size)).
     ///
     /// A cached block of the class is reused (last freed first) when there is one; otherwise
     /// the backend allocates. Over the budget, completed pending blocks and then cached blocks
@@ -465,5 +480,48 @@ impl Drop for PoolInner {
         // their copies (a pool is dropped rarely, and their memory must not be freed early).
         self.drain_pending();
         self.free_cached(usize::MAX);
+    }
+}
+
+/// Sizes and limits, asked without a pool in hand.
+impl PinnedPool {
+    /// The bytes a pool reserves for a request of `bytes`: whole pages, then at most 1/8 more
+    /// (8 size classes per power of two). Useful to size a
+    /// [`PoolConfig::max_bytes`] budget.
+    ///
+    /// # Panics
+    ///
+    /// When the rounded size does not fit in `usize` (requests within a few pages of
+    /// `usize::MAX`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::PinnedPool;
+    ///
+    /// let images = 33 * 3 * 224 * 224 * 4; // a batch of 33 f32 images
+    /// let reserved = PinnedPool::rounded_size(images);
+    /// assert!(reserved >= images && reserved <= images + images / 8 + 65536);
+    /// ```
+    pub fn rounded_size(bytes: usize) -> usize {
+        super::rounded_size(bytes)
+    }
+
+    /// The soft locked-memory limit (`ulimit -l`) in bytes, `None` when unlimited or unknown.
+    ///
+    /// The [`Mlock`](BackendKind::Mlock) backend can lock at most this much (unless the
+    /// process has `CAP_IPC_LOCK`); CUDA's backends are not bound by it.
+    pub fn memlock_limit() -> Option<u64> {
+        super::memlock_limit()
+    }
+
+    /// Raises the soft locked-memory limit to the hard limit, which any process may do, and
+    /// returns the new soft limit (`None` when unlimited).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::HostAlloc`] with the OS error when the limit cannot be read or set.
+    pub fn raise_memlock_limit() -> Result<Option<u64>> {
+        super::raise_memlock_limit()
     }
 }

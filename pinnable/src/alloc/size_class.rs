@@ -73,20 +73,8 @@ impl SizeClass {
 /// The capacity a request of `bytes` bytes is rounded to by every [`PinnedPool`](super::PinnedPool):
 /// whole pages, then at most 1/8 more (8 size classes per power of two).
 ///
-/// Useful to size a [`PoolConfig::max_bytes`](super::PoolConfig::max_bytes) budget.
-///
-/// # Panics
-///
-/// When the rounded size does not fit in `usize` (requests within a few pages of `usize::MAX`).
-///
-/// # Examples
-///
-/// ```
-/// let images = 33 * 3 * 224 * 224 * 4; // a batch of 33 f32 images
-/// let reserved = pinnable::alloc::rounded_size(images);
-/// assert!(reserved >= images && reserved <= images + images / 8 + 65536);
-/// ```
-pub fn rounded_size(bytes: usize) -> usize {
+/// [`PinnedPool::rounded_size`](super::PinnedPool::rounded_size) for users.
+pub(crate) fn rounded_size(bytes: usize) -> usize {
     SizeClass::of(bytes)
         .expect("request too large to round to a size class")
         .capacity

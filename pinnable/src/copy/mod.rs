@@ -17,7 +17,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use rows::Rows;
+pub(crate) use rows::RowCopies;
 
 /// Below this many bytes in total, copies run on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
@@ -45,7 +45,7 @@ pub(crate) enum Src {
     /// A view, contiguous or strided.
     View(HostSrc),
     /// Equal rows at listed starts: the pieces of a gather.
-    Rows(Rows),
+    RowCopies(RowCopies),
 }
 
 impl From<HostSrc> for Src {
@@ -59,7 +59,7 @@ impl Src {
     pub(crate) fn bytes(&self) -> usize {
         match self {
             Src::View(v) => v.bytes(),
-            Src::Rows(r) => r.bytes(),
+            Src::RowCopies(r) => r.bytes(),
         }
     }
 
@@ -71,7 +71,7 @@ impl Src {
             // SAFETY: forwarded from the caller.
             Src::View(v) => unsafe { v.gather_streaming(dst) },
             // SAFETY: forwarded from the caller.
-            Src::Rows(r) => unsafe { r.gather(0..r.starts.len(), dst) },
+            Src::RowCopies(r) => unsafe { r.gather(0..r.starts.len(), dst) },
         }
     }
 }
@@ -91,8 +91,8 @@ pub(crate) enum Part {
     Whole,
     /// A part of one copy: its source and its destination bytes within the copy's `dst`.
     Bytes(HostSrc, Range<usize>),
-    /// Rows of one copy of [`Rows`], whole.
-    Rows(Range<usize>),
+    /// RowCopies of one copy of [`RowCopies`], whole.
+    RowCopies(Range<usize>),
 }
 
 impl Piece {
@@ -106,9 +106,9 @@ impl Piece {
         let part = match &self.part {
             Part::Whole => None,
             Part::Bytes(_, dst) => Some((first, dst.clone())),
-            Part::Rows(rows) => {
+            Part::RowCopies(rows) => {
                 let len = match &copies[first].src {
-                    Src::Rows(r) => r.len,
+                    Src::RowCopies(r) => r.len,
                     Src::View(_) => unreachable!("rows are planned from copies of rows"),
                 };
                 Some((first, rows.start * len..rows.end * len))
@@ -138,8 +138,8 @@ impl Piece {
         match &self.part {
             // SAFETY: forwarded from the caller; the part lies within the copy's destination.
             Part::Bytes(src, dst) => unsafe { src.gather_streaming(first.dst.add(dst.start)) },
-            Part::Rows(rows) => {
-                let Src::Rows(r) = &first.src else {
+            Part::RowCopies(rows) => {
+                let Src::RowCopies(r) = &first.src else {
                     unreachable!("rows are planned from copies of rows")
                 };
                 // SAFETY: forwarded from the caller; the rows land within the destination.
@@ -201,15 +201,15 @@ fn plan_for(copies: &[HostCopy], total: usize, threads: usize) -> Vec<Piece> {
         }
         match &c.src {
             Src::View(src) => split(i, src, 0, target, &mut out),
-            Src::Rows(rows) if rows.len <= target => {
+            Src::RowCopies(rows) if rows.len <= target => {
                 let per_piece = target / rows.len;
                 let n = rows.starts.len();
                 out.extend((0..n).step_by(per_piece).map(|a| Piece {
                     copies: i..i + 1,
-                    part: Part::Rows(a..(a + per_piece).min(n)),
+                    part: Part::RowCopies(a..(a + per_piece).min(n)),
                 }));
             }
-            Src::Rows(rows) => {
+            Src::RowCopies(rows) => {
                 for k in 0..rows.starts.len() {
                     split(i, &rows.row(k), k * rows.len, target, &mut out);
                 }

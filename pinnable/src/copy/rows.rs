@@ -6,11 +6,11 @@ use std::sync::Arc;
 use crate::tensor::HostSrc;
 use crate::transfer::StartTable;
 
-/// Rows of `len` bytes, row `i` at `base + starts[i] * stride`: a gather's pieces, described by
+/// RowCopies of `len` bytes, row `i` at `base + starts[i] * stride`: a gather's pieces, described by
 /// its start table, so that planning and tracking a copy of many small rows costs nothing per
 /// row; only the copy threads walk the rows.
 #[derive(Clone)]
-pub(crate) struct Rows {
+pub(crate) struct RowCopies {
     pub(crate) base: *const u8,
     /// Bytes between consecutive start units.
     pub(crate) stride: usize,
@@ -19,16 +19,16 @@ pub(crate) struct Rows {
     pub(crate) starts: Arc<StartTable>,
 }
 
-/// Rows read this many rows ahead of the one being copied are prefetched, so the next rows'
+/// RowCopies read this many rows ahead of the one being copied are prefetched, so the next rows'
 /// first cache lines (and their pages' translations) are on their way while one is copied.
 const PREFETCH_AHEAD: usize = 4;
 /// The bytes prefetched from the start of each row (the hardware prefetcher takes over along a
 /// longer row).
 const PREFETCH_BYTES: usize = 256;
-/// Rows at least this long are copied as views are, with non-temporal stores.
+/// RowCopies at least this long are copied as views are, with non-temporal stores.
 const STREAM_ROW: usize = 64 << 10;
 
-impl Rows {
+impl RowCopies {
     pub(super) fn bytes(&self) -> usize {
         self.starts.len() * self.len
     }

@@ -30,7 +30,7 @@ fn rows_copy(
     let units = (src.len() - len) / stride + 1;
     let starts: Vec<usize> = (0..count).map(|_| below(r, units)).collect();
     let copy = HostCopy {
-        src: Src::Rows(Rows {
+        src: Src::RowCopies(RowCopies {
             base: src.as_ptr(),
             stride,
             len,
@@ -82,7 +82,7 @@ fn many_small_rows_are_cut_between_rows_into_pieces_of_about_the_target() {
     for (k, p) in pieces.iter().enumerate() {
         assert_eq!(p.copies, 0..1);
         match &p.part {
-            Part::Rows(rows) => assert_eq!(*rows, k * 128..(k + 1) * 128),
+            Part::RowCopies(rows) => assert_eq!(*rows, k * 128..(k + 1) * 128),
             _ => panic!("piece {k} is not a range of rows"),
         }
         assert_eq!(p.bytes(&copies), 512 * KIB);

@@ -103,25 +103,8 @@ fn loaded(dev: &CudaDevice) -> std::result::Result<Arc<Kernels>, String> {
 }
 
 /// Whether the gather kernels run on `device`: `Ok(())`, or why not (loading them if no move
-/// has yet). Moves never fail for their absence; they take the copy engine and host staging.
-///
-/// `PINNABLE_GATHER_KERNELS=0` turns them off.
-///
-/// # Errors
-///
-/// The reason, for the host, for a device without the kernels.
-///
-/// # Examples
-///
-/// ```
-/// if let Ok(device) = pinnable::Device::cuda(0) {
-///     match pinnable::cuda::gather_kernels(&device) {
-///         Ok(()) => println!("small pieces are gathered by the GPU's SMs"),
-///         Err(why) => println!("no gather kernels: {why}"),
-///     }
-/// }
-/// ```
-pub fn gather_kernels(device: &Device) -> std::result::Result<(), String> {
+/// has yet). See [`Device::gather_kernels`].
+pub(crate) fn gather_kernels(device: &Device) -> std::result::Result<(), String> {
     let dev = device
         .cuda_device("gather_kernels")
         .map_err(|e| e.to_string())?;

@@ -16,7 +16,7 @@ mod kernels;
 mod pool;
 
 pub use event::Event;
-pub use kernels::gather_kernels;
+pub(crate) use kernels::gather_kernels;
 pub(crate) use kernels::{Function, Kernels, kernels};
 
 /// The outcome of probing the driver: the device count, or why there is no CUDA.
@@ -58,21 +58,21 @@ fn probed() -> Result<usize> {
 /// # Examples
 ///
 /// ```
-/// if pinnable::cuda::is_available() {
-///     println!("{} CUDA device(s)", pinnable::cuda::device_count());
+/// if pinnable::Device::is_available() {
+///     println!("{} CUDA device(s)", pinnable::Device::count());
 /// }
 /// ```
-pub fn is_available() -> bool {
+pub(crate) fn is_available() -> bool {
     probed().is_ok()
 }
 
 /// How many CUDA devices the driver sees; 0 without a driver.
-pub fn device_count() -> usize {
+pub(crate) fn device_count() -> usize {
     probed().unwrap_or(0)
 }
 
 /// Why CUDA is unavailable, or `None` when it is available.
-pub fn unavailable_reason() -> Option<String> {
+pub(crate) fn unavailable_reason() -> Option<String> {
     probed().err().map(|e| match e {
         Error::CudaUnavailable { reason } => reason,
         other => other.to_string(),
@@ -490,4 +490,56 @@ pub(crate) fn peer_access(from: &CudaDevice, to: &CudaDevice) -> bool {
         && grant_pool();
     known.push((key.0, key.1, ok));
     ok
+}
+
+/// The driver and its devices, asked without a device in hand.
+impl Device {
+    /// Whether a CUDA driver is loaded and sees at least one device. Never panics: without
+    /// a driver library it is `false`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::Device;
+    ///
+    /// let device = if Device::is_available() { Device::cuda(0)? } else { Device::cpu() };
+    /// println!("{} CUDA device(s); batches go to {device}", Device::count());
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn is_available() -> bool {
+        is_available()
+    }
+
+    /// How many CUDA devices the driver sees; 0 without a driver.
+    pub fn count() -> usize {
+        device_count()
+    }
+
+    /// Why CUDA is unavailable (no driver library, no device, a driver error), or `None` when
+    /// it is available.
+    pub fn unavailable_reason() -> Option<String> {
+        unavailable_reason()
+    }
+
+    /// Whether the gather kernels run on this device: `Ok(())`, or why not (loading them if no
+    /// move has yet). Moves never fail for their absence; they take the copy engine and host
+    /// staging. `PINNABLE_GATHER_KERNELS=0` turns them off.
+    ///
+    /// # Errors
+    ///
+    /// The reason, for the host, for a device without the kernels.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// if let Ok(device) = pinnable::Device::cuda(0) {
+    ///     match device.gather_kernels() {
+    ///         Ok(()) => println!("small pieces are gathered by the GPU's SMs"),
+    ///         Err(why) => println!("no gather kernels: {why}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn gather_kernels(&self) -> std::result::Result<(), String> {
+        gather_kernels(self)
+    }
 }

@@ -165,7 +165,7 @@ impl<Src> LoaderBuilder<Src> {
     ///
     /// let data: Vec<Tensor> = (0..30).map(|i| Tensor::from_vec1(vec![i as i32])).collect();
     /// let loader = Loader::builder(data.clone()).batch_size(5).shuffle(3).build(Stack)?;
-    /// let uninterrupted: Vec<Vec<i32>> = loader.epoch(1).map(|b| b?.to_vec::<i32>()).collect::<pinnable::Result<_>>()?;
+    /// let uninterrupted: Vec<Vec<i32>> = loader.run_epoch(1).map(|b| b?.to_vec::<i32>()).collect::<pinnable::Result<_>>()?;
     ///
     /// loader.set_epoch(1);
     /// let mut epoch = loader.iter();

@@ -1,21 +1,3 @@
-//! Collation straight into pinned memory: a batch's samples are written once, into one pinned
-//! block per batch, with no pageable intermediate.
-//!
-//! A [`Collator`] works in two phases. First the batcher *plans* each tensor of the batch
-//! ([`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
-//! [`pad`](Collator::pad), [`empty`](Collator::empty)): shapes and dtypes are checked and the
-//! tensor gets its place in the batch's [`BatchLayout`], but nothing is copied yet. Then
-//! [`finish`](Collator::finish) allocates the one block and performs every write; the
-//! [`Collated`] result hands out the batch's tensors by their [`Slot`]s. A bad sample is
-//! reported before any memory is taken, naming the sample and the tensor.
-//!
-//! **Samples written in place.** [`write_rows`](Collator::write_rows) plans a tensor whose
-//! rows the samples write themselves, during `finish`, straight into the pinned block: a
-//! decoder's output lands in its row of the batch with no buffer of its own and no copy, and
-//! the step allocates nothing per sample. Each sample gets its own random stream
-//! ([`sample_rng`](Collator::sample_rng)), drawn from the loader's seed, the epoch and the
-//! sample's index, so augmentations are reproducible whatever the number of workers.
-
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,7 +35,7 @@ impl EpochSeed {
 /// What `finish` writes into one planned tensor.
 enum Write {
     /// Row `i` is a copy of tensor `i`.
-    Rows(Vec<Tensor>),
+    TensorRows(Vec<Tensor>),
     /// Row `i` starts with tensor `i`; `fill` writes the rest of the row.
     Padded { rows: Vec<Tensor>, fill: Fill },
     /// The whole tensor is a copy of this one (scalars gathered at plan time).
@@ -71,11 +53,31 @@ struct Planned {
 }
 
 /// Builds one batch in one pinned block: plan every tensor, then [`finish`](Self::finish).
-/// See the [module docs](self).
+/// See [how collation works](#how-collation-works).
 ///
 /// The loader hands each [`Batcher`](super::Batcher) call a fresh collator that knows the
 /// dataset indices of the batch's samples, so errors name them; a collator made with
 /// [`Collator::new`] names samples by their position in the batch instead.
+///
+/// # How collation works
+///
+/// Collation straight into pinned memory: a batch's samples are written once, into one pinned
+/// block per batch, with no pageable intermediate.
+///
+/// A [`Collator`] works in two phases. First the batcher *plans* each tensor of the batch
+/// ([`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
+/// [`pad`](Collator::pad), [`empty`](Collator::empty)): shapes and dtypes are checked and the
+/// tensor gets its place in the batch's [`BatchLayout`], but nothing is copied yet. Then
+/// [`finish`](Collator::finish) allocates the one block and performs every write; the
+/// [`Collated`] result hands out the batch's tensors by their [`Slot`]s. A bad sample is
+/// reported before any memory is taken, naming the sample and the tensor.
+///
+/// **Samples written in place.** [`write_rows`](Collator::write_rows) plans a tensor whose
+/// rows the samples write themselves, during `finish`, straight into the pinned block: a
+/// decoder's output lands in its row of the batch with no buffer of its own and no copy, and
+/// the step allocates nothing per sample. Each sample gets its own random stream
+/// ([`sample_rng`](Collator::sample_rng)), drawn from the loader's seed, the epoch and the
+/// sample's index, so augmentations are reproducible whatever the number of workers.
 ///
 /// # Examples
 ///
@@ -287,7 +289,7 @@ impl Collator {
         let rows = self.gather(name, tensors, true)?;
         let mut shape = vec![rows.len()];
         shape.extend_from_slice(rows[0].shape());
-        self.plan(name, rows[0].dtype(), &shape, Write::Rows(rows))
+        self.plan(name, rows[0].dtype(), &shape, Write::TensorRows(rows))
     }
 
     /// Plans a 1-D tensor of the values (labels, weights, lengths): `[B]` of `T`.
@@ -444,7 +446,7 @@ impl Collator {
             let mut view = batch.view_mut(p.slot);
             let at = |pos: usize, e: Error| self.sample_error(pos, &p.name, e);
             match p.write {
-                Write::Rows(rows) => {
+                Write::TensorRows(rows) => {
                     for (pos, (mut row, t)) in view.rows_mut().zip(&rows).enumerate() {
                         row.copy_from(t).map_err(|e| at(pos, e))?;
                     }

@@ -1,5 +1,5 @@
 //! Random-access sources of samples: the [`Dataset`] trait, its impls for slices, vectors and
-//! shared arrays, [`FnDataset`] for closures, and [`Rows`] for the rows of one big tensor.
+//! shared arrays, [`FnDataset`] for closures, and [`TensorRows`] for the rows of one big tensor.
 //!
 //! A sample may *borrow* from its dataset: a [`Tensor`] view into an array the dataset holds
 //! (in memory, or memory-mapped as [`NpyArray`](super::NpyArray) does) costs no copy; its bytes
@@ -166,22 +166,22 @@ impl<F> std::fmt::Debug for FnDataset<F> {
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{Dataset, Rows};
+/// use pinnable::loader::{Dataset, TensorRows};
 /// use pinnable::Tensor;
 ///
 /// let images = Tensor::from_vec(vec![0.5f32; 10 * 3 * 4 * 4], &[10, 3, 4, 4])?;
-/// let rows = Rows::new(images.clone())?;
+/// let rows = TensorRows::new(images.clone())?;
 /// let sample = rows.get(9)?;
 /// assert_eq!(sample.shape(), &[3, 4, 4]);
 /// assert!(sample.shares_storage_with(&images)); // no copy
 /// # Ok::<(), pinnable::Error>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct Rows {
+pub struct TensorRows {
     tensor: Tensor,
 }
 
-impl Rows {
+impl TensorRows {
     /// The rows of `tensor`.
     ///
     /// # Errors
@@ -191,7 +191,7 @@ impl Rows {
         if tensor.rank() == 0 {
             return Err(Error::Shape("a rank-0 tensor has no rows".into()));
         }
-        Ok(Rows { tensor })
+        Ok(TensorRows { tensor })
     }
 
     /// The whole tensor.
@@ -200,7 +200,7 @@ impl Rows {
     }
 }
 
-impl Dataset for Rows {
+impl Dataset for TensorRows {
     type Sample = Tensor;
 
     fn len(&self) -> usize {

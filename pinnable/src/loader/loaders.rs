@@ -126,12 +126,12 @@ impl Run {
 ///
 /// `for batch in &loader` runs epoch [`next_epoch`](Self::next_epoch) and advances it, so
 /// consecutive loops see different shuffles; [`set_epoch`](Self::set_epoch) sets it, and
-/// [`epoch`](Self::epoch) runs a given epoch without touching it.
+/// [`run_epoch`](Self::run_epoch) runs a given epoch without touching it.
 ///
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{Loader, Rows};
+/// use pinnable::loader::{Loader, TensorRows};
 /// use pinnable::Tensor;
 ///
 /// // 100 images of 3×8×8 in one array; each sample a zero-copy view, its label its index.
@@ -212,7 +212,7 @@ where
     /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
     /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
     /// the last one received.
-    pub fn epoch(&self, epoch: u64) -> Epoch<B::Batch> {
+    pub fn run_epoch(&self, epoch: u64) -> Epoch<B::Batch> {
         let first = self.run.first_batch(epoch);
         let refused = check_epoch(epoch).err();
         // A position's batch is at most the epoch's length (checked when it was given).
@@ -244,7 +244,7 @@ where
     /// Runs epoch [`next_epoch`](Self::next_epoch) and advances it: what `for batch in
     /// &loader` does.
     pub fn iter(&self) -> Epoch<B::Batch> {
-        self.epoch(self.run.take_epoch())
+        self.run_epoch(self.run.take_epoch())
     }
 }
 
@@ -407,7 +407,7 @@ where
     /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
     /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
     /// the last one received: its stream is opened there ([`Seekable`]).
-    pub fn epoch(&self, epoch: u64) -> StreamEpoch<B::Batch> {
+    pub fn run_epoch(&self, epoch: u64) -> StreamEpoch<B::Batch> {
         let (rank, world) = self.shard;
         let first = self.run.first_batch(epoch);
         // Every rank's first `first` batches came from the stream's first
@@ -456,7 +456,7 @@ where
     /// Runs epoch [`next_epoch`](Self::next_epoch) and advances it: what `for batch in
     /// &loader` does.
     pub fn iter(&self) -> StreamEpoch<B::Batch> {
-        self.epoch(self.run.take_epoch())
+        self.run_epoch(self.run.take_epoch())
     }
 }
 

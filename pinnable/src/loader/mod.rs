@@ -8,12 +8,12 @@
 //!               into ONE pinned block          for Device::cpu())
 //! ```
 //!
-//! - **Sources** ([`dataset`]): the [`Dataset`] trait (implemented for slices, `Vec`s, `Arc`s,
-//!   references), [`FnDataset`] for closures, [`Rows`] for the rows of one big tensor,
-//!   and [`IterSource`] for streams that cannot be indexed ([`stream`]); the file formats
+//! - **Sources**: the [`Dataset`] trait (implemented for slices, `Vec`s, `Arc`s,
+//!   references), [`FnDataset`] for closures, [`TensorRows`] for the rows of one big tensor,
+//!   and [`IterSource`] for streams that cannot be indexed; the file formats
 //!   ([`formats`](crate::formats): `.npy` arrays, token shards, image folders) implement these
 //!   traits from outside the loader. Samples may be zero-copy views of the dataset's memory.
-//! - **Collation** ([`collate`], [`batcher`]): a [`Batcher`] (any closure
+//! - **Collation**: a [`Batcher`] (any closure
 //!   `Fn(Vec<Sample>, &mut Collator) -> Result<Batch>`) plans the batch's tensors with the
 //!   [`Collator`] — [`stack`](Collator::stack), [`stack_scalars`](Collator::stack_scalars),
 //!   [`pad`](Collator::pad), [`empty`](Collator::empty),
@@ -23,18 +23,17 @@
 //! - **A dataset already in pinned memory** needs no collation: a batcher that returns
 //!   [`Gather`](crate::Gather)s of the dataset's rows has the copy engine stack them on the
 //!   device, reading each byte once, with no pinned batch block.
-//! - **Order** ([`sampler`]): sequential or shuffled from a seed and the epoch number (our own
+//! - **Order**: sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
-//!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`
-//!   ([`launch`]).
+//!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`.
 //! - **The pipeline**: batches arrive in sampler order whatever the number of workers; at most
 //!   `prefetch + workers + 1` batches' pinned memory is held; an error in a sample arrives in
 //!   its batch's place, naming the sample, and ends the epoch; a panic becomes an
 //!   [`Error::Panicked`](crate::Error::Panicked); dropping an [`Epoch`] stops and joins its
 //!   threads and returns its blocks.
-//! - **Figures** ([`stats`]): [`EpochStats`] — time the consumer waited, time loading,
+//! - **Figures**: [`EpochStats`] — time the consumer waited, time loading,
 //!   collating and moving, batches/s, GB/s, pinned memory held against the bound.
-//! - **Resume** ([`position`]): a loader's [`Position`] — the epoch, the batches the consumer
+//! - **Resume**: a loader's [`Position`] — the epoch, the batches the consumer
 //!   received, the settings they depend on — stored in a checkpoint and given back to
 //!   [`LoaderBuilder::resume`] after a restart starts at the next batch, with any worker count,
 //!   skipping the batches before it without loading them.
@@ -86,28 +85,28 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 
-pub mod batcher;
+pub(crate) mod batcher;
 mod builder;
-pub mod collate;
-pub mod dataset;
+pub(crate) mod collate;
+pub(crate) mod dataset;
 mod epoch;
 mod guard;
-pub mod launch;
+pub(crate) mod launch;
 mod loaders;
 #[cfg(test)]
 mod panic_tests;
 mod pipeline;
-pub mod position;
-pub mod sampler;
-pub mod stats;
-pub mod stream;
+pub(crate) mod position;
+pub(crate) mod sampler;
+pub(crate) mod stats;
+pub(crate) mod stream;
 #[cfg(test)]
 mod tests;
 
 pub use batcher::{Batcher, Stack};
 pub use builder::LoaderBuilder;
 pub use collate::{Collated, Collator};
-pub use dataset::{Dataset, FnDataset, Rows};
+pub use dataset::{Dataset, FnDataset, TensorRows};
 pub use epoch::{Epoch, StreamEpoch};
 pub use launch::Launch;
 pub use loaders::{Loader, StreamLoader};

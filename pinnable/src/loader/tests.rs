@@ -213,8 +213,8 @@ fn loader(workers: usize, pool: &PinnedPool) -> Loader<Vec<(Tensor, i64)>, Stack
 #[test]
 fn batches_come_in_sampler_order_for_any_worker_count() {
     let pool = pool();
-    let one = collect(loader(1, &pool).epoch(2));
-    let three = collect(loader(3, &pool).epoch(2));
+    let one = collect(loader(1, &pool).run_epoch(2));
+    let three = collect(loader(3, &pool).run_epoch(2));
     assert_eq!(one, three);
     let order: Vec<i64> = one.iter().flat_map(|(y, _)| y.clone()).collect();
     let want: Vec<i64> = permutation(N, 11, 2).iter().map(|&i| i as i64).collect();
@@ -338,7 +338,7 @@ fn for_loops_advance_the_epoch_and_set_epoch_resets_it() {
     loader.set_epoch(0);
     assert_eq!(labels(&loader), e0);
     let explicit: Vec<i64> = loader
-        .epoch(1)
+        .run_epoch(1)
         .flat_map(|b| b.unwrap().1.to_vec::<i64>().unwrap())
         .collect();
     assert_eq!(explicit, e1);
@@ -361,7 +361,7 @@ fn a_stream_is_sharded_by_every_world_th_item() {
         .build(Stack)
         .unwrap();
     let labels: Vec<i64> = loader
-        .epoch(0)
+        .run_epoch(0)
         .flat_map(|b| b.unwrap().1.to_vec::<i64>().unwrap())
         .collect();
     let want: Vec<i64> = (1..N as i64).step_by(3).collect();
@@ -451,7 +451,7 @@ fn launch_reads_the_launcher_variables() {
 #[test]
 fn rows_are_zero_copy_views() {
     let t = Tensor::from_vec((0..24).collect::<Vec<i16>>(), &[4, 3, 2]).unwrap();
-    let rows = Rows::new(t.clone()).unwrap();
+    let rows = TensorRows::new(t.clone()).unwrap();
     assert_eq!(rows.len(), 4);
     let r = rows.get(2).unwrap();
     assert!(r.shares_storage_with(&t));
@@ -460,7 +460,7 @@ fn rows_are_zero_copy_views() {
         rows.get(4),
         Err(Error::IndexOutOfRange { index: 4, len: 4 })
     ));
-    assert!(Rows::new(Tensor::from_vec(vec![1u8], &[]).unwrap()).is_err());
+    assert!(TensorRows::new(Tensor::from_vec(vec![1u8], &[]).unwrap()).is_err());
 }
 
 #[test]
@@ -470,7 +470,7 @@ fn epochs_past_the_position_limit_are_errors_not_a_wrap_to_epoch_0() {
     let loader = loader(2, &pool);
     // The last epoch that runs ends at a position that still fits, and reads back.
     let last = Position::LIMIT - 1;
-    let mut epoch = loader.epoch(last);
+    let mut epoch = loader.run_epoch(last);
     assert_eq!(epoch.len(), loader.len());
     assert!(epoch.by_ref().all(|b| b.is_ok()));
     let end = epoch.position();
@@ -479,7 +479,7 @@ fn epochs_past_the_position_limit_are_errors_not_a_wrap_to_epoch_0() {
     drop(epoch);
     // Past it: one error naming the limit, then the end; the position does not move.
     for e in [Position::LIMIT, u64::MAX] {
-        let mut epoch = loader.epoch(e);
+        let mut epoch = loader.run_epoch(e);
         let err = epoch.next().unwrap().map(|_| ()).unwrap_err();
         assert!(matches!(err, Error::Position { .. }), "{err}");
         assert!(err.to_string().contains("Position::LIMIT"), "{err}");
@@ -499,8 +499,8 @@ fn epochs_past_the_position_limit_are_errors_not_a_wrap_to_epoch_0() {
         .pool(pool.clone())
         .build(Stack)
         .unwrap();
-    let mut epoch = stream.epoch(u64::MAX);
+    let mut epoch = stream.run_epoch(u64::MAX);
     assert!(matches!(epoch.next(), Some(Err(Error::Position { .. }))));
     assert!(epoch.next().is_none());
-    assert_eq!(stream.epoch(Position::LIMIT - 1).count(), 2);
+    assert_eq!(stream.run_epoch(Position::LIMIT - 1).count(), 2);
 }

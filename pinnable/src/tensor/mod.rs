@@ -1,17 +1,3 @@
-//! The dense, strided, dtype-tagged tensor that batches are made of.
-//!
-//! A tensor is a view (shape, strides, offset) over storage. Pageable storage belongs
-//! to one tensor and its views. Pinned and device storage is a *part* of a shared buffer: every
-//! tensor of a pinned batch is a part of one pinned block, every tensor of a moved batch a part
-//! of one device allocation, so a batch moves with one copy.
-//!
-//! **Sharing rules.** A tensor carved from a shared block keeps the whole block alive, however
-//! small the tensor; [`Tensor::to_own_block`] copies one out into a block of its own. Clones and
-//! views ([`transpose`](Tensor::transpose), [`narrow`](Tensor::narrow)) share the part they came
-//! from. A write through [`as_mut_slice`](Tensor::as_mut_slice) never changes another tensor: it
-//! writes in place when no clone or view shares the part, and into a private copy otherwise; in
-//! place, it first waits for the copies still reading the block.
-
 mod host;
 mod layout;
 mod pinned;
@@ -37,8 +23,11 @@ pub use view::{DeviceView, DeviceViewMut};
 /// Where a tensor's elements live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Placement {
-    /// Ordinary (pageable) host memory.
-    Cpu,
+    /// Ordinary (pageable) host memory: the copy engine cannot read it directly, so a move
+    /// stages it through pinned memory. Both this and [`Pinned`](Self::Pinned) are host
+    /// memory ([`is_host`](Self::is_host)), which is what [`Device::cpu()`](crate::Device::cpu)
+    /// stands for.
+    Pageable,
     /// Page-locked host memory from a [`PinnedPool`](crate::PinnedPool).
     Pinned,
     /// Memory of CUDA device `n`.
@@ -55,7 +44,7 @@ impl Placement {
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Placement::Cpu => f.write_str("cpu"),
+            Placement::Pageable => f.write_str("cpu"),
             Placement::Pinned => f.write_str("pinned cpu"),
             Placement::Cuda(n) => write!(f, "cuda:{n}"),
         }
@@ -66,7 +55,23 @@ impl fmt::Display for Placement {
 ///
 /// Storage is shared: cloning a tensor or taking a view ([`transpose`](Self::transpose),
 /// [`narrow`](Self::narrow)) copies no elements. Views may be non-contiguous; pinning or moving
-/// one produces a contiguous copy. See the [module docs](self) for how tensors share blocks.
+/// one produces a contiguous copy. See [below](#storage-and-sharing) for how tensors share blocks.
+///
+/// # Storage and sharing
+///
+/// The dense, strided, dtype-tagged tensor that batches are made of.
+///
+/// A tensor is a view (shape, strides, offset) over storage. Pageable storage belongs
+/// to one tensor and its views. Pinned and device storage is a *part* of a shared buffer: every
+/// tensor of a pinned batch is a part of one pinned block, every tensor of a moved batch a part
+/// of one device allocation, so a batch moves with one copy.
+///
+/// **Sharing rules.** A tensor carved from a shared block keeps the whole block alive, however
+/// small the tensor; [`Tensor::to_own_block`] copies one out into a block of its own. Clones and
+/// views ([`transpose`](Tensor::transpose), [`narrow`](Tensor::narrow)) share the part they came
+/// from. A write through [`as_mut_slice`](Tensor::as_mut_slice) never changes another tensor: it
+/// writes in place when no clone or view shares the part, and into a private copy otherwise; in
+/// place, it first waits for the copies still reading the block.
 ///
 /// # Examples
 ///

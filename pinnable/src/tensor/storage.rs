@@ -76,7 +76,7 @@ impl Storage {
 
     pub(crate) fn placement(&self) -> Placement {
         match &self.data {
-            Data::Host(_) | Data::External(_) => Placement::Cpu,
+            Data::Host(_) | Data::External(_) => Placement::Pageable,
             Data::Pinned(_) => Placement::Pinned,
             Data::Device(d) => Placement::Cuda(d.device.ordinal),
         }

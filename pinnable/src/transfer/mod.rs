@@ -1,18 +1,3 @@
-//! `ToDevice`: stream-ordered copies of a batch to a CUDA device and back.
-//!
-//! A move walks the batch twice (through the derive's or a hand-written
-//! [`ToDevice::to_device_with`]). The first walk only measures: it checks every tensor and adds
-//! up the bytes (`plan`). Then the whole batch is reserved at once: one destination (the
-//! batch's *arena*: a device allocation, or a pinned block when moving to the host; each moved
-//! tensor is a view into it) and one pinned staging block for pageable sources. An
-//! out-of-memory error therefore comes back before anything is copied. The second walk builds
-//! the result and plans the copies; then they are issued (`issue`): a pinned batch (one
-//! block) as one copy, staged bytes as a few large copies that start while staging goes on.
-//!
-//! One event recorded after the last copy is the *ready* event of every tensor of the result,
-//! and is recorded on every pinned block the copies read or write, which keeps those blocks
-//! from being reused or written until the copies are done.
-
 mod apart;
 mod engine;
 mod issue;
@@ -50,6 +35,23 @@ use plan::{Arena, Plan, Slot, Staging};
     note = "derive `ToDevice` for `{Self}` or implement it by hand; to carry the field over \
             unchanged instead, mark it `#[pinnable(skip)]` (it must then implement `Clone`)"
 )]
+///
+/// # How a move runs
+///
+/// `ToDevice`: stream-ordered copies of a batch to a CUDA device and back.
+///
+/// A move walks the batch twice (through the derive's or a hand-written
+/// [`ToDevice::to_device_with`]). The first walk only measures: it checks every tensor and adds
+/// up the bytes (`plan`). Then the whole batch is reserved at once: one destination (the
+/// batch's *arena*: a device allocation, or a pinned block when moving to the host; each moved
+/// tensor is a view into it) and one pinned staging block for pageable sources. An
+/// out-of-memory error therefore comes back before anything is copied. The second walk builds
+/// the result and plans the copies; then they are issued (`issue`): a pinned batch (one
+/// block) as one copy, staged bytes as a few large copies that start while staging goes on.
+///
+/// One event recorded after the last copy is the *ready* event of every tensor of the result,
+/// and is recorded on every pinned block the copies read or write, which keeps those blocks
+/// from being reused or written until the copies are done.
 pub trait ToDevice: Sized {
     /// The recursive step: a copy of `self` with every tensor moved through `cx`.
     ///

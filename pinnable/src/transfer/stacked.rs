@@ -16,7 +16,7 @@ use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
 use crate::convert::{self, Convert, Resolved};
-use crate::copy::{HostCopy, Rows, Src};
+use crate::copy::{HostCopy, RowCopies, Src};
 use crate::error::{Error, Result};
 use crate::gather::{GatherRoute, parts_of};
 use crate::tensor::{Data, Tensor};
@@ -264,7 +264,7 @@ impl MoveContext<'_> {
         let src = s.source.host_src("to_device")?;
         let unit = s.unit_bytes();
         self.copies.staged.push(HostCopy {
-            src: Src::Rows(Rows {
+            src: Src::RowCopies(RowCopies {
                 base: src.ptr,
                 stride: unit,
                 len: s.piece * unit,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::loader::{Dataset, Rows};
+use crate::loader::{Dataset, TensorRows};
 use crate::tensor::{External, HostBytes, Tensor, contiguous_strides};
 
 /// A read-only, private memory mapping of a whole file.
@@ -388,7 +388,7 @@ impl Parser<'_> {
 #[derive(Clone, Debug)]
 pub struct NpyArray {
     tensor: Tensor,
-    rows: Option<Rows>,
+    rows: Option<TensorRows>,
 }
 
 impl NpyArray {
@@ -466,7 +466,7 @@ impl NpyArray {
                 "the data does not match the header ({e}); the file may be truncated"
             ))
         })?;
-        let rows = Rows::new(tensor.clone()).ok();
+        let rows = TensorRows::new(tensor.clone()).ok();
         Ok(NpyArray { tensor, rows })
     }
 

@@ -213,7 +213,7 @@ pub(in crate::transfer) fn stage_and_send(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{Rows, Src};
+    use crate::copy::{RowCopies, Src};
     use crate::loader::SplitMix64;
     use crate::tensor::HostSrc;
     use crate::transfer::StartTable;
@@ -286,7 +286,7 @@ mod tests {
         let starts: Vec<usize> = (0..rows).map(|_| (r.next_u64() % 4096) as usize).collect();
         for (mergeable, in_order) in [(true, false), (false, false), (true, true)] {
             let staged = [HostCopy {
-                src: Src::Rows(Rows {
+                src: Src::RowCopies(RowCopies {
                     base: src.as_ptr(),
                     stride: KIB,
                     len,
@@ -300,7 +300,7 @@ mod tests {
             let pieces: Vec<Piece> = (0..rows / 32)
                 .map(|k| Piece {
                     copies: 0..1,
-                    part: copy::Part::Rows(k * 32..(k + 1) * 32),
+                    part: copy::Part::RowCopies(k * 32..(k + 1) * 32),
                 })
                 .collect();
             let chunk = 200 * KIB;
@@ -334,7 +334,7 @@ mod tests {
         let mut stage = vec![0u8; 64 * KIB];
         let starts: Vec<usize> = (0..64).collect();
         let staged = [HostCopy {
-            src: Src::Rows(Rows {
+            src: Src::RowCopies(RowCopies {
                 base: src.as_ptr(),
                 stride: KIB,
                 len: KIB,
@@ -346,7 +346,7 @@ mod tests {
         let pieces: Vec<Piece> = (0..16)
             .map(|k| Piece {
                 copies: 0..1,
-                part: copy::Part::Rows(k * 4..(k + 1) * 4),
+                part: copy::Part::RowCopies(k * 4..(k + 1) * 4),
             })
             .collect();
         // Chunks of two pieces; piece 1 lands last.
@@ -467,7 +467,7 @@ mod tests {
             let starts = Arc::new(StartTable::new(&starts));
             let t = median(Box::new(|| {
                 let staged = [HostCopy {
-                    src: Src::Rows(Rows {
+                    src: Src::RowCopies(RowCopies {
                         base: src.as_ptr(),
                         stride: row,
                         len: row,
