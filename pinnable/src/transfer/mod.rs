@@ -15,6 +15,7 @@
 
 mod apart;
 mod engine;
+mod fault;
 mod issue;
 mod plan;
 mod stacked;
