@@ -149,8 +149,10 @@ impl MoveContext<'_> {
         // before the ready event recorded after these kernels. The launch notes the blocks its
         // own work reads in `blocks` before enqueuing it: an error from here on is fenced by
         // `fence_launched`, which covers every block in `blocks`.
-        unsafe { engine::sm::launch(dev, kernels, self.pool, jobs, &mut self.copies.blocks) }?;
-        // Device sources the kernels read: a later free or in-place write waits for them.
+        let launched =
+            unsafe { engine::sm::launch(dev, kernels, self.pool, jobs, &mut self.copies.blocks) };
+        // Device sources the kernels read: a later free or in-place write waits for them,
+        // for the kernels already queued when a later launch failed as well.
         for b in std::mem::take(&mut self.copies.sm_reads) {
             let read = dev
                 .copy_stream
@@ -158,7 +160,7 @@ impl MoveContext<'_> {
                 .map_err(|e| Error::driver("cuEventRecord", e))?;
             b.add_reader(read);
         }
-        Ok(())
+        launched
     }
 
     /// After an error once copies were launched: records their completion on every block they

@@ -312,3 +312,53 @@ fn a_mixed_move_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
     let got = moved.1.to_cpu(false).unwrap().to_vec::<u8>().unwrap();
     assert!(got.iter().enumerate().all(|(i, &v)| v == value(i)));
 }
+
+/// A field whose move panics in the second walk, after the first copies have started.
+struct PanicsWhenBuilt;
+
+impl ToDevice for PanicsWhenBuilt {
+    fn to_device_with(&self, _: &mut MoveContext<'_>) -> crate::Result<Self> {
+        panic!("a user's to_device_with panicked")
+    }
+
+    fn measure_with(&self, _: &mut MoveContext<'_>) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_panic_while_the_batch_is_built_still_fences_the_copies_already_started() {
+    let test = "a_panic_while_the_batch_is_built_still_fences_the_copies_already_started";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let dev = device.cuda_device("test").unwrap().clone();
+    let mut r = SplitMix64::for_test(test);
+    let salt = r.next_u64();
+    let n = (1 << 16) + (r.next_u64() % (1 << 16)) as usize;
+    let pinned = Tensor::pinned_from_fn(&[n], |i| i as u64 ^ salt).unwrap();
+    let block = pinned_block(&pinned);
+    let pool = PinnedPool::new(PoolConfig::default());
+    let gate = Gate::close(&dev);
+    let batch = (pinned.clone(), PanicsWhenBuilt);
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        MoveContext::run_ready(
+            &device,
+            true,
+            &pool,
+            |cx| batch.measure_with(cx),
+            |cx| batch.to_device_with(cx),
+        )
+        .map(drop)
+    }));
+    assert!(caught.is_err(), "the panic goes on to the caller");
+    // The pinned tensor's copy was started before the panic: its block waits for it.
+    assert!(
+        block.pending_uses() >= 1,
+        "the copy started first is not fenced"
+    );
+    drop(gate);
+    dev.copy_stream.synchronize().expect("copy stream");
+    assert_eq!(block.pending_uses(), 0);
+    assert_eq!(pool.reclaimed_stats().in_use_bytes, 0);
+}
