@@ -112,16 +112,30 @@ unsafe extern "C" fn wait_for_gate(data: *mut std::ffi::c_void) {
     }
 }
 
+/// The pinned blocks a move reads: `early` of them (the first) by the copies it starts before
+/// its second walk, which are its first `first_launch` enqueues; the rest only by later ones.
+struct Reads {
+    blocks: Vec<Arc<PinnedBlock>>,
+    first_launch: usize,
+    early: usize,
+}
+
+impl Reads {
+    /// The blocks that work enqueued before the `k`-th enqueue may read.
+    fn before(&self, k: usize) -> &[Arc<PinnedBlock>] {
+        match k <= self.first_launch {
+            true => &self.blocks[..self.early],
+            false => &self.blocks,
+        }
+    }
+}
+
 /// Moves `batch` with its `k`-th enqueue failing, the copy stream held, and checks what the
-/// error path left: every pinned block in `read` (what the enqueued work may read) fenced, and
-/// nothing the move took from its own pool idle before the work ran; then, once the stream
-/// runs, everything back. `None` when the move made fewer than `k` enqueues (and succeeded).
-fn fail_at<T: ToDevice>(
-    device: &Device,
-    batch: &T,
-    read: &[Arc<PinnedBlock>],
-    k: usize,
-) -> Option<T> {
+/// error path left: every pinned block the enqueued work may read fenced, and nothing the move
+/// took from its own pool idle before the work ran; then, once the stream runs, everything
+/// back. `None` when the move made fewer than `k` enqueues (and succeeded).
+fn fail_at<T: ToDevice>(device: &Device, batch: &T, reads: &Reads, k: usize) -> Option<T> {
+    let read = reads.before(k);
     let dev = device.cuda_device("test").unwrap().clone();
     let pool = PinnedPool::new(PoolConfig::default());
     let gate = Gate::close(&dev);
@@ -164,7 +178,7 @@ fn fail_at<T: ToDevice>(
     let s = pool.reclaimed_stats();
     assert_eq!((s.in_use_bytes, s.pending_bytes), (0, 0), "k={k}: {s:?}");
     assert_eq!(s.cached_bytes, s.reserved_bytes, "k={k}: {s:?}");
-    assert!(read.iter().all(|b| b.pending_uses() == 0), "k={k}");
+    assert!(reads.blocks.iter().all(|b| b.pending_uses() == 0), "k={k}");
     None
 }
 
@@ -172,11 +186,14 @@ fn fail_at<T: ToDevice>(
 fn every_enqueue_fails_in_turn<T: ToDevice>(
     device: &Device,
     batch: &T,
-    read: &[Arc<PinnedBlock>],
+    reads: &Reads,
     min: usize,
 ) -> T {
+    // Moved once first, with nothing held: every kernel it runs is loaded before the stream is
+    // held (loading one lazily may wait for the whole context, the held stream included).
+    drop(batch.to_device(device, false).expect("the batch moves"));
     for k in 1..=256 {
-        if let Some(moved) = fail_at(device, batch, read, k) {
+        if let Some(moved) = fail_at(device, batch, reads, k) {
             assert!(k > min, "only {} enqueues; expected more than {min}", k - 1);
             println!("{} enqueues, each failed in turn", k - 1);
             return moved;
@@ -244,8 +261,14 @@ fn a_gather_launch_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
             .filter_map(|g| g.start_block()),
     );
     assert_eq!(read.len(), 6, "three tables of starts in pinned blocks");
-    // Tables of the host part, two of starts, three kernels.
-    let moved = every_enqueue_fails_in_turn(&device, &batch, &read, 5);
+    // Nothing moves before the second walk; then the table's host part, two tables of
+    // starts and three kernels (fewer where jobs merge).
+    let reads = Reads {
+        blocks: read,
+        first_launch: 0,
+        early: 0,
+    };
+    let moved = every_enqueue_fails_in_turn(&device, &batch, &reads, 3);
     let got = moved.1.tensor().unwrap().to_cpu(false).unwrap();
     let want: Vec<i64> = rows.iter().map(|&i| (i as u64 ^ salt) as i64).collect();
     assert_eq!(got.to_vec::<i64>().unwrap(), want);
@@ -263,6 +286,7 @@ fn a_mixed_move_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
     let Some(device) = cuda_or_skip(test) else {
         return;
     };
+    crate::cuda::gather_kernels(&device).expect("the gather kernels load on a GPU");
     let mut r = SplitMix64::for_test(test);
     let salt = r.next_u64();
     let value = |i: usize| (i as u64 ^ salt) as u8;
@@ -302,7 +326,14 @@ fn a_mixed_move_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
         pinned_block(&small),
     ];
     read.extend(batch.3.start_block());
-    let moved = every_enqueue_fails_in_turn(&device, &batch, &read, 4);
+    // The pinned tensor is copied whole (one enqueue) as soon as the batch is reserved; the
+    // rest once the second walk has noted it all.
+    let reads = Reads {
+        blocks: read,
+        first_launch: 1,
+        early: 1,
+    };
+    let moved = every_enqueue_fails_in_turn(&device, &batch, &reads, 4);
     let got = moved.2.tensor().unwrap().to_cpu(false).unwrap();
     let want: Vec<u32> = rows
         .iter()
