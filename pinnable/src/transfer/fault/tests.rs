@@ -16,9 +16,19 @@ use crate::tensor::{Data, Tensor};
 use crate::transfer::{MoveContext, ToDevice};
 use crate::{Device, Gather, GatherRoute};
 
+/// Fresh random data, seeded from the clock (the seed printed); under Miri, whose isolation has
+/// no clock, from a fixed seed.
+fn rng(test: &str) -> SplitMix64 {
+    if cfg!(miri) {
+        SplitMix64::new(0x9e37_79b9_7f4a_7c15)
+    } else {
+        SplitMix64::for_test(test)
+    }
+}
+
 #[test]
 fn only_the_armed_enqueue_fails_and_other_threads_carry_the_plan() {
-    let mut r = SplitMix64::for_test("fault plan");
+    let mut r = rng("fault plan");
     let k = 1 + (r.next_u64() % 20) as usize;
     let armed = fail_nth(k);
     let carried = Faults::current();
@@ -222,7 +232,7 @@ fn a_gather_launch_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
         return;
     };
     crate::cuda::gather_kernels(&device).expect("the gather kernels load on a GPU");
-    let mut r = SplitMix64::for_test(test);
+    let mut r = rng(test);
     let salt = r.next_u64();
     let len = 3000 + (r.next_u64() % 1000) as usize;
     let images = Tensor::pinned_from_fn(&[len, 3, 4, 4], |i| (i as u64 ^ salt) as u8).unwrap();
@@ -287,7 +297,7 @@ fn a_mixed_move_failing_at_any_enqueue_keeps_every_block_it_reads_fenced() {
         return;
     };
     crate::cuda::gather_kernels(&device).expect("the gather kernels load on a GPU");
-    let mut r = SplitMix64::for_test(test);
+    let mut r = rng(test);
     let salt = r.next_u64();
     let value = |i: usize| (i as u64 ^ salt) as u8;
     let len = 256 + (r.next_u64() % 256) as usize;
@@ -364,7 +374,7 @@ fn a_panic_while_the_batch_is_built_still_fences_the_copies_already_started() {
         return;
     };
     let dev = device.cuda_device("test").unwrap().clone();
-    let mut r = SplitMix64::for_test(test);
+    let mut r = rng(test);
     let salt = r.next_u64();
     let n = (1 << 16) + (r.next_u64() % (1 << 16)) as usize;
     let pinned = Tensor::pinned_from_fn(&[n], |i| i as u64 ^ salt).unwrap();
