@@ -311,6 +311,15 @@ impl Gather {
         }
     }
 
+    /// The pinned block holding the table of starts the gather kernels read, if any.
+    #[cfg(test)]
+    pub(crate) fn start_block(&self) -> Option<Arc<crate::alloc::PinnedBlock>> {
+        match &self.state {
+            State::Pending { starts, .. } => starts.pinned().cloned(),
+            State::Stacked(_) => None,
+        }
+    }
+
     /// Views of the source, one per run, in order (empty once stacked).
     fn parts(&self) -> Vec<Tensor> {
         match &self.state {

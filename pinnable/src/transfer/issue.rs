@@ -146,10 +146,13 @@ impl MoveContext<'_> {
         // SAFETY: every piece was planned from a live source this move holds (its storage is in
         // `keep`, its block in `blocks`) that the device reads in place (mapped pinned memory or
         // device memory, chosen by `engine`), into this move's reservation, which nothing reads
-        // before the ready event recorded after these kernels.
-        let read = unsafe { engine::sm::launch(dev, kernels, self.pool, jobs) }?;
-        self.copies.blocks.extend(read);
-        // Device sources the kernels read: a later free or in-place write waits for them.
+        // before the ready event recorded after these kernels. The launch notes the blocks its
+        // own work reads in `blocks` before enqueuing it: an error from here on is fenced by
+        // `fence_launched`, which covers every block in `blocks`.
+        let launched =
+            unsafe { engine::sm::launch(dev, kernels, self.pool, jobs, &mut self.copies.blocks) };
+        // Device sources the kernels read: a later free or in-place write waits for them,
+        // for the kernels already queued when a later launch failed as well.
         for b in std::mem::take(&mut self.copies.sm_reads) {
             let read = dev
                 .copy_stream
@@ -157,11 +160,13 @@ impl MoveContext<'_> {
                 .map_err(|e| Error::driver("cuEventRecord", e))?;
             b.add_reader(read);
         }
-        Ok(())
+        launched
     }
 
     /// After an error once copies were launched: records their completion on every block they
     /// read or write, so the pool neither reuses nor hands out those blocks while they run.
+    /// Every engine notes a block in `blocks` before it enqueues work that reads it, so this
+    /// covers the work of a launch that failed half-way as well.
     pub(super) fn fence_launched(&self) {
         let c = &self.copies;
         if c.direct_issued == 0 && c.sm_issued == 0 && c.staged.is_empty() {
@@ -170,20 +175,14 @@ impl MoveContext<'_> {
         let Ok(Some(dev)) = self.stream_device() else {
             return;
         };
-        match dev.record() {
-            Ok(event) => {
-                let event = Arc::new(event);
-                for b in &self.copies.blocks {
-                    b.record_use(event.clone() as Arc<dyn Fence>);
-                }
-                // Consumers may free what was moved apart once the failed batch is dropped.
-                if self.consumers.iter().any(|s| event.wait_on(s).is_err()) {
-                    let _ = dev.copy_stream.synchronize();
-                }
-            }
-            // Without an event to record, wait for the copies here instead.
-            Err(_) => {
-                let _ = dev.copy_stream.synchronize();
+        let sync = || {
+            let _ = dev.copy_stream.synchronize();
+        };
+        // Without an event to record, `fence_blocks` waits for the copies here instead.
+        if let Ok(event) = fence_blocks(&self.copies.blocks, || dev.record(), sync) {
+            // Consumers may free what was moved apart once the failed batch is dropped.
+            if self.consumers.iter().any(|s| event.wait_on(s).is_err()) {
+                sync();
             }
         }
     }
@@ -214,19 +213,15 @@ impl MoveContext<'_> {
                 return Err(e);
             }
         }
-        let copies = &self.copies;
-        let event = match dev.record() {
-            Ok(event) => Arc::new(event),
-            Err(e) => {
-                // The copies cannot be fenced by an event: wait for them before the blocks
-                // they read go back to the pool.
+        // If the copies cannot be fenced by an event, this waits for them before the blocks
+        // they read go back to the pool.
+        let event = fence_blocks(
+            &self.copies.blocks,
+            || dev.record(),
+            || {
                 let _ = dev.copy_stream.synchronize();
-                return Err(e);
-            }
-        };
-        for b in &copies.blocks {
-            b.record_use(event.clone() as Arc<dyn Fence>);
-        }
+            },
+        )?;
         let _ = self.ready.set(event.clone());
         for s in &self.consumers {
             if let Err(e) = event.wait_on(s) {
@@ -241,3 +236,34 @@ impl MoveContext<'_> {
         Ok(())
     }
 }
+
+/// Fences `blocks` with the fence `record` makes (an event recorded after the last enqueued
+/// operation that may read them): none of them returns to the pool, or is written in place,
+/// before it completes. When no fence can be made, calls `wait`, which must return only once
+/// that work is done, and returns the error.
+///
+/// # Errors
+///
+/// `record`'s.
+pub(super) fn fence_blocks<F: Fence + 'static>(
+    blocks: &[Arc<PinnedBlock>],
+    record: impl FnOnce() -> Result<F>,
+    wait: impl FnOnce(),
+) -> Result<Arc<F>> {
+    match record() {
+        Ok(fence) => {
+            let fence = Arc::new(fence);
+            for b in blocks {
+                b.record_use(fence.clone() as Arc<dyn Fence>);
+            }
+            Ok(fence)
+        }
+        Err(e) => {
+            wait();
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,6 @@
 mod apart;
 mod engine;
+mod fault;
 mod issue;
 mod plan;
 mod stacked;
@@ -209,16 +210,25 @@ impl<'a> MoveContext<'a> {
         cx.reserve()?;
         cx.pass = Pass::Build;
         cx.path = FieldPath::new();
-        let built = cx.launch().and_then(|()| build(&mut cx));
+        // The first launch starts copies that run while `build` walks the batch: whether
+        // `build` fails or panics, the blocks those copies read are fenced before the context
+        // (and with it the move's hold on them) goes.
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cx.launch().and_then(|()| build(&mut cx))
+        }));
         match built {
-            Ok(value) => {
+            Ok(Ok(value)) => {
                 let ready = cx.ready.clone();
                 cx.issue()?;
                 Ok((value, ready.get().cloned()))
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 cx.fence_launched();
                 Err(e)
+            }
+            Err(panic) => {
+                cx.fence_launched();
+                std::panic::resume_unwind(panic)
             }
         }
     }

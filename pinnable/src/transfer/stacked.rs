@@ -169,6 +169,11 @@ impl MoveContext<'_> {
             _ => unreachable!("read in place: pinned or device memory"),
         };
         self.copies.keep.push(s.source.storage().clone());
+        // The kernels read the table of starts too (copied, or in place through the mapping):
+        // noted with the source, before anything of this move is enqueued.
+        if let Some(b) = s.starts.pinned() {
+            self.copies.note_block(b);
+        }
         // The kernels count a plain copy in bytes, a conversion in source elements.
         let elem = match &op {
             SmOp::Copy => 1,

@@ -176,6 +176,7 @@ fn issue_htod_batch(dev: &Arc<CudaDevice>, runs: &[DirectCopy], batch: BatchFn) 
     }];
     let mut attr_at = [0usize];
     let mut failed_at = usize::MAX;
+    crate::transfer::fault::enqueue("cuMemcpyBatchAsync")?;
     // SAFETY: the arrays hold `runs.len()` entries and outlive the call; every range lies
     // within a live buffer, as for single copies (see `issue_one`); one attribute applies to
     // every copy from index 0; sources are read in stream order.
@@ -206,6 +207,7 @@ fn issue_one(dev: &Arc<CudaDevice>, run: &DirectCopy) -> Result<()> {
         // Over the direct link when there is one; the driver stages through the host else.
         crate::cuda::peer_access(dev, src);
     }
+    crate::transfer::fault::enqueue("cuMemcpyAsync")?;
     // SAFETY: source and destination ranges lie within live buffers (sources are held by
     // the move until issued and then by the ready event or their owners; destinations are
     // fresh allocations of this move), and the stream waited for sources still being filled.

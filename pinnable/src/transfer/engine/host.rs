@@ -11,6 +11,7 @@ use crate::batch::PART_ALIGN;
 use crate::copy::{self, HostCopy, Piece};
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
+use crate::transfer::fault::Faults;
 
 /// Staged bytes are sent to the device in copies of at least this many bytes (the last one
 /// excepted): a sixteenth of the batch's staged bytes, between 1 and 4 MiB, or
@@ -187,6 +188,8 @@ pub(in crate::transfer) fn stage_and_send(
     let pieces = copy::plan(staged);
     let chunk = chunk(staged.iter().map(|c| c.src.bytes()).sum());
     let frontier = Frontier::new(&pieces, staged, staged_dst, chunk);
+    // The copy threads enqueue for the thread that started the move.
+    let faults = Faults::current();
     let on_piece = |i: usize| -> Result<()> {
         let runs = frontier.land(i);
         if runs.is_empty() {
@@ -196,6 +199,7 @@ pub(in crate::transfer) fn stage_and_send(
             .bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         for run in runs {
+            faults.enqueue("cuMemcpyHtoDAsync")?;
             // SAFETY: the run's staging bytes were written by finished pieces (and are guarded
             // by the ready event from here on); its device range lies in a live allocation.
             let r = unsafe {

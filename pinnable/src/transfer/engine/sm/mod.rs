@@ -239,9 +239,16 @@ pub(crate) fn merged(jobs: Vec<SmJob>) -> Vec<SmJob> {
     out
 }
 
-/// Launches `jobs` on `dev`'s copy stream. Returns every pinned block the table's copies read
-/// (the launch's own, and the gathers' tables of starts): the caller records the move's ready
-/// event on them, so they are not reused while those copies may still read them.
+/// Launches `jobs` on `dev`'s copy stream. Every pinned block the enqueued work reads (the
+/// launch's own table, the gathers' tables of starts, copied or read in place) is pushed onto
+/// `read` before the first enqueue that reads it, so when a later copy or launch fails, the
+/// blocks of the work already queued are in `read` too: the caller fences all of `read` with
+/// an event recorded after its last enqueue, on success and on error alike.
+///
+/// # Errors
+///
+/// [`Error::Config`] for an affine map of more channels than the kernels index (before
+/// anything is enqueued); allocation and driver errors.
 ///
 /// # Safety
 ///
@@ -254,7 +261,15 @@ pub(crate) unsafe fn launch(
     kernels: &Kernels,
     pool: &PinnedPool,
     jobs: &[SmJob],
-) -> Result<Vec<Arc<PinnedBlock>>> {
+    read: &mut Vec<Arc<PinnedBlock>>,
+) -> Result<()> {
+    for job in jobs {
+        if let SmOp::Convert(c, layout) = &job.op
+            && c.is_affine()
+        {
+            affine_channels(layout)?;
+        }
+    }
     // The device table: the host part (tasks, tables of starts on the heap, coefficients),
     // written into one pinned block and copied at once, then the tables of starts already in
     // pinned blocks, each copied as it is.
@@ -317,7 +332,7 @@ pub(crate) unsafe fn launch(
         plans.push(plan);
     }
     if plans.iter().all(|p| p.n == 0) {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let mut coefficients: Vec<f32> = Vec::new();
     let mut coefficient_at = Vec::with_capacity(jobs.len());
@@ -360,17 +375,19 @@ pub(crate) unsafe fn launch(
         ptr
     });
     let copy = |dst: u64, src: *const u8, bytes: usize| {
-        // SAFETY: `bytes` of a pinned block (alive until the ready event, recorded by the
-        // caller on every block returned, completes) into the allocation made above, in
+        crate::transfer::fault::enqueue("cuMemcpyHtoDAsync")?;
+        // SAFETY: `bytes` of a pinned block (noted in `read` before this call, so the caller
+        // fences it after this copy whatever happens next) into the allocation made above, in
         // stream order.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream).result() }
             .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
     };
-    let mut read = Vec::new();
+    // Each block is noted before the copy or kernel that reads it is enqueued: from then on
+    // the caller's fence covers it, on the error path too.
     let mut copied = Ok(());
     if let Some(block) = block {
+        read.push(block.clone());
         copied = copy(on_device, block.as_ptr(), host_bytes);
-        read.push(block);
     }
     for (job, plan) in jobs.iter().zip(&plans) {
         let SmWork::Indexed(ix) = &job.work else {
@@ -381,13 +398,14 @@ pub(crate) unsafe fn launch(
                 let mut dst = on_device + (host_bytes + at) as u64;
                 for t in &ix.starts {
                     let b = t.pinned().expect("placed with the pinned tables");
+                    read.push(b.clone());
                     let src = b.as_ptr().wrapping_add(t.byte_offset());
                     copied = copied.and_then(|()| copy(dst, src, t.bytes()));
-                    read.push(b.clone());
                     dst += t.bytes() as u64;
                 }
             }
-            // The kernels read the table itself: its block is held like the tables copied.
+            // The kernels read the table itself, over the link: its block is noted before
+            // the first kernel is enqueued, as the tables copied are.
             Place::Mapped(_) => read.extend(ix.starts.iter().filter_map(|t| t.pinned().cloned())),
             Place::Host(_) => {}
         }
@@ -412,7 +430,7 @@ pub(crate) unsafe fn launch(
     // Freed in the copy stream's order, after the kernels that read it (also when a launch
     // failed: the kernels already queued still run first).
     drop(table_memory);
-    launched.map(|()| read)
+    launched
 }
 
 /// The host part of a launch's table, laid out as it is filled: each part 8-byte aligned.
@@ -511,7 +529,7 @@ unsafe fn launch_one(
             let f = kernels
                 .affine(layout.to)
                 .ok_or_else(|| missing(layout.from, layout.to))?;
-            let channels = layout.channels as u32;
+            let channels = affine_channels(layout)?;
             let offset_at = coef_at + u64::from(channels) * 4;
             (f, Some((coef_at, offset_at, channels, layout.inner as u64)))
         }
@@ -552,6 +570,24 @@ unsafe fn launch_one(
     unsafe { launch_kernel(dev, function, blocks, &mut params) }
 }
 
+/// The channel count of an affine map as the kernels take it (`u32 channels` in `gather.cu`).
+///
+/// # Errors
+///
+/// [`Error::Config`] above `u32::MAX` channels: such a map's coefficients alone would take
+/// 32 GiB, and the kernels index channels in 32 bits.
+fn affine_channels(layout: &Resolved) -> Result<u32> {
+    u32::try_from(layout.channels).map_err(|_| Error::Config {
+        setting: "convert",
+        problem: format!(
+            "an affine map over {} channels is more than the gather kernels index ({}); \
+             give the channels along a dimension of at most that size",
+            layout.channels,
+            u32::MAX
+        ),
+    })
+}
+
 /// One kernel launch on `dev`'s copy stream.
 ///
 /// # Safety
@@ -564,6 +600,7 @@ unsafe fn launch_kernel(
     blocks: u32,
     params: &mut [*mut std::ffi::c_void],
 ) -> Result<()> {
+    crate::transfer::fault::enqueue("cuLaunchKernel")?;
     // SAFETY: forwarded from the caller; the function belongs to a module of `dev`'s context,
     // which is current.
     unsafe {

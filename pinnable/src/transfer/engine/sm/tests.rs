@@ -84,3 +84,25 @@ fn small_tasks_get_a_few_lanes_large_ones_a_warp() {
     tasks(&SmOp::Copy, &[piece(0, 3, 0)], &mut out);
     assert_eq!(shift(&out), 0);
 }
+
+#[test]
+fn an_affine_map_over_more_channels_than_the_kernels_index_is_refused() {
+    let mut r = crate::loader::SplitMix64::for_test("affine channels");
+    let fits = 1 + (r.next_u64() % u64::from(u32::MAX)) as usize;
+    let inner = 1 + (r.next_u64() % 64) as usize;
+    let layout = |channels| Resolved {
+        from: DType::U8,
+        to: DType::F32,
+        channels,
+        inner,
+    };
+    assert_eq!(affine_channels(&layout(fits)).unwrap() as usize, fits);
+    assert_eq!(
+        affine_channels(&layout(u32::MAX as usize)).unwrap(),
+        u32::MAX
+    );
+    let over = u32::MAX as usize + 1 + (r.next_u64() % (1 << 20)) as usize;
+    let e = affine_channels(&layout(over)).unwrap_err().to_string();
+    assert!(e.contains(&format!("{over} channels")), "{e}");
+    assert!(e.contains("convert"), "{e}");
+}
