@@ -2,8 +2,13 @@
 """Lists every public path of the `pinnable` crate from rustdoc's JSON, and fails when one item
 is reachable by more than one path (a module made public *and* its items re-exported elsewhere).
 
-    scripts/public-api.py target/doc/pinnable.json            # print the paths, check
+    scripts/public-api.py target/doc/pinnable.json               # print the paths, check
     scripts/public-api.py target/doc/pinnable.json --check FILE  # also compare with a list
+
+The JSON comes from the nightly toolchain (rustdoc's JSON output is unstable):
+
+    cargo +nightly rustdoc -p pinnable --lib --features image,ndarray,dlpack -- \
+        -Z unstable-options --output-format json
 
 Items hidden from the docs (`#[doc(hidden)]`, the derive's `__private`) are not public API.
 Re-exports of another crate's items (the derive macros) count as paths of ours.
@@ -16,11 +21,10 @@ def main():
     doc = json.load(open(sys.argv[1]))
     index = doc["index"]
     paths = {}  # item id -> [path, ...]
+    kinds = {}  # "path kind" -> item id
 
     def hidden(item):
-        attrs = item.get("attrs") or []
-        text = json.dumps(attrs)
-        return "doc(hidden)" in text.replace(" ", "") or "hidden" in str(item.get("docs") or "") and False
+        return "doc(hidden)" in json.dumps(item.get("attrs") or []).replace(" ", "")
 
     def kind(item):
         return next(iter(item["inner"])) if isinstance(item["inner"], dict) else item["inner"]
@@ -49,20 +53,23 @@ def main():
                     continue
                 key = str(target) if target is not None else path
                 paths.setdefault(key, []).append(path)
+                kinds[path + " " + (kind(titem) if titem is not None else "macro")] = key
                 if titem is not None and kind(titem) == "module":
                     visit_module(target, path, seen)
             elif k == "module":
                 path = f"{prefix}::{item['name']}"
                 paths.setdefault(str(child), []).append(path)
+                kinds[path + " module"] = str(child)
                 visit_module(child, path, seen)
             elif k in ("impl",):
                 continue
             else:
                 path = f"{prefix}::{item['name']}"
                 paths.setdefault(str(child), []).append(path)
+                kinds[path + " " + k] = str(child)
 
     visit_module(doc["root"], "pinnable", frozenset())
-    listed = sorted(p for ps in paths.values() for p in ps)
+    listed = sorted(kinds)
     dups = sorted((sorted(ps) for ps in paths.values() if len(ps) > 1))
     for p in listed:
         print(p)
