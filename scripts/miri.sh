@@ -2,7 +2,8 @@
 # Runs the host-side unit tests under Miri, over the heap test-double pool (no OS or driver
 # call): the pinned allocator (size classes, free lists, pending fences, budget, stats), the
 # loader (sampler, collation, the worker/transfer threads, shutdown, panics in user code on
-# them, the `.npy` parser fed arbitrary bytes), tensors (over borrowed host bytes too: whole,
+# them, positions), the `.npy` and token-shard header parsers fed arbitrary bytes, a move's
+# fencing on its error paths (with a fake fence), tensors (over borrowed host bytes too: whole,
 # aligned elements, read once) and batches, and the property-test harness itself. SAFETY.md
 # lists which test covers which hole.
 #
@@ -19,6 +20,7 @@ fi
 export MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-strict-provenance"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-miri}"
 if [ $# -eq 0 ]; then
-    set -- alloc:: loader:: tensor:: batch:: fuzz::
+    set -- alloc:: loader:: tensor:: batch:: fuzz:: formats::npy:: \
+        transfer::issue transfer::fault::tests::only_the_armed
 fi
 exec cargo +nightly miri test -p pinnable --lib -- "$@"
