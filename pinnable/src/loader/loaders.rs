@@ -206,7 +206,17 @@ where
     pub fn epoch(&self, epoch: u64) -> Epoch<B::Batch> {
         let first = self.run.first_batch(epoch);
         // A position's batch is at most the epoch's length (checked when it was given).
-        let batches = self.sampler.batches_from(epoch, first as usize);
+        let (rank, world) = self.sampler.rank_and_world();
+        let planned = self.dataset.order(
+            epoch,
+            self.sampler.seed(),
+            (rank, world),
+            self.sampler.drops_last(),
+        );
+        let batches = match planned {
+            Some(order) => self.sampler.batches_of(order, first as usize),
+            None => self.sampler.batches_from(epoch, first as usize),
+        };
         let n = batches.len();
         let dataset: Arc<dyn Dataset<Sample = D::Sample>> = self.dataset.clone();
         let spec = self.run.spec(

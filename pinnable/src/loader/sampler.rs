@@ -277,6 +277,29 @@ impl Sampler {
         }
     }
 
+    /// Whether the short last batch is dropped.
+    pub fn drops_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// The batches from batch `first` on of an epoch whose order the dataset planned
+    /// ([`Dataset::order`](super::Dataset::order)): at most
+    /// [`samples_per_rank`](Self::samples_per_rank) of `indices` are used.
+    pub fn batches_of(&self, mut indices: Vec<usize>, first: usize) -> Batches {
+        indices.truncate(self.samples_per_rank());
+        let n = if self.drop_last {
+            indices.len() / self.batch_size
+        } else {
+            indices.len().div_ceil(self.batch_size)
+        };
+        Batches {
+            indices,
+            batch_size: self.batch_size,
+            next: first.min(n),
+            end: n,
+        }
+    }
+
     /// The position at batch `batch` of epoch `epoch` under this sampler's settings.
     pub(crate) fn position_at(&self, epoch: u64, batch: u64) -> Position {
         Position::new(
