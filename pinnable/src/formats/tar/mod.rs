@@ -81,6 +81,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(test)]
+mod fuzz_tests;
 mod group;
 #[cfg(feature = "image")]
 mod images;
