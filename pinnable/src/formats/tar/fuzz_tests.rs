@@ -19,7 +19,14 @@ const SEEDS: [&[u8]; 4] = [
 fn reader_answers_arbitrary_bytes_with_members_inside_them_or_errors() {
     Fuzz::new("tar_reader")
         .seeds(SEEDS.iter().map(|s| s.to_vec()))
-        .tokens(&[b"ustar\0", b"ustar  \0", b"././@LongLink", b"path=", b"size=", b"0000644\0"])
+        .tokens(&[
+            b"ustar\0",
+            b"ustar  \0",
+            b"././@LongLink",
+            b"path=",
+            b"size=",
+            b"0000644\0",
+        ])
         .run(|bytes| {
             let len = bytes.len() as u64;
             let mut last = None;

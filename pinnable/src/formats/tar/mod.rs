@@ -30,7 +30,9 @@
 //!   [`Position`](crate::loader::Position) starts at the next batch without reading the ones
 //!   before it.
 //! - **A damaged shard**: the samples before the damage are read; the damage is one entry of
-//!   the epoch at the place it was found, delivered as the error of the batch holding it.
+//!   the epoch at the place it was found, delivered as the error of the batch holding it. The
+//!   sample being assembled when it is found is dropped, as webdataset drops it (its members
+//!   may be incomplete).
 //! - **Remote shards** later: a reader of ranged bytes implements [`ShardBytes`] and goes to
 //!   [`TarShards::from_shards`].
 //!
