@@ -395,3 +395,78 @@ fn npy_members_land_in_their_rows_with_their_labels() {
     assert_eq!(seen, 7);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[cfg(feature = "image")]
+#[test]
+fn jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files() {
+    use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+    use pinnable::formats::tar::TarImageBatcher;
+    use pinnable_harness::images::{self, Jpeg};
+
+    let mut r = rng("jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files");
+    let dir = folder("images");
+    let mut files = Vec::new();
+    let mut samples = Vec::new();
+    for i in 0..9 {
+        let (w, h) = (r.random_range(17..60), r.random_range(17..60));
+        let rgb = images::picture(&mut r, w, h, 6.0);
+        let (ext, bytes) = if i % 3 == 2 {
+            (
+                "PNG",
+                images::png(
+                    &rgb,
+                    w,
+                    h,
+                    png::ColorType::Rgb,
+                    png::BitDepth::Eight,
+                    None,
+                    None,
+                    None,
+                ),
+            )
+        } else {
+            ("jpg", images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None))
+        };
+        let label = r.random_range(0..100i64);
+        let path = dir.join(format!("{i}.{ext}"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push((path, label));
+        samples.push((
+            format!("{i:03}"),
+            vec![
+                (ext.to_owned(), bytes),
+                ("cls".into(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    std::fs::write(dir.join("images.tar"), shard(&samples).0).unwrap();
+    let transform = Transform::resized_center_crop(20, 16);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let want: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(folder)
+        .batch_size(4)
+        .workers(2)
+        .build(ImageBatcher)
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    let shards = TarShards::open([dir.join("images.tar").to_str().unwrap()]).unwrap();
+    let got: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(shards)
+        .batch_size(4)
+        .workers(3)
+        .build(TarImageBatcher::new(transform))
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            assert_eq!(&x.shape()[1..], &[3, 16, 16]);
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
