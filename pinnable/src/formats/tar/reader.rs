@@ -350,8 +350,11 @@ fn pax_number(value: &[u8]) -> Option<u64> {
     std::str::from_utf8(value).ok()?.parse().ok()
 }
 
+/// A pax record: its keyword and value.
+type Record = (Vec<u8>, Vec<u8>);
+
 /// The `"<len> <key>=<value>\n"` records of a pax header.
-fn pax_records(mut text: &[u8]) -> std::result::Result<Vec<(Vec<u8>, Vec<u8>)>, String> {
+fn pax_records(mut text: &[u8]) -> std::result::Result<Vec<Record>, String> {
     let mut out = Vec::new();
     while !text.is_empty() && text[0] != 0 {
         let space = text
