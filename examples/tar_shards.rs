@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 /// A `.npy` file of `f32` values `[4, 8]`.
 fn npy(values: &[f32]) -> Vec<u8> {
     let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }".to_owned();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');

@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashSet};
 use pinnable::Error;
 use pinnable::formats::tar::{TarNpyBatcher, TarSample, TarShards};
 use pinnable::loader::{Collator, Dataset, Loader};
-use pinnable::{Result, Tensor};
-use pinnable_harness::rng;
+use pinnable::{Result, Tensor, ToDevice};
 use pinnable_harness::tar::{folder, random_sample, random_shards, shard};
+use pinnable_harness::{cuda_or_skip, rng};
 use rand::Rng;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tar");
@@ -149,7 +149,10 @@ fn every_rank_gets_the_same_number_of_batches() {
                         .workers(2)
                         .build_with(labels)
                         .unwrap();
-                    let n = loader.iter().map(|b| b.unwrap()).count();
+                    let n = loader
+                        .iter()
+                        .inspect(|b| assert!(b.is_ok(), "{b:?}"))
+                        .count();
                     assert_eq!(n, loader.len(), "len() is exact");
                     n
                 })
@@ -345,7 +348,7 @@ fn truncated_and_corrupt_shards_fail_naming_shard_and_offset_after_whole_batches
 fn npy(values: &[u16]) -> Vec<u8> {
     let dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }";
     let mut header = dict.to_owned();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
@@ -468,5 +471,58 @@ fn jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files() {
         .collect();
     assert_eq!(got.len(), 3);
     assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn batches_moved_to_the_gpu_equal_the_host_batches() {
+    let Some(device) = cuda_or_skip("batches_moved_to_the_gpu_equal_the_host_batches") else {
+        return;
+    };
+    let mut r = rng("batches_moved_to_the_gpu_equal_the_host_batches");
+    let dir = folder("gpu");
+    let rows: Vec<Vec<u16>> = (0..40)
+        .map(|_| (0..6).map(|_| r.random()).collect())
+        .collect();
+    let mut samples: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (
+                format!("k{i:03}"),
+                vec![
+                    ("npy".into(), npy(v)),
+                    ("cls".into(), i.to_string().into_bytes()),
+                ],
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("b.tar"), shard(&samples.split_off(17)).0).unwrap();
+    std::fs::write(dir.join("a.tar"), shard(&samples).0).unwrap();
+    let shards = TarShards::open([format!("{}/{{a,b}}.tar", dir.display())]).unwrap();
+    let seed = r.random();
+    let run = |device| -> Vec<(Vec<u16>, Vec<i64>)> {
+        Loader::builder(shards.clone())
+            .batch_size(8)
+            .shuffle(seed)
+            .workers(3)
+            .device(device)
+            .build(TarNpyBatcher::new("npy").label("cls"))
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let (x, y) = b.unwrap();
+                let (x, y) = (x.to_cpu(false).unwrap(), y.unwrap().to_cpu(false).unwrap());
+                (x.to_vec::<u16>().unwrap(), y.to_vec::<i64>().unwrap())
+            })
+            .collect()
+    };
+    let host = run(pinnable::Device::cpu());
+    assert_eq!(host.len(), 5);
+    for (x, y) in &host {
+        let want: Vec<u16> = y.iter().flat_map(|&i| rows[i as usize].clone()).collect();
+        assert_eq!(x, &want);
+    }
+    assert_eq!(run(device), host);
     std::fs::remove_dir_all(&dir).unwrap();
 }
