@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
 use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
-use pinnable::loader::{Batcher, Collator, Dataset, Loader};
+use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
 use pinnable_harness::bench::{Report, median};
 use pinnable_harness::tar::shard;

@@ -7,7 +7,7 @@
 
 use pinnable::formats::tar::{TarNpyBatcher, TarShards};
 use pinnable::loader::{Loader, Position};
-use pinnable::{Device, Tensor};
+use pinnable::{Device, Tensor, ToDevice};
 use pinnable_harness::tar::{Sample, shard};
 use rand::{Rng, SeedableRng};
 

@@ -65,6 +65,14 @@ pub trait Dataset: Send + Sync {
         let _ = (epoch, seed, shard, drop_last);
         None
     }
+
+    /// For a dataset that plans its epochs ([`order`](Self::order)): the one setting of its
+    /// own the plan depends on beyond the loader's, its name and value (a tar source's
+    /// shuffle buffer). Positions carry it, and resuming refuses a position saved with
+    /// another value, naming it. `None` (the default) for the others.
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        None
+    }
 }
 
 fn out_of_range(index: usize, len: usize) -> Error {
@@ -120,6 +128,10 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     ) -> Option<Vec<usize>> {
         (**self).order(epoch, seed, shard, drop_last)
     }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        (**self).plan_setting()
+    }
 }
 
 /// The borrowed dataset's samples (`&'static [T]`, a leaked or static table).
@@ -142,6 +154,10 @@ impl<D: Dataset + ?Sized> Dataset for &D {
         drop_last: bool,
     ) -> Option<Vec<usize>> {
         (**self).order(epoch, seed, shard, drop_last)
+    }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        (**self).plan_setting()
     }
 }
 

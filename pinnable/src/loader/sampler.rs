@@ -133,6 +133,8 @@ pub struct Sampler {
     drop_last: bool,
     rank: usize,
     world: usize,
+    /// The dataset's own plan setting, when it plans its epochs: its name and value.
+    plan: Option<(&'static str, u64)>,
 }
 
 impl Sampler {
@@ -156,6 +158,7 @@ impl Sampler {
             drop_last: false,
             rank: 0,
             world: 1,
+            plan: None,
         })
     }
 
@@ -277,6 +280,18 @@ impl Sampler {
         }
     }
 
+    /// Records the setting of a dataset that plans its own epochs
+    /// ([`Dataset::plan_setting`](super::Dataset::plan_setting)): positions carry it.
+    pub(crate) fn planned_by(mut self, plan: Option<(&'static str, u64)>) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    /// The dataset's plan setting, its name and value, when it plans its own epochs.
+    pub fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        self.plan
+    }
+
     /// Whether the short last batch is dropped.
     pub fn drops_last(&self) -> bool {
         self.drop_last
@@ -310,6 +325,7 @@ impl Sampler {
             self.batch_size,
             self.drop_last,
         )
+        .with_plan(self.plan.map(|(_, v)| v))
     }
 }
 

@@ -415,4 +415,8 @@ impl Dataset for TarShards {
     ) -> Option<Vec<usize>> {
         Some(self.plan(epoch, seed, shard, drop_last))
     }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        Some(("shuffle buffer", self.buffer as u64))
+    }
 }
