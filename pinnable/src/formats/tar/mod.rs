@@ -209,8 +209,8 @@ impl TarShards {
         let mut entries = Vec::new();
         let mut shard_of = Vec::new();
         let mut starts = vec![0];
-        for (s, shard) in shards.iter().enumerate() {
-            index_shard(shard, &mut entries);
+        for (s, found) in index_shards(&shards).into_iter().enumerate() {
+            entries.extend(found);
             shard_of.resize(entries.len(), s as u32);
             starts.push(entries.len());
         }
@@ -339,6 +339,53 @@ fn open_file(path: &Path) -> Result<(String, Arc<dyn ShardBytes>)> {
         problem: format!("cannot open it: {problem}"),
     })?;
     Ok((name, Arc::new(MappedShard(mapping))))
+}
+
+/// The index pass over every shard, on up to 16 threads (shards are independent; a thread
+/// reads its shards' headers in file order); the entries of each shard, in list order.
+fn index_shards(shards: &[Shard]) -> Vec<Vec<Entry>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 16)
+        .min(shards.len().max(1));
+    let mut found: Vec<Vec<Entry>> = (0..shards.len()).map(|_| Vec::new()).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    (t..shards.len())
+                        .step_by(threads)
+                        .map(|s| {
+                            let mut entries = Vec::new();
+                            index_shard(&shards[s], &mut entries);
+                            (s, entries)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (t, handle) in handles.into_iter().enumerate() {
+            match handle.join() {
+                Ok(done) => {
+                    for (s, entries) in done {
+                        found[s] = entries;
+                    }
+                }
+                // A panic in the reader is a bug; its shards become errors, not a crash.
+                Err(_) => {
+                    for s in (t..shards.len()).step_by(threads) {
+                        found[s] = vec![Entry::Broken {
+                            offset: 0,
+                            problem: "the index pass panicked on this shard (a bug: please \
+                                      report it with the shard)"
+                                .into(),
+                        }];
+                    }
+                }
+            }
+        }
+    });
+    found
 }
 
 /// The index pass over one shard: its samples, then the damage that ended it, if any.
