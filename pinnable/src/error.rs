@@ -246,6 +246,18 @@ pub enum Error {
         problem: String,
     },
 
+    /// A tar shard (a WebDataset archive) that cannot be read: a damaged or truncated header,
+    /// a member running past the end of the file, a sample with one extension twice.
+    #[error("cannot read tar shard `{shard}` at byte {offset}: {problem}")]
+    Tar {
+        /// The shard: its path or URL.
+        shard: String,
+        /// The byte offset in the shard of the header or member that is wrong.
+        offset: u64,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+
     /// A loader position (from [`Position::from_bytes`](crate::loader::Position::from_bytes)
     /// or its string form) that cannot be read.
     #[error("cannot read a loader position: {problem}")]

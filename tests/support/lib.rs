@@ -7,6 +7,7 @@ pub mod hostile;
 pub mod images;
 pub mod kernels;
 pub mod samples;
+pub mod tar;
 pub mod tokens;
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -10,4 +10,5 @@
 #[cfg(feature = "image")]
 pub mod image;
 pub mod npy;
+pub mod tar;
 pub mod tokens;

@@ -231,7 +231,8 @@ where
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
         let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
             .drop_last(self.drop_last)
-            .shard(rank, world)?;
+            .shard(rank, world)?
+            .planned_by(self.source.plan_setting());
         if let Some(seed) = self.seed {
             sampler = sampler.shuffle(seed);
         }
@@ -446,6 +447,16 @@ where
 /// Refuses a position that `sampler`'s loader did not save, or one past its epoch's end.
 fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
     position.check_settings(&sampler.position_at(0, 0))?;
+    if position.plan() != sampler.plan_setting().map(|(_, v)| v) {
+        let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
+        return Err(Error::Resume {
+            setting: sampler
+                .plan_setting()
+                .map_or("plan setting", |(name, _)| name),
+            saved: show(position.plan()),
+            current: show(sampler.plan_setting().map(|(_, v)| v)),
+        });
+    }
     if position.batch() > sampler.len() as u64 {
         return Err(Error::Resume {
             setting: "batch",

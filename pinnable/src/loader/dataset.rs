@@ -46,6 +46,33 @@ pub trait Dataset: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The indices of epoch `epoch` for rank `shard.0` of `shard.1`, in order, when the
+    /// source plans its epochs itself (archives read in sequence, shard by shard); `None`, the
+    /// default, lets the [`Sampler`](super::Sampler) shuffle and deal. `seed` and `drop_last`
+    /// are the loader's.
+    ///
+    /// The loader takes at most [`Sampler::samples_per_rank`](super::Sampler::samples_per_rank)
+    /// indices from the list; a shorter list ends the epoch early. The plan must depend on
+    /// its arguments alone (not on timing or worker threads) for resuming to be exact.
+    fn order(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        shard: (usize, usize),
+        drop_last: bool,
+    ) -> Option<Vec<usize>> {
+        let _ = (epoch, seed, shard, drop_last);
+        None
+    }
+
+    /// For a dataset that plans its epochs ([`order`](Self::order)): the one setting of its
+    /// own the plan depends on beyond the loader's, its name and value (a tar source's
+    /// shuffle buffer). Positions carry it, and resuming refuses a position saved with
+    /// another value, naming it. `None` (the default) for the others.
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        None
+    }
 }
 
 fn out_of_range(index: usize, len: usize) -> Error {
@@ -91,6 +118,20 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn get(&self, index: usize) -> Result<D::Sample> {
         (**self).get(index)
     }
+
+    fn order(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        shard: (usize, usize),
+        drop_last: bool,
+    ) -> Option<Vec<usize>> {
+        (**self).order(epoch, seed, shard, drop_last)
+    }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        (**self).plan_setting()
+    }
 }
 
 /// The borrowed dataset's samples (`&'static [T]`, a leaked or static table).
@@ -103,6 +144,20 @@ impl<D: Dataset + ?Sized> Dataset for &D {
 
     fn get(&self, index: usize) -> Result<D::Sample> {
         (**self).get(index)
+    }
+
+    fn order(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        shard: (usize, usize),
+        drop_last: bool,
+    ) -> Option<Vec<usize>> {
+        (**self).order(epoch, seed, shard, drop_last)
+    }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        (**self).plan_setting()
     }
 }
 

@@ -216,7 +216,20 @@ where
         let first = self.run.first_batch(epoch);
         let refused = check_epoch(epoch).err();
         // A position's batch is at most the epoch's length (checked when it was given).
-        let batches = self.sampler.batches_from(epoch, first as usize);
+        let (rank, world) = self.sampler.rank_and_world();
+        // A refused epoch asks the dataset for no plan.
+        let planned = refused.is_none().then(|| {
+            self.dataset.order(
+                epoch,
+                self.sampler.seed(),
+                (rank, world),
+                self.sampler.drops_last(),
+            )
+        });
+        let batches = match planned.flatten() {
+            Some(order) => self.sampler.batches_of(order, first as usize),
+            None => self.sampler.batches_from(epoch, first as usize),
+        };
         let n = if refused.is_some() { 0 } else { batches.len() };
         let dataset: Arc<dyn Dataset<Sample = D::Sample>> = self.dataset.clone();
         let spec = self.run.spec(

@@ -15,6 +15,11 @@ use crate::error::{Error, Result};
 
 /// The version of [`Position`]'s byte and string forms this build writes and reads.
 const VERSION: u16 = 1;
+/// The version written for a position that holds a plan setting (see [`Position::plan`]):
+/// version 1 and one more word. Positions without one stay version 1, byte for byte.
+const VERSION_PLAN: u16 = 2;
+/// The length of a version-2 position.
+const BYTES_PLAN: usize = 72;
 /// The first bytes of [`Position::to_bytes`].
 const MAGIC: &[u8; 4] = b"PNPS";
 /// The length of [`Position::to_bytes`].
@@ -76,6 +81,9 @@ pub struct Position {
     samples: Option<u64>,
     batch_size: u64,
     drop_last: bool,
+    /// The setting of a dataset that plans its own epochs, e.g. a tar source's shuffle
+    /// buffer; `None` for the others.
+    plan: Option<u64>,
 }
 
 impl Position {
@@ -103,7 +111,13 @@ impl Position {
             samples: samples.map(|s| s as u64),
             batch_size: batch_size as u64,
             drop_last,
+            plan: None,
         }
+    }
+
+    /// The same position with the plan setting `plan`.
+    pub(crate) fn with_plan(self, plan: Option<u64>) -> Position {
+        Position { plan, ..self }
     }
 
     /// The same settings at batch `batch` of epoch `epoch`.
@@ -151,8 +165,23 @@ impl Position {
         self.drop_last
     }
 
+    /// The setting of a dataset that plans its own epochs
+    /// ([`Dataset::plan_setting`](super::Dataset::plan_setting), e.g. a tar source's shuffle
+    /// buffer), `None` for the others.
+    pub fn plan(&self) -> Option<u64> {
+        self.plan
+    }
+
+    fn version(&self) -> u16 {
+        if self.plan.is_some() {
+            VERSION_PLAN
+        } else {
+            VERSION
+        }
+    }
+
     /// The position as 64 bytes (little-endian, with a magic number and a format version), for
-    /// a binary checkpoint.
+    /// a binary checkpoint; 72 (format version 2) when it holds a [`plan`](Self::plan) setting.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut flags = 0;
         if self.seed.is_some() {
@@ -166,7 +195,7 @@ impl Position {
         }
         let mut out = Vec::with_capacity(BYTES);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.version().to_le_bytes());
         out.extend_from_slice(&flags.to_le_bytes());
         for v in [
             self.epoch,
@@ -179,7 +208,9 @@ impl Position {
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        debug_assert_eq!(out.len(), BYTES);
+        if let Some(plan) = self.plan {
+            out.extend_from_slice(&plan.to_le_bytes());
+        }
         out
     }
 
@@ -206,9 +237,9 @@ impl Position {
     /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Position> {
         let bad = |problem: String| Error::Position { problem };
-        if bytes.len() != BYTES {
+        if bytes.len() != BYTES && bytes.len() != BYTES_PLAN {
             return Err(bad(format!(
-                "{} bytes; a position is {BYTES} bytes",
+                "{} bytes; a position is {BYTES} bytes ({BYTES_PLAN} with a plan setting)",
                 bytes.len()
             )));
         }
@@ -220,6 +251,17 @@ impl Position {
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
         check_version(u64::from(version))?;
+        let want = if version == VERSION_PLAN {
+            BYTES_PLAN
+        } else {
+            BYTES
+        };
+        if bytes.len() != want {
+            return Err(bad(format!(
+                "{} bytes for format version {version}, which has {want}",
+                bytes.len()
+            )));
+        }
         let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
         if flags & !(HAS_SEED | HAS_SAMPLES | DROP_LAST) != 0 {
             return Err(bad(format!("unknown flags {flags:#06x}")));
@@ -242,6 +284,7 @@ impl Position {
             samples: (flags & HAS_SAMPLES != 0).then(|| word(5)),
             batch_size: word(6),
             drop_last: flags & DROP_LAST != 0,
+            plan: (version == VERSION_PLAN).then(|| word(7)),
         };
         p.validate()?;
         Ok(p)
@@ -349,10 +392,11 @@ pub(crate) fn check_epoch(epoch: u64) -> Result<()> {
 }
 
 fn check_version(version: u64) -> Result<()> {
-    if version != u64::from(VERSION) {
+    if version != u64::from(VERSION) && version != u64::from(VERSION_PLAN) {
         return Err(Error::Position {
             problem: format!(
-                "format version {version}; this build of pinnable reads version {VERSION}"
+                "format version {version}; this build of pinnable reads versions {VERSION} \
+                 and {VERSION_PLAN}"
             ),
         });
     }
@@ -365,8 +409,10 @@ impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{PREFIX}{VERSION} epoch={} batch={} seed=",
-            self.epoch, self.batch
+            "{PREFIX}{} epoch={} batch={} seed=",
+            self.version(),
+            self.epoch,
+            self.batch
         )?;
         match self.seed {
             Some(s) => write!(f, "{s}")?,
@@ -381,7 +427,11 @@ impl fmt::Display for Position {
             f,
             " batch_size={} drop_last={}",
             self.batch_size, self.drop_last
-        )
+        )?;
+        match self.plan {
+            Some(p) => write!(f, " plan={p}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -396,12 +446,11 @@ impl FromStr for Position {
             .next()
             .and_then(|w| w.strip_prefix(PREFIX))
             .ok_or_else(|| bad(format!("{s:?} does not start with {PREFIX:?}")))?;
-        check_version(
-            version
-                .parse()
-                .map_err(|_| bad(format!("format version {version:?} is not a number")))?,
-        )?;
-        const KEYS: [&str; 7] = [
+        let version: u64 = version
+            .parse()
+            .map_err(|_| bad(format!("format version {version:?} is not a number")))?;
+        check_version(version)?;
+        const KEYS: [&str; 8] = [
             "epoch",
             "batch",
             "seed",
@@ -409,8 +458,9 @@ impl FromStr for Position {
             "samples",
             "batch_size",
             "drop_last",
+            "plan",
         ];
-        let mut values: [Option<&str>; 7] = [None; 7];
+        let mut values: [Option<&str>; 8] = [None; 8];
         for word in words {
             let (key, value) = word
                 .split_once('=')
@@ -451,6 +501,16 @@ impl FromStr for Position {
                 "true" => true,
                 "false" => false,
                 v => return Err(bad(format!("drop_last={v:?} is not true or false"))),
+            },
+            plan: match (version == u64::from(VERSION_PLAN), values[7]) {
+                (true, Some(v)) => Some(number(7, v)?),
+                (false, None) => None,
+                (true, None) => return Err(bad("plan is missing".into())),
+                (false, Some(_)) => {
+                    return Err(bad(format!(
+                        "plan is not a key of format version {version}"
+                    )));
+                }
             },
         };
         p.validate()?;
@@ -525,6 +585,7 @@ mod tests {
             samples: (r.below(2) == 0).then(|| r.next_u64() >> 1),
             batch_size: 1 + r.below(1 << 20),
             drop_last: r.below(2) == 0,
+            plan: (r.below(2) == 0).then(|| r.next_u64()),
         }
     }
 

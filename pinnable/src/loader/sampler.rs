@@ -133,6 +133,8 @@ pub struct Sampler {
     drop_last: bool,
     rank: usize,
     world: usize,
+    /// The dataset's own plan setting, when it plans its epochs: its name and value.
+    plan: Option<(&'static str, u64)>,
 }
 
 impl Sampler {
@@ -156,6 +158,7 @@ impl Sampler {
             drop_last: false,
             rank: 0,
             world: 1,
+            plan: None,
         })
     }
 
@@ -277,6 +280,41 @@ impl Sampler {
         }
     }
 
+    /// Records the setting of a dataset that plans its own epochs
+    /// ([`Dataset::plan_setting`](super::Dataset::plan_setting)): positions carry it.
+    pub(crate) fn planned_by(mut self, plan: Option<(&'static str, u64)>) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    /// The dataset's plan setting, its name and value, when it plans its own epochs.
+    pub fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        self.plan
+    }
+
+    /// Whether the short last batch is dropped.
+    pub fn drops_last(&self) -> bool {
+        self.drop_last
+    }
+
+    /// The batches from batch `first` on of an epoch whose order the dataset planned
+    /// ([`Dataset::order`](super::Dataset::order)): at most
+    /// [`samples_per_rank`](Self::samples_per_rank) of `indices` are used.
+    pub fn batches_of(&self, mut indices: Vec<usize>, first: usize) -> Batches {
+        indices.truncate(self.samples_per_rank());
+        let n = if self.drop_last {
+            indices.len() / self.batch_size
+        } else {
+            indices.len().div_ceil(self.batch_size)
+        };
+        Batches {
+            indices,
+            batch_size: self.batch_size,
+            next: first.min(n),
+            end: n,
+        }
+    }
+
     /// The position at batch `batch` of epoch `epoch` under this sampler's settings.
     pub(crate) fn position_at(&self, epoch: u64, batch: u64) -> Position {
         Position::new(
@@ -287,6 +325,7 @@ impl Sampler {
             self.batch_size,
             self.drop_last,
         )
+        .with_plan(self.plan.map(|(_, v)| v))
     }
 }
 

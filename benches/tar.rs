@@ -1,0 +1,231 @@
+//! WebDataset tar shards on the host: the same JPEG files as the images bench, packed into 16
+//! shards (`classNN/NNNN` keys, a `.jpg` and a `.cls` each), read from the page cache.
+//!
+//! 1. **Fields only** (no decoding): samples/s of a loader whose batcher reads every byte of
+//!    each sample's `.jpg` (a checksum) and collates the labels, against the sequential-read
+//!    ceiling: one `cat` of the shards to `/dev/null`, in samples/s of the same shards.
+//! 2. **Images decoded**: images/s of [`TarImageBatcher`] (resize 256 + center crop 224, `u8`),
+//!    against [`ImageFolder`] + [`ImageBatcher`] on the same files with the same transform and
+//!    worker count; Python webdataset's twin is `bench/webdataset_twin.py` (same shards).
+//!
+//! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
+//! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`
+//! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14`). Writes
+//! `$PINNABLE_BENCH_OUT/tar.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
+use pinnable::loader::{Batcher, Collator, Loader};
+use pinnable::{Result, Tensor};
+use pinnable_harness::bench::{Report, median};
+use pinnable_harness::tar::shard;
+use pinnable_harness::{images, rng};
+
+const BATCH: usize = 64;
+const SHARDS: usize = 16;
+
+fn out_dir() -> PathBuf {
+    std::env::var("PINNABLE_BENCH_OUT").map_or_else(
+        |_| std::env::temp_dir().join("pinnable-bench-tar"),
+        PathBuf::from,
+    )
+}
+
+fn worker_counts() -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
+        return list
+            .split(',')
+            .filter_map(|w| w.trim().parse().ok())
+            .collect();
+    }
+    let v: Vec<usize> = [4, 8, 14].into_iter().filter(|&w| w <= cores).collect();
+    if v.is_empty() { vec![cores] } else { v }
+}
+
+/// The JPEG files and their labels, as the images bench uses them (written when missing).
+fn files() -> ImageFolder {
+    let dir = std::env::var("PINNABLE_BENCH_IMAGES_DIR")
+        .map_or_else(|_| out_dir().join("jpegs"), PathBuf::from);
+    if let Ok(f) = ImageFolder::open(&dir)
+        && !f.is_empty()
+    {
+        return f;
+    }
+    println!("writing 2048 JPEGs to {} (jpeg-encoder)", dir.display());
+    images::write_folder(&mut rng("bench tar (files)"), &dir, 8, 256, (500, 375));
+    ImageFolder::open(&dir).expect("the files just written")
+}
+
+/// The files packed into `SHARDS` shards in file order; their paths.
+fn shards(folder: &ImageFolder) -> Vec<PathBuf> {
+    let dir = out_dir().join("tar-shards");
+    std::fs::create_dir_all(&dir).expect("shard folder");
+    let paths: Vec<PathBuf> = (0..SHARDS)
+        .map(|s| dir.join(format!("train-{s:06}.tar")))
+        .collect();
+    if paths.iter().all(|p| p.exists()) {
+        return paths;
+    }
+    let per = folder.len().div_ceil(SHARDS);
+    for (s, path) in paths.iter().enumerate() {
+        let samples: Vec<_> = (s * per..((s + 1) * per).min(folder.len()))
+            .map(|i| {
+                let file = folder.path(i).unwrap();
+                let key = format!(
+                    "{}/{}",
+                    file.parent()
+                        .and_then(Path::file_name)
+                        .unwrap()
+                        .to_string_lossy(),
+                    file.file_stem().unwrap().to_string_lossy()
+                );
+                let label = folder.label(i).unwrap().to_string().into_bytes();
+                (
+                    key,
+                    vec![
+                        ("jpg".into(), std::fs::read(file).unwrap()),
+                        ("cls".into(), label),
+                    ],
+                )
+            })
+            .collect();
+        std::fs::write(path, shard(&samples).0).expect("write a shard");
+    }
+    paths
+}
+
+/// Fields only: every byte of the `.jpg` read (a checksum), labels and checksums collated.
+struct FieldsOnly;
+
+impl Batcher<TarSample> for FieldsOnly {
+    type Batch = (Tensor, Tensor);
+
+    fn batch(&self, samples: Vec<TarSample>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
+        let mut sums = Vec::with_capacity(samples.len());
+        let mut labels = Vec::with_capacity(samples.len());
+        for s in &samples {
+            let bytes = s.bytes("jpg")?;
+            sums.push(
+                bytes
+                    .iter()
+                    .fold(0u64, |a, &b| a.wrapping_add(u64::from(b))) as i64,
+            );
+            labels.push(s.class("cls")?);
+        }
+        let x = c.stack_scalars("sums", sums)?;
+        let y = c.stack_scalars("labels", labels)?;
+        let mut out = c.finish()?;
+        Ok((out.take(x)?, out.take(y)?))
+    }
+}
+
+/// Seconds for one epoch of `loader`-like iteration, median of three after a warm-up.
+fn seconds(mut epoch: impl FnMut() -> usize, items: usize) -> f64 {
+    epoch();
+    median(
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                assert_eq!(epoch(), items);
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let folder = files();
+    let paths = shards(&folder);
+    let n = folder.len();
+    let bytes: u64 = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    let mut rep = Report::default();
+    rep.line(&format!(
+        "# tar shards: {n} samples in {SHARDS} shards, {:.1} MiB, batches of {BATCH}\n",
+        bytes as f64 / (1 << 20) as f64
+    ));
+
+    let cat = seconds(
+        || {
+            let ok = Command::new("cat")
+                .args(&paths)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "cat the shards");
+            n
+        },
+        n,
+    );
+    rep.line("| figure | samples/s | GB/s | against the `cat` ceiling |");
+    rep.line("| --- | --- | --- | --- |");
+    rep.line(&format!(
+        "| `cat` of the shards (the sequential-read ceiling) | {:.0} | {:.2} | 1.00× |",
+        n as f64 / cat,
+        bytes as f64 / cat / 1e9
+    ));
+    let pattern = format!(
+        "{}/train-{{000000..{:06}}}.tar",
+        paths[0].parent().unwrap().display(),
+        SHARDS - 1
+    );
+    let t = Instant::now();
+    let tar = TarShards::open([&pattern]).expect("open the shards");
+    rep.line(&format!(
+        "| index pass at open (headers only) | {:.0} | — | {:.2} ms in all |",
+        n as f64 / t.elapsed().as_secs_f64(),
+        t.elapsed().as_secs_f64() * 1e3
+    ));
+    for &w in &worker_counts() {
+        let loader = Loader::builder(tar.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(FieldsOnly)
+            .unwrap();
+        let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        rep.line(&format!(
+            "| fields only, {w} workers | {:.0} | {:.2} | {:.2}× |",
+            n as f64 / s,
+            bytes as f64 / s / 1e9,
+            cat / s
+        ));
+    }
+
+    rep.line(
+        "\n| images decoded (resize 256, crop 224, u8) | images/s | ImageFolder images/s | ratio |",
+    );
+    rep.line("| --- | --- | --- | --- |");
+    let transform = Transform::resized_center_crop(256, 224);
+    let folder = folder.transform(transform.clone());
+    for &w in &worker_counts() {
+        let ours = Loader::builder(tar.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(TarImageBatcher::new(transform.clone()))
+            .unwrap();
+        let s = seconds(|| ours.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        let theirs = Loader::builder(folder.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(ImageBatcher)
+            .unwrap();
+        let f = seconds(|| theirs.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        rep.line(&format!(
+            "| tar shards, {w} workers | {:.0} | {:.0} | {:.2}× |",
+            n as f64 / s,
+            n as f64 / f,
+            f / s
+        ));
+    }
+    rep.save("tar.md");
+}

@@ -1,0 +1,106 @@
+//! The batcher for image members (the `image` feature): JPEG and PNG members decoded straight
+//! into their rows of the pinned batch with the image module's [`Decoder`] and [`Transform`].
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+
+use super::TarSample;
+use crate::error::{Error, Result};
+use crate::formats::image::{Decoder, Transform};
+use crate::loader::{Batcher, Collator};
+use crate::tensor::Tensor;
+
+/// The extensions taken as the image, first found first: webdataset's usual names.
+const IMAGE_EXTS: &[&str] = &["jpg", "jpeg", "png", "webp"];
+
+thread_local! {
+    /// A worker thread's decoder, its buffers reused from image to image.
+    static DECODER: RefCell<Option<Decoder>> = const { RefCell::new(None) };
+}
+
+/// Batches samples into `(images [B, 3, H, W], labels i64 [B])`, as
+/// [`ImageBatcher`](crate::formats::image::ImageBatcher) does for files: each sample's first
+/// member among `jpg`, `jpeg`, `png`, `webp` is decoded from the shard's bytes straight into its
+/// row of the pinned block, transformed by the transform (crop, resize, flip drawn from the
+/// loader's seed, the epoch and the sample); the label is the `cls` member (or the extension
+/// given to [`label`](Self::label)).
+///
+/// # Errors
+///
+/// A sample without an image or a label, or one that cannot be decoded, arrives as the batch's
+/// error naming the shard and the key.
+#[derive(Clone, Debug)]
+pub struct TarImageBatcher {
+    transform: Transform,
+    label: String,
+}
+
+impl TarImageBatcher {
+    /// Images transformed by `transform`, labels from `.cls`.
+    pub fn new(transform: Transform) -> TarImageBatcher {
+        TarImageBatcher {
+            transform,
+            label: "cls".into(),
+        }
+    }
+
+    /// Labels from the members with extension `ext`.
+    pub fn label(mut self, ext: &str) -> TarImageBatcher {
+        self.label = ext.to_lowercase();
+        self
+    }
+}
+
+fn image_ext(s: &TarSample) -> Result<&'static str> {
+    IMAGE_EXTS
+        .iter()
+        .copied()
+        .find(|e| s.field(e).is_some())
+        .ok_or_else(|| Error::Tar {
+            shard: s.shard().to_owned(),
+            offset: 0,
+            problem: format!(
+                "sample `{}` has no image member ({}); its extensions: {}",
+                s.key(),
+                IMAGE_EXTS.join(", "),
+                s.fields()
+                    .iter()
+                    .map(|f| f.ext.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+}
+
+impl Batcher<TarSample> for TarImageBatcher {
+    type Batch = (Tensor, Tensor);
+
+    fn batch(&self, samples: Vec<TarSample>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
+        let labels = samples
+            .iter()
+            .map(|s| s.class(&self.label))
+            .collect::<Result<Vec<_>>>()?;
+        let labels = c.stack_scalars("labels", labels)?;
+        let transform = self.transform.clone();
+        let shape = transform.shape();
+        let images = c.write_rows(
+            "images",
+            transform.dtype(),
+            &shape,
+            samples,
+            move |s, row, rng| {
+                let ext = image_ext(&s)?;
+                let bytes = s.bytes(ext)?;
+                let name = PathBuf::from(format!("{}:{}.{ext}", s.shard(), s.key()));
+                DECODER.with(|d| {
+                    let mut d = d.borrow_mut();
+                    let decoder = d.get_or_insert_with(Decoder::new);
+                    let image = decoder.decode(&bytes, &name)?;
+                    transform.write(image, row, rng)
+                })
+            },
+        )?;
+        let mut out = c.finish()?;
+        Ok((out.take(images)?, out.take(labels)?))
+    }
+}

@@ -1,0 +1,469 @@
+//! Sharded sample archives: WebDataset tar shards, read as a [`Dataset`] whose epochs the
+//! shards themselves plan, so that reads stay sequential within a shard.
+//!
+//! ```text
+//!  shard list ──expand──► shards (mapped) ──index pass at open──► every sample: (shard, fields)
+//!   braces, globs           ShardBytes          headers only           fields = byte ranges
+//!                                                                           │
+//!   epoch plan (seed, epoch, rank, world, buffer) ◄─────────────────────────┘
+//!     shard order: a permutation of (seed, epoch)
+//!     their samples in that order, cut into `world` equal runs (rank r takes run r)
+//!     a shuffle buffer of N samples over the run
+//!                │  the loader's workers only read: get(i) is a handle, the batcher copies
+//!                ▼  or decodes each field straight into its row of the pinned batch
+//! ```
+//!
+//! - **Reader** ([`members`]): ustar, pax (`path`, `size`; per-member and global headers), GNU
+//!   long names; checksums checked; every length checked against the shard's size; errors
+//!   ([`Error::Tar`]) name the shard and the byte offset. Our own reader rather than the `tar`
+//!   crate: members must stay byte ranges of the mapped shard (the `tar` crate reads through
+//!   `io::Read` into buffers), and the index pass reads headers only.
+//! - **Grouping** as webdataset 1.0 does it (see [`Grouper`](group) rules): key and extension
+//!   from the member path, consecutive members with one key form a sample, a repeated extension
+//!   is an error naming the shard and the key, `__*__` members skipped.
+//! - **Equal batches on every rank**: the index pass counts every shard's samples, so each rank
+//!   gets the same number per epoch: `ceil(total / world)` samples, repeating from the start of
+//!   the epoch's order (the loader's default), or `floor(total / world)` with `drop_last`,
+//!   dropping the tail — even with fewer shards than ranks, where ranks share a shard.
+//! - **Order**: a pure function of the seed, the epoch, the rank, the world size and the
+//!   buffer size; never of the number of worker threads. Resuming through the loader's
+//!   [`Position`](crate::loader::Position) starts at the next batch without reading the ones
+//!   before it.
+//! - **A damaged shard**: the samples before the damage are read; the damage is one entry of
+//!   the epoch at the place it was found, delivered as the error of the batch holding it. The
+//!   sample being assembled when it is found is dropped, as webdataset drops it (its members
+//!   may be incomplete).
+//! - **Remote shards** later: a reader of ranged bytes implements [`ShardBytes`] and goes to
+//!   [`TarShards::from_shards`].
+//!
+//! # Examples
+//!
+//! ```
+//! use pinnable::formats::tar::{TarSample, TarShards};
+//! use pinnable::loader::Loader;
+//!
+//! // A shard of two samples, each a `.txt` and a `.cls`, written on the spot.
+//! fn member(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+//!     let mut h = [0u8; 512];
+//!     h[..name.len()].copy_from_slice(name.as_bytes());
+//!     h[100..108].copy_from_slice(b"0000644\0");
+//!     h[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+//!     h[156] = b'0';
+//!     h[257..263].copy_from_slice(b"ustar\0");
+//!     h[148..156].copy_from_slice(b"        ");
+//!     let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+//!     h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+//!     out.extend_from_slice(&h);
+//!     out.extend_from_slice(data);
+//!     out.resize(out.len().next_multiple_of(512), 0);
+//! }
+//! let mut tar = Vec::new();
+//! member(&mut tar, "a.txt", b"hello");
+//! member(&mut tar, "a.cls", b"3");
+//! member(&mut tar, "b.txt", b"world");
+//! member(&mut tar, "b.cls", b"5");
+//! let dir = std::env::temp_dir().join(format!("pinnable-tar-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("shard-0.tar"), &tar)?;
+//!
+//! let shards = TarShards::open([format!("{}/shard-{{0..0}}.tar", dir.display())])?;
+//! assert_eq!(shards.len(), 2);
+//! let loader = Loader::builder(shards).batch_size(2).shuffle(7).workers(1).build_with(
+//!     |samples: Vec<TarSample>, c| {
+//!         let labels = c.stack_scalars("labels", samples.iter().map(|s| s.class("cls")).collect::<pinnable::Result<Vec<_>>>()?)?;
+//!         Ok(c.finish()?.take(labels)?)
+//!     },
+//! )?;
+//! for batch in &loader {
+//!     let mut labels = batch?.to_vec::<i64>()?;
+//!     labels.sort();
+//!     assert_eq!(labels, vec![3, 5]);
+//! }
+//! std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#[cfg(test)]
+mod fuzz_tests;
+mod group;
+#[cfg(feature = "image")]
+mod images;
+mod list;
+mod reader;
+mod sample;
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use group::{Field, Group};
+#[cfg(feature = "image")]
+pub use images::TarImageBatcher;
+pub use list::{expand, expand_braces};
+pub use reader::{Kind, Member, Members, ShardBytes, members};
+pub use sample::{TarNpyBatcher, TarSample};
+
+use crate::error::{Error, Result};
+use crate::formats::npy::Mapping;
+use crate::loader::{Dataset, SplitMix64, permutation};
+use crate::tensor::HostBytes;
+
+/// The default shuffle buffer: samples held and drawn from at random when the loader shuffles.
+pub const DEFAULT_BUFFER: usize = 1024;
+
+/// A local shard file, mapped read-only.
+struct MappedShard(Mapping);
+
+impl ShardBytes for MappedShard {
+    fn len(&self) -> u64 {
+        self.0.host_bytes().len() as u64
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
+        self.0.host_bytes().read_at(offset, len)
+    }
+
+    fn in_memory(&self) -> Option<&[u8]> {
+        Some(self.0.host_bytes())
+    }
+}
+
+/// One shard: its name (path or URL) and its bytes.
+pub(crate) struct Shard {
+    pub(crate) name: String,
+    pub(crate) bytes: Arc<dyn ShardBytes>,
+}
+
+/// One entry of the index: a sample, or the damage that ended its shard's index pass.
+pub(crate) enum Entry {
+    Sample(Group),
+    Broken { offset: u64, problem: String },
+}
+
+pub(crate) struct Index {
+    pub(crate) shards: Vec<Shard>,
+    pub(crate) entries: Vec<Entry>,
+    /// `entries[starts[s]..starts[s + 1]]` are shard `s`'s.
+    pub(crate) shard_of: Vec<u32>,
+    starts: Vec<usize>,
+}
+
+/// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
+/// plan (see the [module docs](self)): shard order from the seed and the epoch, equal runs per
+/// rank, a shuffle buffer.
+#[derive(Clone)]
+pub struct TarShards {
+    index: Arc<Index>,
+    buffer: usize,
+}
+
+impl std::fmt::Debug for TarShards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TarShards({} shards, {} samples, buffer {})",
+            self.index.shards.len(),
+            self.index.entries.len(),
+            self.buffer
+        )
+    }
+}
+
+impl TarShards {
+    /// Opens local shards named by `patterns` (paths, brace ranges, globs; see [`expand`]),
+    /// maps them and runs the index pass (headers only).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tar`] naming a pattern that expands to nothing or a shard that cannot be
+    /// opened. Damage inside a shard is not an error here: see the [module docs](self).
+    pub fn open<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<TarShards> {
+        let paths = expand(patterns)?;
+        let shards = paths
+            .iter()
+            .map(|p| open_file(p))
+            .collect::<Result<Vec<_>>>()?;
+        TarShards::from_shards(shards)
+    }
+
+    /// Shards read by another [`ShardBytes`] (in memory, or ranged reads of a remote object),
+    /// each with the name its errors carry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tar`] for an empty list.
+    pub fn from_shards(
+        shards: impl IntoIterator<Item = (String, Arc<dyn ShardBytes>)>,
+    ) -> Result<TarShards> {
+        let shards: Vec<Shard> = shards
+            .into_iter()
+            .map(|(name, bytes)| Shard { name, bytes })
+            .collect();
+        if shards.is_empty() {
+            return Err(Error::Tar {
+                shard: "(no shard)".into(),
+                offset: 0,
+                problem: "the shard list is empty; name at least one shard".into(),
+            });
+        }
+        let mut entries = Vec::new();
+        let mut shard_of = Vec::new();
+        let mut starts = vec![0];
+        for (s, found) in index_shards(&shards).into_iter().enumerate() {
+            entries.extend(found);
+            shard_of.resize(entries.len(), s as u32);
+            starts.push(entries.len());
+        }
+        Ok(TarShards {
+            index: Arc::new(Index {
+                shards,
+                entries,
+                shard_of,
+                starts,
+            }),
+            buffer: DEFAULT_BUFFER,
+        })
+    }
+
+    /// Holds `samples` in the shuffle buffer when the loader shuffles (at most 1: no mixing
+    /// within the run, shards still in shuffled order). Part of the order: a run resumes
+    /// with the buffer size it was saved with.
+    pub fn shuffle_buffer(mut self, samples: usize) -> TarShards {
+        self.buffer = samples;
+        self
+    }
+
+    /// The shuffle buffer's size.
+    pub fn buffer(&self) -> usize {
+        self.buffer
+    }
+
+    /// The samples of all shards (damage found by the index pass counts as one).
+    pub fn len(&self) -> usize {
+        self.index.entries.len()
+    }
+
+    /// Whether there is no sample.
+    pub fn is_empty(&self) -> bool {
+        self.index.entries.is_empty()
+    }
+
+    /// The shards' names, in list order.
+    pub fn shard_names(&self) -> impl Iterator<Item = &str> {
+        self.index.shards.iter().map(|s| s.name.as_str())
+    }
+
+    /// How many samples shard `shard` holds.
+    pub fn shard_len(&self, shard: usize) -> Option<usize> {
+        Some(self.index.starts.as_slice().get(shard + 1)? - self.index.starts[shard])
+    }
+
+    /// The indices (as [`Dataset::get`] takes them) of rank `rank` of `world`'s samples in
+    /// epoch `epoch`, in order: the plan the loader runs (see the [module docs](self)).
+    pub fn plan(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        (rank, world): (usize, usize),
+        drop_last: bool,
+    ) -> Vec<usize> {
+        let index = &self.index;
+        let total = index.entries.len();
+        let world = world.max(1);
+        let per = if drop_last || total == 0 {
+            total / world
+        } else {
+            total.div_ceil(world)
+        };
+        let order = match seed {
+            Some(seed) => permutation(index.shards.len(), seed, epoch),
+            None => (0..index.shards.len()).collect(),
+        };
+        // The epoch's stream, found by position without building it: shard `order[k]`'s
+        // samples follow those of `order[..k]`.
+        let mut ends = Vec::with_capacity(order.len());
+        let mut sum = 0;
+        for &s in &order {
+            sum += index.starts[s + 1] - index.starts[s];
+            ends.push(sum);
+        }
+        let at = |i: usize| {
+            let i = i % total;
+            let k = ends.partition_point(|&e| e <= i);
+            let before = if k == 0 { 0 } else { ends[k - 1] };
+            index.starts[order[k]] + (i - before)
+        };
+        let run = (rank * per..(rank + 1) * per).map(at);
+        match seed {
+            Some(seed) if self.buffer > 1 => {
+                let mut rng = SplitMix64::for_epoch(
+                    SplitMix64::for_epoch(seed, epoch).next_u64(),
+                    rank as u64 ^ 0x7A12_5EED,
+                );
+                shuffle_buffer(run, self.buffer, &mut rng)
+            }
+            _ => run.collect(),
+        }
+    }
+}
+
+/// webdataset's shuffle: fill a buffer of `size`, then for each new sample yield a random one
+/// of the buffer and put the new one in its place; at the end, drain it at random.
+fn shuffle_buffer(
+    items: impl Iterator<Item = usize>,
+    size: usize,
+    rng: &mut SplitMix64,
+) -> Vec<usize> {
+    let mut buffer = Vec::with_capacity(size.min(1 << 20));
+    let mut out = Vec::new();
+    for item in items {
+        if buffer.len() < size {
+            buffer.push(item);
+            continue;
+        }
+        let j = rng.below(buffer.len() as u64) as usize;
+        out.push(std::mem::replace(&mut buffer[j], item));
+    }
+    while !buffer.is_empty() {
+        let j = rng.below(buffer.len() as u64) as usize;
+        out.push(buffer.swap_remove(j));
+    }
+    out
+}
+
+fn open_file(path: &Path) -> Result<(String, Arc<dyn ShardBytes>)> {
+    let name = path.display().to_string();
+    let mapping = Mapping::open(path).map_err(|problem| Error::Tar {
+        shard: name.clone(),
+        offset: 0,
+        problem: format!("cannot open it: {problem}"),
+    })?;
+    Ok((name, Arc::new(MappedShard(mapping))))
+}
+
+/// The index pass over every shard, on up to 16 threads (shards are independent; a thread
+/// reads its shards' headers in file order); the entries of each shard, in list order.
+fn index_shards(shards: &[Shard]) -> Vec<Vec<Entry>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 16)
+        .min(shards.len().max(1));
+    let mut found: Vec<Vec<Entry>> = (0..shards.len()).map(|_| Vec::new()).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    (t..shards.len())
+                        .step_by(threads)
+                        .map(|s| {
+                            let mut entries = Vec::new();
+                            index_shard(&shards[s], &mut entries);
+                            (s, entries)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (t, handle) in handles.into_iter().enumerate() {
+            match handle.join() {
+                Ok(done) => {
+                    for (s, entries) in done {
+                        found[s] = entries;
+                    }
+                }
+                // A panic in the reader is a bug; its shards become errors, not a crash.
+                Err(_) => {
+                    for s in (t..shards.len()).step_by(threads) {
+                        found[s] = vec![Entry::Broken {
+                            offset: 0,
+                            problem: "the index pass panicked on this shard (a bug: please \
+                                      report it with the shard)"
+                                .into(),
+                        }];
+                    }
+                }
+            }
+        }
+    });
+    found
+}
+
+/// The index pass over one shard: its samples, then the damage that ended it, if any.
+fn index_shard(shard: &Shard, entries: &mut Vec<Entry>) {
+    let mut grouper = group::Grouper::default();
+    for member in members(&*shard.bytes, &shard.name) {
+        let member = match member {
+            Ok(m) => m,
+            Err(Error::Tar {
+                offset, problem, ..
+            }) => {
+                entries.push(Entry::Broken { offset, problem });
+                return;
+            }
+            Err(e) => {
+                entries.push(Entry::Broken {
+                    offset: 0,
+                    problem: e.to_string(),
+                });
+                return;
+            }
+        };
+        match grouper.push(&member) {
+            Ok(Some(done)) => entries.push(Entry::Sample(done)),
+            Ok(None) => {}
+            Err(d) => {
+                entries.push(Entry::Broken {
+                    offset: d.offset,
+                    problem: format!(
+                        "sample `{}` has a second `.{}` member; a sample holds one member per \
+                         extension: rename one, or write them as separate samples",
+                        d.key, d.ext
+                    ),
+                });
+                return;
+            }
+        }
+    }
+    if let Some(last) = grouper.finish() {
+        entries.push(Entry::Sample(last));
+    }
+}
+
+impl Dataset for TarShards {
+    type Sample = TarSample;
+
+    fn len(&self) -> usize {
+        self.index.entries.len()
+    }
+
+    fn get(&self, index: usize) -> Result<TarSample> {
+        match self.index.entries.get(index) {
+            None => Err(Error::IndexOutOfRange {
+                index,
+                len: self.len(),
+            }),
+            Some(Entry::Broken { offset, problem }) => Err(Error::Tar {
+                shard: self.index.shards[self.index.shard_of[index] as usize]
+                    .name
+                    .clone(),
+                offset: *offset,
+                problem: problem.clone(),
+            }),
+            Some(Entry::Sample(_)) => Ok(TarSample::new(self.index.clone(), index)),
+        }
+    }
+
+    fn order(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        shard: (usize, usize),
+        drop_last: bool,
+    ) -> Option<Vec<usize>> {
+        Some(self.plan(epoch, seed, shard, drop_last))
+    }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        Some(("shuffle buffer", self.buffer as u64))
+    }
+}

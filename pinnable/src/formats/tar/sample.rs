@@ -1,0 +1,224 @@
+//! One sample of a shard ([`TarSample`]: a handle, its fields byte ranges of the shard) and the
+//! batcher for `.npy` members ([`TarNpyBatcher`]).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::{Entry, Field, Index, ShardBytes};
+use crate::error::{Error, Result};
+use crate::formats::npy::NpyArray;
+use crate::loader::{Batcher, Collator};
+use crate::tensor::{HostBytes, Tensor};
+
+/// One sample of [`TarShards`](super::TarShards): which shard, its key, and where each field's
+/// bytes lie. Nothing is read until a field is asked for.
+#[derive(Clone)]
+pub struct TarSample {
+    index: Arc<Index>,
+    at: usize,
+}
+
+impl std::fmt::Debug for TarSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TarSample({} in {})", self.key(), self.shard())
+    }
+}
+
+/// A member's bytes inside a mapped shard, as the bytes of a tensor: no copy.
+struct MemberBytes {
+    shard: Arc<dyn ShardBytes>,
+    offset: usize,
+    len: usize,
+}
+
+impl HostBytes for MemberBytes {
+    fn host_bytes(&self) -> &[u8] {
+        let end = self.offset.saturating_add(self.len);
+        self.shard
+            .in_memory()
+            .and_then(|b| b.get(self.offset..end))
+            .unwrap_or(&[])
+    }
+}
+
+impl TarSample {
+    pub(crate) fn new(index: Arc<Index>, at: usize) -> TarSample {
+        TarSample { index, at }
+    }
+
+    fn group(&self) -> Option<&super::Group> {
+        match &self.index.entries[self.at] {
+            Entry::Sample(g) => Some(g),
+            Entry::Broken { .. } => None,
+        }
+    }
+
+    /// The sample's index in its [`TarShards`](super::TarShards).
+    pub fn index(&self) -> usize {
+        self.at
+    }
+
+    /// The key: the member path without its extension.
+    pub fn key(&self) -> &str {
+        self.group().map_or("", |g| g.key.as_str())
+    }
+
+    /// The shard it comes from (path or URL).
+    pub fn shard(&self) -> &str {
+        &self.index.shards[self.index.shard_of[self.at] as usize].name
+    }
+
+    fn shard_bytes(&self) -> &Arc<dyn ShardBytes> {
+        &self.index.shards[self.index.shard_of[self.at] as usize].bytes
+    }
+
+    /// The fields, in shard order.
+    pub fn fields(&self) -> &[Field] {
+        self.group().map_or(&[], |g| g.fields.as_slice())
+    }
+
+    /// The field with extension `ext` (lower-case), if the sample has one.
+    pub fn field(&self, ext: &str) -> Option<&Field> {
+        self.fields().iter().find(|f| f.ext == ext)
+    }
+
+    fn error(&self, problem: String) -> Error {
+        Error::Tar {
+            shard: self.shard().to_owned(),
+            offset: self.group().map_or(0, |g| g.offset),
+            problem,
+        }
+    }
+
+    fn require(&self, ext: &str) -> Result<&Field> {
+        self.field(ext).ok_or_else(|| {
+            let have: Vec<&str> = self.fields().iter().map(|f| f.ext.as_str()).collect();
+            self.error(format!(
+                "sample `{}` has no `.{ext}` member (it has: {}); choose one of its extensions",
+                self.key(),
+                have.join(", ")
+            ))
+        })
+    }
+
+    /// The bytes of field `ext`: borrowed from the mapped shard, read for other shards.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tar`] naming the shard and the key when there is no such field or it cannot
+    /// be read.
+    pub fn bytes(&self, ext: &str) -> Result<Cow<'_, [u8]>> {
+        let f = self.require(ext)?;
+        let len = usize::try_from(f.size).map_err(|_| self.error("too long".into()))?;
+        self.shard_bytes()
+            .read_at(f.offset, len)
+            .map_err(|e| self.error(format!("reading `.{ext}` of `{}`: {e}", self.key())))
+    }
+
+    /// Field `ext` as UTF-8 text (`.txt`, `.json`).
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes); [`Error::Tar`] when it is not UTF-8.
+    pub fn text(&self, ext: &str) -> Result<String> {
+        let bytes = self.bytes(ext)?;
+        String::from_utf8(bytes.into_owned())
+            .map_err(|_| self.error(format!("`.{ext}` of `{}` is not UTF-8 text", self.key())))
+    }
+
+    /// Field `ext` (`cls`) as a class number: decimal text, spaces around it allowed.
+    ///
+    /// # Errors
+    ///
+    /// As [`text`](Self::text); [`Error::Tar`] when it is not a whole number.
+    pub fn class(&self, ext: &str) -> Result<i64> {
+        let text = self.text(ext)?;
+        text.trim().parse().map_err(|_| {
+            self.error(format!(
+                "`.{ext}` of `{}` is {:?}, not a whole number",
+                self.key(),
+                text.chars().take(40).collect::<String>()
+            ))
+        })
+    }
+
+    /// Field `ext` (`npy`) as a tensor: a view of the mapped shard (no copy) or, for shards
+    /// that are not in memory, of the bytes read.
+    ///
+    /// # Errors
+    ///
+    /// As [`bytes`](Self::bytes); [`Error::Npy`] naming `shard:key.ext` for a bad header.
+    pub fn npy(&self, ext: &str) -> Result<Tensor> {
+        let f = self.require(ext)?;
+        let name = format!("{}:{}.{ext}", self.shard(), self.key());
+        let shard = self.shard_bytes();
+        let bytes: Arc<dyn HostBytes> = match (shard.in_memory(), usize::try_from(f.offset)) {
+            (Some(_), Ok(offset)) => Arc::new(MemberBytes {
+                shard: shard.clone(),
+                offset,
+                len: usize::try_from(f.size).unwrap_or(usize::MAX),
+            }),
+            _ => Arc::new(self.bytes(ext)?.into_owned()),
+        };
+        Ok(NpyArray::from_host_bytes(bytes, &name)?.tensor().clone())
+    }
+}
+
+/// Batches the `.npy` member `ext` of each sample into one `[B, ...]` tensor (each array's
+/// bytes copied once, from the shard straight into the pinned batch) and, with a label
+/// extension, the class numbers `i64 [B]` in the same block.
+///
+/// # Errors
+///
+/// A missing member or a bad header is [`Error::Tar`]/[`Error::Npy`] naming the shard and the
+/// key; arrays of different shapes or dtypes in one batch are [`Error::Field`].
+#[derive(Clone, Debug)]
+pub struct TarNpyBatcher {
+    ext: String,
+    label: Option<String>,
+}
+
+impl TarNpyBatcher {
+    /// Arrays from the members with extension `ext`, no labels.
+    pub fn new(ext: &str) -> TarNpyBatcher {
+        TarNpyBatcher {
+            ext: ext.to_lowercase(),
+            label: None,
+        }
+    }
+
+    /// Labels from the members with extension `ext` (e.g. `cls`).
+    pub fn label(mut self, ext: &str) -> TarNpyBatcher {
+        self.label = Some(ext.to_lowercase());
+        self
+    }
+}
+
+impl Batcher<TarSample> for TarNpyBatcher {
+    type Batch = (Tensor, Option<Tensor>);
+
+    fn batch(&self, samples: Vec<TarSample>, c: &mut Collator) -> Result<Self::Batch> {
+        let arrays = samples
+            .iter()
+            .map(|s| s.npy(&self.ext))
+            .collect::<Result<Vec<_>>>()?;
+        let x = c.stack(&self.ext, &arrays)?;
+        let y = match &self.label {
+            Some(ext) => {
+                let labels = samples
+                    .iter()
+                    .map(|s| s.class(ext))
+                    .collect::<Result<Vec<_>>>()?;
+                Some(c.stack_scalars(ext, labels)?)
+            }
+            None => None,
+        };
+        let mut out = c.finish()?;
+        let x = out.take(x)?;
+        let y = match y {
+            Some(y) => Some(out.take(y)?),
+            None => None,
+        };
+        Ok((x, y))
+    }
+}

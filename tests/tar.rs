@@ -1,0 +1,528 @@
+//! WebDataset tar shards: grouping equal to webdataset 1.0's on awkward archives, equal batch
+//! counts on every rank, an order that does not depend on the worker count, resuming, and
+//! damaged shards.
+
+use std::collections::{BTreeMap, HashSet};
+
+use pinnable::Error;
+use pinnable::formats::tar::{TarNpyBatcher, TarSample, TarShards};
+use pinnable::loader::{Collator, Dataset, Loader};
+use pinnable::{Result, Tensor, ToDevice};
+use pinnable_harness::tar::{folder, random_sample, random_shards, shard};
+use pinnable_harness::{cuda_or_skip, rng};
+use rand::Rng;
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tar");
+
+/// Our grouping of a shard in webdataset's expected-file format (see `make_archives.py`).
+fn grouping(shards: &TarShards) -> (Vec<String>, Option<Error>) {
+    let mut lines = Vec::new();
+    for i in 0..shards.len() {
+        match shards.get(i) {
+            Ok(s) => {
+                lines.push(format!("sample {}", s.key()));
+                for f in s.fields() {
+                    let data = String::from_utf8(s.bytes(&f.ext).unwrap().into_owned()).unwrap();
+                    lines.push(format!("field {} {data}", f.ext));
+                }
+            }
+            Err(e) => return (lines, Some(e)),
+        }
+    }
+    (lines, None)
+}
+
+#[test]
+fn grouping_matches_webdataset_on_awkward_archives() {
+    for name in ["awkward_gnu", "pax", "ustar", "duplicate"] {
+        let expected = std::fs::read_to_string(format!("{DATA}/{name}.expected")).unwrap();
+        let mut want: Vec<&str> = expected.lines().collect();
+        let error = want.last().is_some_and(|l| l.starts_with("error "));
+        if error {
+            want.pop();
+        }
+        let path = format!("{DATA}/{name}.tar");
+        let shards = TarShards::open([&path]).unwrap();
+        let (got, err) = grouping(&shards);
+        assert_eq!(got, want, "{name}");
+        assert_eq!(err.is_some(), error, "{name}: {err:?}");
+        if let Some(e) = err {
+            // webdataset: "b.JPG: duplicate file name in tar file jpg"
+            let Error::Tar { shard, offset, .. } = &e else {
+                panic!("{e}")
+            };
+            assert_eq!(shard, &path);
+            assert_eq!(*offset, 2 * 1024, "the second b member's header: {e}");
+            let text = e.to_string();
+            assert!(text.contains("`b`") && text.contains("`.jpg`"), "{text}");
+        }
+    }
+}
+
+/// The key of every sample of an epoch for rank `rank` of `world`.
+fn keys(
+    shards: &TarShards,
+    epoch: u64,
+    seed: Option<u64>,
+    rank: usize,
+    world: usize,
+    drop_last: bool,
+) -> Vec<String> {
+    shards
+        .plan(epoch, seed, (rank, world), drop_last)
+        .into_iter()
+        .map(|i| shards.get(i).unwrap().key().to_owned())
+        .collect()
+}
+
+#[test]
+fn ranks_keys_are_disjoint_and_cover_every_key() {
+    let mut r = rng("ranks_keys_are_disjoint_and_cover_every_key");
+    let dir = folder("ranks");
+    let counts: Vec<usize> = (0..r.random_range(1..7))
+        .map(|_| r.random_range(0..40))
+        .collect();
+    let (pattern, written) = random_shards(&dir, &mut r, &counts);
+    let all: HashSet<String> = written.iter().flatten().map(|s| s.0.clone()).collect();
+    let shards = TarShards::open([&pattern])
+        .unwrap()
+        .shuffle_buffer(r.random_range(0..20));
+    assert_eq!(shards.len(), all.len());
+    let seed = r.random();
+    for world in 1..=8 {
+        for drop_last in [false, true] {
+            let parts: Vec<Vec<String>> = (0..world)
+                .map(|k| keys(&shards, 3, Some(seed), k, world, drop_last))
+                .collect();
+            let per = parts[0].len();
+            assert!(
+                parts.iter().all(|p| p.len() == per),
+                "world {world}: {counts:?}"
+            );
+            let mut seen: BTreeMap<&String, usize> = BTreeMap::new();
+            for k in parts.iter().flatten() {
+                *seen.entry(k).or_default() += 1;
+            }
+            if drop_last {
+                assert_eq!(per, all.len() / world);
+                assert!(seen.values().all(|&n| n == 1), "world {world}: a key twice");
+            } else {
+                assert_eq!(per, all.len().div_ceil(world));
+                assert_eq!(seen.len(), all.len(), "world {world}: a key missing");
+                let repeats: usize = seen.values().map(|n| n - 1).sum();
+                assert_eq!(repeats, per * world - all.len());
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn labels(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
+    let y = c.stack_scalars(
+        "labels",
+        samples
+            .iter()
+            .map(|s| s.class("cls"))
+            .collect::<Result<Vec<_>>>()?,
+    )?;
+    c.finish()?.take(y)
+}
+
+#[test]
+fn every_rank_gets_the_same_number_of_batches() {
+    let mut r = rng("every_rank_gets_the_same_number_of_batches");
+    let dir = folder("equal");
+    // Uneven shards, and (for worlds above 2) fewer shards than ranks.
+    let counts = [r.random_range(1..30), r.random_range(30..90)];
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    let shards = TarShards::open([&pattern]).unwrap();
+    let batch = r.random_range(1..9);
+    for world in 1..=8 {
+        for drop_last in [false, true] {
+            let counts: Vec<usize> = (0..world)
+                .map(|rank| {
+                    let loader = Loader::builder(shards.clone())
+                        .batch_size(batch)
+                        .shuffle(11)
+                        .drop_last(drop_last)
+                        .shard(rank, world)
+                        .workers(2)
+                        .build_with(labels)
+                        .unwrap();
+                    let n = loader
+                        .iter()
+                        .inspect(|b| assert!(b.is_ok(), "{b:?}"))
+                        .count();
+                    assert_eq!(n, loader.len(), "len() is exact");
+                    n
+                })
+                .collect();
+            assert!(
+                counts.iter().all(|&n| n == counts[0]),
+                "world {world}: {counts:?}"
+            );
+            assert!(counts[0] > 0);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The epoch's batches as labels, with `workers` threads.
+fn epoch_labels(shards: &TarShards, workers: usize, epoch: u64) -> Vec<Vec<i64>> {
+    let loader = Loader::builder(shards.clone())
+        .batch_size(5)
+        .shuffle(99)
+        .shard(1, 3)
+        .workers(workers)
+        .build_with(labels)
+        .unwrap();
+    loader
+        .run_epoch(epoch)
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect()
+}
+
+#[test]
+fn order_does_not_depend_on_the_worker_count() {
+    let mut r = rng("order_does_not_depend_on_the_worker_count");
+    let dir = folder("workers");
+    let counts: Vec<usize> = (0..5).map(|_| r.random_range(5..60)).collect();
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    let shards = TarShards::open([&pattern]).unwrap().shuffle_buffer(16);
+    let one = epoch_labels(&shards, 1, 2);
+    assert_eq!(epoch_labels(&shards, 3, 2), one);
+    assert_eq!(epoch_labels(&shards, 8, 2), one);
+    assert_ne!(
+        epoch_labels(&shards, 1, 3),
+        one,
+        "another epoch, another order"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shuffle_mixes_shards_and_keeps_their_order_a_permutation() {
+    let mut r = rng("shuffle_mixes_shards_and_keeps_their_order_a_permutation");
+    let dir = folder("mix");
+    let (pattern, _) = random_shards(&dir, &mut r, &[20, 20, 20, 20]);
+    let shards = TarShards::open([&pattern]).unwrap().shuffle_buffer(8);
+    let order = keys(&shards, 0, Some(5), 0, 1, false);
+    // Shards in a shuffled order, their samples mixed within a shard and across the boundary
+    // between consecutive shards.
+    let shard_of = |k: &String| k[..k.find('/').unwrap()].to_owned();
+    let (first, second) = (shard_of(&order[0]), shard_of(&order[order.len() - 1]));
+    let first_keys: Vec<&String> = order.iter().filter(|k| shard_of(k) == first).collect();
+    assert!(
+        first_keys.windows(2).any(|w| w[0] > w[1]),
+        "mixed within a shard"
+    );
+    let next = shard_of(&order[25]);
+    let crossed = order.iter().position(|k| shard_of(k) == next).unwrap()
+        < order.iter().rposition(|k| shard_of(k) == first).unwrap();
+    assert!(crossed, "mixed across shards: {order:?}");
+    assert_ne!(first, second);
+    let sequential: Vec<String> = (0..shards.len())
+        .map(|i| shards.get(i).unwrap().key().to_owned())
+        .collect();
+    assert_ne!(order, sequential);
+    let mut sorted = order.clone();
+    sorted.sort();
+    let mut want = sequential.clone();
+    want.sort();
+    assert_eq!(sorted, want);
+    // Without a seed: the shards in list order, nothing mixed.
+    assert_eq!(keys(&shards, 0, None, 0, 1, false), sequential);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn resume_at_a_random_batch_with_another_worker_count_continues_the_run() {
+    let mut r = rng("resume_at_a_random_batch_with_another_worker_count");
+    let dir = folder("resume");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(10..50)).collect();
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    let shards = TarShards::open([&pattern]).unwrap().shuffle_buffer(10);
+    let build = |workers| {
+        Loader::builder(shards.clone())
+            .batch_size(4)
+            .shuffle(21)
+            .shard(0, 2)
+            .workers(workers)
+    };
+    let loader = build(3).build_with(labels).unwrap();
+    loader.set_epoch(1);
+    let all: Vec<Vec<i64>> = loader
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    let stop = r.random_range(0..all.len());
+    loader.set_epoch(1);
+    let mut epoch = loader.iter();
+    for _ in 0..stop {
+        epoch.next().unwrap().unwrap();
+    }
+    let saved = epoch.position().to_string();
+    drop(epoch);
+    let resumed = build(1)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap();
+    let rest: Vec<Vec<i64>> = resumed
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(rest, all[stop..], "stopped after {stop} batches");
+    // Saved under another seed: refused, naming it.
+    let err = Loader::builder(shards.clone())
+        .batch_size(4)
+        .shuffle(22)
+        .shard(0, 2)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Resume {
+                setting: "seed",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncated_and_corrupt_shards_fail_naming_shard_and_offset_after_whole_batches() {
+    let mut r = rng("truncated_and_corrupt_shards_fail_naming_shard_and_offset");
+    let dir = folder("damage");
+    let samples: Vec<_> = (0..30).map(|i| random_sample(&mut r, 0, i)).collect();
+    let (bytes, starts) = shard(&samples);
+    let bad = r.random_range(1..samples.len());
+    for damage in ["truncated", "corrupt"] {
+        let path = dir.join(format!("{damage}.tar"));
+        let mut b = bytes.clone();
+        let offset = starts[bad];
+        if damage == "truncated" {
+            b.truncate(offset as usize + 512 + 1); // the header and one byte of the data
+        } else {
+            b[offset as usize + 3] ^= 0x55; // a name byte: the checksum no longer matches
+        }
+        std::fs::write(&path, b).unwrap();
+        let shards = TarShards::open([path.to_str().unwrap()]).unwrap();
+        // As webdataset, the sample being assembled when the damage is found is dropped: the
+        // samples before it, then the damage.
+        let kept = bad - 1;
+        assert_eq!(shards.len(), kept + 1, "{damage}");
+        let loader = Loader::builder(shards)
+            .batch_size(4)
+            .workers(2)
+            .build_with(labels)
+            .unwrap();
+        let out: Vec<_> = loader.iter().collect();
+        let whole = kept / 4;
+        assert_eq!(
+            out.len(),
+            whole + 1,
+            "{damage}: the epoch ends at the error"
+        );
+        for (k, b) in out[..whole].iter().enumerate() {
+            let want: Vec<i64> = samples[4 * k..4 * k + 4]
+                .iter()
+                .map(|s| String::from_utf8_lossy(&s.1[1].1).parse().unwrap())
+                .collect();
+            assert_eq!(b.as_ref().unwrap().to_vec::<i64>().unwrap(), want);
+        }
+        let err = out[whole].as_ref().unwrap_err().to_string();
+        assert!(err.contains(path.to_str().unwrap()), "{err}");
+        assert!(
+            err.contains(&format!("at byte {offset}")),
+            "{damage}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `.npy` file of `u16` values `[2, 3]`, version 1.0.
+fn npy(values: &[u16]) -> Vec<u8> {
+    let dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }";
+    let mut header = dict.to_owned();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+#[test]
+fn npy_members_land_in_their_rows_with_their_labels() {
+    let mut r = rng("npy_members_land_in_their_rows_with_their_labels");
+    let dir = folder("npy");
+    let rows: Vec<Vec<u16>> = (0..7)
+        .map(|_| (0..6).map(|_| r.random()).collect())
+        .collect();
+    let samples: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (
+                format!("k{i}"),
+                vec![
+                    ("NPY".into(), npy(v)),
+                    ("cls".into(), i.to_string().into_bytes()),
+                ],
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("a.tar"), shard(&samples).0).unwrap();
+    let shards = TarShards::open([format!("{}/*.tar", dir.display())]).unwrap();
+    let loader = Loader::builder(shards)
+        .batch_size(3)
+        .workers(2)
+        .build(TarNpyBatcher::new("npy").label("cls"))
+        .unwrap();
+    let mut seen = 0;
+    for batch in &loader {
+        let (x, y) = batch.unwrap();
+        let y = y.unwrap().to_vec::<i64>().unwrap();
+        assert_eq!(x.shape(), &[y.len(), 2, 3]);
+        let want: Vec<u16> = y.iter().flat_map(|&i| rows[i as usize].clone()).collect();
+        assert_eq!(x.to_vec::<u16>().unwrap(), want);
+        seen += y.len();
+    }
+    assert_eq!(seen, 7);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[cfg(feature = "image")]
+#[test]
+fn jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files() {
+    use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+    use pinnable::formats::tar::TarImageBatcher;
+    use pinnable_harness::images::{self, Jpeg};
+
+    let mut r = rng("jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files");
+    let dir = folder("images");
+    let mut files = Vec::new();
+    let mut samples = Vec::new();
+    for i in 0..9 {
+        let (w, h) = (r.random_range(17..60), r.random_range(17..60));
+        let rgb = images::picture(&mut r, w, h, 6.0);
+        let (ext, bytes) = if i % 3 == 2 {
+            (
+                "PNG",
+                images::png(
+                    &rgb,
+                    w,
+                    h,
+                    png::ColorType::Rgb,
+                    png::BitDepth::Eight,
+                    None,
+                    None,
+                    None,
+                ),
+            )
+        } else {
+            ("jpg", images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None))
+        };
+        let label = r.random_range(0..100i64);
+        let path = dir.join(format!("{i}.{ext}"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push((path, label));
+        samples.push((
+            format!("{i:03}"),
+            vec![
+                (ext.to_owned(), bytes),
+                ("cls".into(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    std::fs::write(dir.join("images.tar"), shard(&samples).0).unwrap();
+    let transform = Transform::resized_center_crop(20, 16);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let want: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(folder)
+        .batch_size(4)
+        .workers(2)
+        .build(ImageBatcher)
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    let shards = TarShards::open([dir.join("images.tar").to_str().unwrap()]).unwrap();
+    let got: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(shards)
+        .batch_size(4)
+        .workers(3)
+        .build(TarImageBatcher::new(transform))
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            assert_eq!(&x.shape()[1..], &[3, 16, 16]);
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn batches_moved_to_the_gpu_equal_the_host_batches() {
+    let Some(device) = cuda_or_skip("batches_moved_to_the_gpu_equal_the_host_batches") else {
+        return;
+    };
+    let mut r = rng("batches_moved_to_the_gpu_equal_the_host_batches");
+    let dir = folder("gpu");
+    let rows: Vec<Vec<u16>> = (0..40)
+        .map(|_| (0..6).map(|_| r.random()).collect())
+        .collect();
+    let mut samples: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (
+                format!("k{i:03}"),
+                vec![
+                    ("npy".into(), npy(v)),
+                    ("cls".into(), i.to_string().into_bytes()),
+                ],
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("b.tar"), shard(&samples.split_off(17)).0).unwrap();
+    std::fs::write(dir.join("a.tar"), shard(&samples).0).unwrap();
+    let shards = TarShards::open([format!("{}/{{a,b}}.tar", dir.display())]).unwrap();
+    let seed = r.random();
+    let run = |device| -> Vec<(Vec<u16>, Vec<i64>)> {
+        Loader::builder(shards.clone())
+            .batch_size(8)
+            .shuffle(seed)
+            .workers(3)
+            .device(device)
+            .build(TarNpyBatcher::new("npy").label("cls"))
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let (x, y) = b.unwrap();
+                let (x, y) = (x.to_cpu(false).unwrap(), y.unwrap().to_cpu(false).unwrap());
+                (x.to_vec::<u16>().unwrap(), y.to_vec::<i64>().unwrap())
+            })
+            .collect()
+    };
+    let host = run(pinnable::Device::cpu());
+    assert_eq!(host.len(), 5);
+    for (x, y) in &host {
+        let want: Vec<u16> = y.iter().flat_map(|&i| rows[i as usize].clone()).collect();
+        assert_eq!(x, &want);
+    }
+    assert_eq!(run(device), host);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
