@@ -4,9 +4,11 @@
 //! is checked against a limit before any pixel memory is taken, a JPEG cut short is refused
 //! (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
 //! naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
-//! JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
-//! (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
-//! EXIF orientation is applied.
+//! JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB,
+//! and the EXIF orientation is applied. Alpha is dropped (not blended), as PIL's
+//! `convert("RGB")` does; a 16-bit sample keeps its high byte (`v >> 8`), as torchvision's
+//! `decode_png` does. Pillow differs there for 16-bit grayscale: its `convert("RGB")` clamps
+//! each value to 255, so a 16-bit gray PNG decodes brighter in Pillow than here.
 
 use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -26,7 +28,9 @@ use crate::error::{Error, Result};
 pub const MAX_PIXELS: usize = 178_956_970;
 
 /// A decoded image: RGB, 8 bits a channel, rows top to bottom, upright.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Its `Debug` shows the size and the byte count, not the pixels.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Image {
     width: usize,
     height: usize,
@@ -81,6 +85,16 @@ impl Image {
     }
 }
 
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("bytes", &self.pixels.len())
+            .finish()
+    }
+}
+
 /// Decodes JPEG and PNG files into a buffer it keeps, so decoding file after file on one thread
 /// reuses the same memory.
 ///
@@ -89,8 +103,9 @@ impl Image {
 /// (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
 /// naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
 /// JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
-/// (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
-/// EXIF orientation is applied.
+/// (alpha dropped; a 16-bit sample keeps its high byte, as torchvision's `decode_png` does,
+/// where Pillow's `convert("RGB")` clamps 16-bit gray to 255), and the EXIF orientation is
+/// applied.
 ///
 /// # Examples
 ///
@@ -101,11 +116,19 @@ impl Image {
 /// let e = decoder.decode(b"GIF89a...", "cat.gif".as_ref()).unwrap_err();
 /// assert!(e.to_string().contains("cat.gif"), "{e}");
 /// ```
-#[derive(Debug)]
 pub struct Decoder {
     pub(crate) max_pixels: usize,
     image: Image,
     spare: Vec<u8>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("max_pixels", &self.max_pixels)
+            .field("image", &self.image)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Decoder {
@@ -413,6 +436,24 @@ mod tests {
         assert!(!segments(&frame([0x11; 4])).key_plane_finer);
         assert!(!segments(&frame([0x22, 0x11, 0x11, 0x22])).key_plane_finer);
         assert!(segments(&frame([0x22, 0x11, 0x11, 0x22])).whole);
+    }
+
+    #[test]
+    fn debug_shows_the_size_not_the_pixels() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let mut rng = crate::loader::SplitMix64::new(seed);
+        let (w, h) = (1 + rng.below(300) as usize, 1 + rng.below(300) as usize);
+        let pixels: Vec<u8> = (0..w * h * 3).map(|_| rng.next_u64() as u8).collect();
+        let image = Image::from_rgb(w, h, pixels).unwrap();
+        let text = format!("{image:?}");
+        assert_eq!(
+            text,
+            format!("Image {{ width: {w}, height: {h}, bytes: {} }}", w * h * 3)
+        );
+        let decoder = format!("{:?}", Decoder::new().max_pixels(w));
+        assert!(decoder.len() < 200, "{decoder}");
     }
 
     #[test]
