@@ -23,9 +23,14 @@ use zune_jpeg::zune_core::options::DecoderOptions;
 use super::orient;
 use crate::error::{Error, Result};
 
-/// The most pixels a file may decode to by default: PIL's decompression-bomb limit
-/// (2 × `Image.MAX_IMAGE_PIXELS`).
-pub const MAX_PIXELS: usize = 178_956_970;
+/// The most pixels a file may decode to by default: Pillow's `Image.MAX_IMAGE_PIXELS`, the
+/// size at which it warns of a decompression bomb (it refuses at twice this). A trusted
+/// dataset of larger pictures raises it with [`Decoder::max_pixels`].
+pub const MAX_PIXELS: usize = 89_478_485;
+
+/// The most bytes deflate can expand one compressed byte into: a 258-byte match coded in two
+/// bits (one for its length, one for its distance), 4 × 258.
+const DEFLATE_MAX_RATIO: u64 = 1032;
 
 /// A decoded image: RGB, 8 bits a channel, rows top to bottom, upright.
 ///
@@ -78,10 +83,16 @@ impl Image {
     }
 
     /// Makes this `width × height`, keeping the buffer's memory; the pixels are then stale.
-    fn reshape(&mut self, width: usize, height: usize) {
+    /// A refused allocation is an error, not an abort.
+    fn reshape(&mut self, width: usize, height: usize) -> std::result::Result<(), Problem> {
+        let bytes = width
+            .checked_mul(height)
+            .and_then(|n| n.checked_mul(3))
+            .ok_or_else(|| format!("{width} × {height} RGB pixels overflow the address space"))?;
+        grow(&mut self.pixels, bytes)?;
         self.width = width;
         self.height = height;
-        self.pixels.resize(width * height * 3, 0);
+        Ok(())
     }
 }
 
@@ -251,8 +262,16 @@ impl Decoder {
                     .into(),
             );
         }
+        if segments.scan_bytes.saturating_mul(8) < segments.blocks {
+            return Err(format!(
+                "corrupt JPEG: its header declares {width} × {height} pixels, {} blocks of 8 × 8 \
+                 in all components, but its {} bytes of scan data cannot hold them (every block \
+                 takes at least one bit): the size in its header is wrong, or the file is cut",
+                segments.blocks, segments.scan_bytes
+            ));
+        }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
-        self.image.reshape(width, height);
+        self.image.reshape(width, height)?;
         d.decode_into(&mut self.image.pixels)
             .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
         Ok(orientation)
@@ -273,6 +292,22 @@ impl Decoder {
         let info = reader.info();
         let (width, height) = (info.width as usize, info.height as usize);
         self.check_size(width, height)?;
+        // The image's raw scanlines (each row's filter byte, then its samples; fewer rows in
+        // all when interlaced, so only the samples count) are inflated from the IDAT chunks:
+        // more than deflate can expand those bytes into means the header lies.
+        let bits = u64::from(info.color_type.samples() as u8) * u64::from(info.bit_depth as u8);
+        let raw = (width as u64 * height as u64)
+            .saturating_mul(bits)
+            .div_ceil(8);
+        let idat = png_image_data_bytes(bytes);
+        if raw > idat.saturating_mul(DEFLATE_MAX_RATIO) {
+            return Err(format!(
+                "corrupt PNG: its header declares {width} × {height} pixels of {bits} bits, at \
+                 least {raw} bytes, but its {idat} bytes of image data (IDAT) inflate to at most \
+                 {} bytes: the size in its header is wrong, or the file is cut",
+                idat.saturating_mul(DEFLATE_MAX_RATIO)
+            ));
+        }
         let orientation = info.exif_metadata.as_deref().and_then(orient::from_exif);
         let (color, depth) = reader.output_color_type();
         let channels = match (color, depth) {
@@ -294,11 +329,11 @@ impl Decoder {
                 "corrupt PNG: {size} bytes of pixels for {width} × {height} × {channels}"
             ));
         }
-        self.image.reshape(width, height);
+        self.image.reshape(width, height)?;
         let out = if channels == 3 {
             &mut self.image.pixels
         } else {
-            self.spare.resize(size, 0);
+            grow(&mut self.spare, size)?;
             &mut self.spare
         };
         reader
@@ -327,6 +362,17 @@ impl Decoder {
     }
 }
 
+/// Makes `buffer` `len` bytes long; a refused allocation is an error, not an abort.
+fn grow(buffer: &mut Vec<u8>, len: usize) -> std::result::Result<(), Problem> {
+    if let Some(more) = len.checked_sub(buffer.len()) {
+        buffer.try_reserve_exact(more).map_err(|_| {
+            format!("cannot allocate {len} bytes for its pixels: the system refused the memory")
+        })?;
+    }
+    buffer.resize(len, 0);
+    Ok(())
+}
+
 /// The text of a decoder's panic.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -343,6 +389,24 @@ fn words(e: impl std::fmt::Display) -> String {
     e.to_string().trim().to_owned()
 }
 
+/// The bytes of a PNG's IDAT chunks, as far as the file holds them (a chunk cut short counts
+/// what is there); the walk stops at the end chunk or where the chunks stop making sense.
+fn png_image_data_bytes(bytes: &[u8]) -> u64 {
+    let mut at = 8usize;
+    let mut total = 0u64;
+    while let Some(head) = bytes.get(at..at.saturating_add(8)) {
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let data = bytes.len().saturating_sub(at + 8).min(len);
+        match &head[4..8] {
+            b"IDAT" => total += data as u64,
+            b"IEND" => break,
+            _ => {}
+        }
+        at = at.saturating_add(12).saturating_add(len);
+    }
+    total
+}
+
 /// What the segments of a JPEG tell before it is decoded.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Segments {
@@ -356,6 +420,20 @@ struct Segments {
     key_plane_finer: bool,
     /// The bytes end inside the headers, before any scan.
     ends_in_headers: bool,
+    /// The 8 × 8 blocks the first frame header declares, summed over its components, each
+    /// component counted at its own resolution (`ceil(ceil(width × h / h_max) / 8)` ×
+    /// `ceil(ceil(height × v / v_max) / 8)`, without the padding to whole MCUs).
+    ///
+    /// This is a floor on the bits of scan data a Huffman-coded JPEG (the only kind decoded:
+    /// baseline, extended and progressive) needs: every Huffman code is at least one bit, and
+    /// every block of every component is coded at least once with at least one code — its DC
+    /// difference (in a sequential scan, followed by at least an end-of-block code; in a
+    /// progressive file, in the first DC scan, which must come before any AC scan of the
+    /// component). Refinement and AC scans can cover many blocks with one end-of-band run, so
+    /// they add nothing to the floor.
+    blocks: u64,
+    /// Bytes from the first scan header to the end of the file: at least the scan data.
+    scan_bytes: u64,
 }
 
 fn segments(bytes: &[u8]) -> Segments {
@@ -381,6 +459,11 @@ fn segments(bytes: &[u8]) -> Segments {
                     return found;
                 };
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                if matches!(marker, 0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF)
+                    && found.blocks == 0
+                {
+                    found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
+                }
                 // A frame header: precision, height, width, components, then 3 bytes each.
                 if matches!(marker, 0xC0..=0xC2)
                     && bytes.get(i + 9) == Some(&4)
@@ -396,7 +479,37 @@ fn segments(bytes: &[u8]) -> Segments {
         }
     };
     found.whole = bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]);
+    found.scan_bytes = (bytes.len() - scan) as u64;
     found
+}
+
+/// The 8 × 8 blocks a frame header (from its precision byte on) declares, summed over its
+/// components at their own resolutions; 0 for a header cut short.
+fn frame_blocks(frame: &[u8]) -> u64 {
+    let Some(&[_, h0, h1, w0, w1, n]) = frame.first_chunk::<6>() else {
+        return 0;
+    };
+    let (height, width) = (
+        u64::from(u16::from_be_bytes([h0, h1])),
+        u64::from(u16::from_be_bytes([w0, w1])),
+    );
+    let Some(components) = frame.get(6..6 + 3 * usize::from(n)) else {
+        return 0;
+    };
+    let factors: Vec<(u64, u64)> = components
+        .chunks_exact(3)
+        .map(|c| (u64::from(c[1] >> 4).max(1), u64::from(c[1] & 15).max(1)))
+        .collect();
+    let h_max = factors.iter().map(|f| f.0).max().unwrap_or(1);
+    let v_max = factors.iter().map(|f| f.1).max().unwrap_or(1);
+    factors
+        .iter()
+        .map(|&(h, v)| {
+            let w = (width * h).div_ceil(h_max);
+            let hh = (height * v).div_ceil(v_max);
+            w.div_ceil(8) * hh.div_ceil(8)
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -454,6 +567,71 @@ mod tests {
         );
         let decoder = format!("{:?}", Decoder::new().max_pixels(w));
         assert!(decoder.len() < 200, "{decoder}");
+    }
+
+    #[test]
+    fn a_frame_s_blocks_count_each_component_at_its_own_resolution() {
+        // SOF: precision, height, width, components (id, sampling, table).
+        let frame = |w: u16, h: u16, sampling: &[u8]| {
+            let mut f = vec![8];
+            f.extend(h.to_be_bytes());
+            f.extend(w.to_be_bytes());
+            f.push(sampling.len() as u8);
+            for (id, &s) in sampling.iter().enumerate() {
+                f.extend([id as u8, s, 0]);
+            }
+            f
+        };
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(5, |d| d.as_nanos() as u64);
+        let mut rng = crate::loader::SplitMix64::new(seed);
+        for _ in 0..200 {
+            let (w, h) = (1 + rng.below(65535), 1 + rng.below(65535));
+            let b = |n: u64| n.div_ceil(8);
+            let luma = b(w) * b(h);
+            let f = frame(w as u16, h as u16, &[0x22, 0x11, 0x11]);
+            assert_eq!(
+                frame_blocks(&f),
+                luma + 2 * b(w.div_ceil(2)) * b(h.div_ceil(2))
+            );
+            let f = frame(w as u16, h as u16, &[0x21, 0x11, 0x11]);
+            assert_eq!(frame_blocks(&f), luma + 2 * b(w.div_ceil(2)) * b(h));
+            assert_eq!(frame_blocks(&frame(w as u16, h as u16, &[0x11])), luma);
+            let f = frame(w as u16, h as u16, &[0x11; 3]);
+            for cut in 0..f.len() {
+                assert_eq!(frame_blocks(&f[..cut]), 0, "cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_png_s_image_data_is_summed_over_its_idat_chunks() {
+        let chunk = |kind: &[u8], len: usize| {
+            let mut c = (len as u32).to_be_bytes().to_vec();
+            c.extend(kind);
+            c.extend(std::iter::repeat_n(7, len));
+            c.extend([0; 4]);
+            c
+        };
+        let mut f = b"\x89PNG\r\n\x1a\n".to_vec();
+        f.extend(chunk(b"IHDR", 13));
+        f.extend(chunk(b"IDAT", 100));
+        f.extend(chunk(b"tEXt", 40));
+        f.extend(chunk(b"IDAT", 23));
+        let whole = f.len();
+        f.extend(chunk(b"IEND", 0));
+        f.extend(chunk(b"IDAT", 1000));
+        assert_eq!(
+            png_image_data_bytes(&f),
+            123,
+            "nothing after the end chunk counts"
+        );
+        assert_eq!(
+            png_image_data_bytes(&f[..whole - 4 - 10]),
+            113,
+            "a cut chunk counts its part"
+        );
     }
 
     #[test]
