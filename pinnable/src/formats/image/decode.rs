@@ -262,12 +262,15 @@ impl Decoder {
                     .into(),
             );
         }
-        if segments.scan_bytes.saturating_mul(8) < segments.blocks {
+        // Every frame has a plane at full resolution: a floor whatever the segment walk saw.
+        let plane = (width.div_ceil(8) as u64).saturating_mul(height.div_ceil(8) as u64);
+        let blocks = segments.blocks.max(plane);
+        if segments.scan_bytes.saturating_mul(8) < blocks {
             return Err(format!(
                 "corrupt JPEG: its header declares {width} × {height} pixels, {} blocks of 8 × 8 \
                  in all components, but its {} bytes of scan data cannot hold them (every block \
                  takes at least one bit): the size in its header is wrong, or the file is cut",
-                segments.blocks, segments.scan_bytes
+                blocks, segments.scan_bytes
             ));
         }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
@@ -444,8 +447,9 @@ fn segments(bytes: &[u8]) -> Segments {
             found.ends_in_headers = true;
             return found;
         };
-        if bytes[i] != 0xFF || marker == 0xFF {
-            // Fill bytes, or stray bytes between segments: step to the next 0xFF.
+        if bytes[i] != 0xFF || matches!(marker, 0xFF | 0x00 | 0x02..=0xBF) {
+            // Fill bytes, or stray bytes between segments (a 0xFF not followed by a marker
+            // code): step to the next 0xFF, as the decoder does.
             i += 1;
             continue;
         }
@@ -647,5 +651,120 @@ mod tests {
             let text = e.to_string();
             assert!(text.contains("dir/x.img") && text.contains(words), "{text}");
         }
+    }
+
+    /// The seed files (`tests/data/seeds`, written by `tests/data/make_seeds.py` with Pillow).
+    fn seed_files() -> Vec<(&'static str, Vec<u8>)> {
+        macro_rules! seed {
+            ($name:literal) => {
+                (
+                    $name,
+                    include_bytes!(concat!("../../../tests/data/seeds/", $name)).to_vec(),
+                )
+            };
+        }
+        vec![
+            seed!("baseline-420-exif.jpg"),
+            seed!("progressive-420.jpg"),
+            seed!("baseline-444.jpg"),
+            seed!("gray.jpg"),
+            seed!("cmyk.jpg"),
+            seed!("restart-422.jpg"),
+            seed!("rgb.png"),
+            seed!("rgba-exif.png"),
+            seed!("palette.png"),
+            seed!("gray16.png"),
+            seed!("interlaced.png"),
+            seed!("gray-alpha.png"),
+        ]
+    }
+
+    const JPEG_TOKENS: &[&[u8]] = &[
+        b"\xFF\xC0\x00\x11\x08",
+        b"\xFF\xC2",
+        b"\xFF\xC4",
+        b"\xFF\xDA\x00\x0C\x03",
+        b"\xFF\xDB",
+        b"\xFF\xDD\x00\x04\x00\x01",
+        b"\xFF\xD0",
+        b"\xFF\xD9",
+        b"\xFF\xE1",
+        b"Exif\x00\x00",
+        b"\xFF\x00",
+        b"\xFF\xFF",
+    ];
+
+    #[test]
+    fn fuzzed_jpeg_segments_are_read_within_the_bytes() {
+        let jpegs = seed_files()
+            .into_iter()
+            .filter(|(n, _)| n.ends_with(".jpg"))
+            .map(|(_, b)| b);
+        crate::fuzz::Fuzz::new("jpeg_segments")
+            .seeds(jpegs)
+            .tokens(JPEG_TOKENS)
+            .run(|bytes| {
+                let s = segments(bytes);
+                if s.whole && s.ends_in_headers {
+                    return Err(format!("whole and ending in the headers: {s:?}"));
+                }
+                if s.whole && !bytes.windows(2).any(|w| w == [0xFF, 0xD9]) {
+                    return Err("whole without an end-of-image marker".into());
+                }
+                if s.scan_bytes > bytes.len() as u64 || s.blocks > 255 * 8192 * 8192 {
+                    return Err(format!("{s:?} of {} bytes", bytes.len()));
+                }
+                // The frame counted is the one the decoder reads: it has at least the blocks
+                // of one full-resolution plane of the size the decoder sees.
+                let mut d = JpegDecoder::new(ZCursor::new(bytes));
+                if d.decode_headers().is_ok()
+                    && let Some((w, h)) = d.dimensions()
+                    && s.blocks < (w.div_ceil(8) * h.div_ceil(8)) as u64
+                {
+                    return Err(format!("{} blocks counted for a {w} × {h} frame", s.blocks));
+                }
+                Ok(())
+            });
+    }
+
+    #[test]
+    fn fuzzed_files_decode_to_whole_images_or_errors_within_their_bytes() {
+        let mut tokens = JPEG_TOKENS.to_vec();
+        tokens.extend([
+            &b"IHDR"[..],
+            b"IDAT",
+            b"IEND",
+            b"PLTE",
+            b"tRNS",
+            b"eXIf",
+            b"acTL",
+        ]);
+        let decoder = std::sync::Mutex::new(Decoder::new().max_pixels(1 << 22));
+        crate::fuzz::Fuzz::new("image_decode")
+            .seeds(seed_files().into_iter().map(|(_, b)| b))
+            .tokens(&tokens)
+            .run(move |bytes| {
+                let mut decoder = decoder.lock().unwrap_or_else(|e| e.into_inner());
+                let image = match decoder.decode(bytes, Path::new("dir/fuzz.img")) {
+                    Err(e) if e.to_string().contains("dir/fuzz.img") => return Ok(()),
+                    Err(e) => return Err(format!("an error that does not name the file: {e}")),
+                    Ok(image) => image,
+                };
+                let (w, h) = (image.width(), image.height());
+                if image.pixels().len() != w * h * 3 || w * h == 0 || w * h > 1 << 22 {
+                    return Err(format!("{w} × {h} in {} bytes", image.pixels().len()));
+                }
+                // Memory follows the file's size: a JPEG's blocks take a bit each, a PNG's
+                // bytes inflate 1032-fold at most (a pixel is at least one bit).
+                let most = if bytes.starts_with(&[0xFF, 0xD8]) {
+                    64 * 8 * bytes.len()
+                } else {
+                    8 * 1032 * bytes.len()
+                };
+                if w * h > most {
+                    return Err(format!("{w} × {h} pixels from {} bytes", bytes.len()));
+                }
+                Ok(())
+            });
     }
 }
