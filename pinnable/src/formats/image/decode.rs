@@ -28,6 +28,10 @@ use crate::error::{Error, Result};
 /// dataset of larger pictures raises it with [`Decoder::max_pixels`].
 pub const MAX_PIXELS: usize = 89_478_485;
 
+/// Pictures with subsampled chroma and a side of at most this many pixels are decoded by
+/// jpeg-decoder rather than zune-jpeg; see [`Decoder::jpeg`].
+const SMALL_SIDE: usize = 32;
+
 /// The most bytes deflate can expand one compressed byte into: a 258-byte match coded in two
 /// bits (one for its length, one for its distance), 4 × 258.
 const DEFLATE_MAX_RATIO: u64 = 1032;
@@ -275,9 +279,46 @@ impl Decoder {
         }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
         self.image.reshape(width, height)?;
-        d.decode_into(&mut self.image.pixels)
-            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        if segments.subsampled
+            && width.min(height) <= SMALL_SIDE
+            && d.input_colorspace() == Some(ColorSpace::YCbCr)
+        {
+            self.small_subsampled_jpeg(bytes)?;
+        } else {
+            d.decode_into(&mut self.image.pixels)
+                .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        }
         Ok(orientation)
+    }
+
+    /// Decodes a small YCbCr JPEG with subsampled chroma through jpeg-decoder into the image,
+    /// already sized by the frame header.
+    ///
+    /// zune-jpeg 0.5 upsamples each chroma plane over its whole MCU-padded width and height:
+    /// the last image column (for an even width) and the last row (for an even height) are
+    /// interpolated with the encoder's padding samples beyond the plane's real extent
+    /// (`ceil(width × h / h_max)` samples), where libjpeg repeats the plane's last real
+    /// sample. A photograph's padding is close to its edge, so large pictures differ by a few
+    /// levels on that one line; in a picture a few pixels across, that line is most of the
+    /// image, and it came out 20 to 60 levels off. jpeg-decoder upsamples as libjpeg does.
+    fn small_subsampled_jpeg(&mut self, bytes: &[u8]) -> std::result::Result<(), Problem> {
+        let mut d = jpeg_decoder::Decoder::new(bytes);
+        let pixels = d
+            .decode()
+            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        let info = d.info().ok_or("corrupt JPEG: no frame header")?;
+        let size = (usize::from(info.width), usize::from(info.height));
+        if info.pixel_format != jpeg_decoder::PixelFormat::RGB24
+            || size != (self.image.width, self.image.height)
+            || pixels.len() != self.image.pixels.len()
+        {
+            return Err(format!(
+                "corrupt JPEG: its frame reads as {:?} {} × {} on a second look",
+                info.pixel_format, size.0, size.1
+            ));
+        }
+        self.image.pixels.copy_from_slice(&pixels);
+        Ok(())
     }
 
     /// Decodes a PNG's first frame; returns its EXIF orientation.
@@ -437,6 +478,8 @@ struct Segments {
     blocks: u64,
     /// Bytes from the first scan header to the end of the file: at least the scan data.
     scan_bytes: u64,
+    /// The first frame header has three components, not all at one resolution.
+    subsampled: bool,
 }
 
 fn segments(bytes: &[u8]) -> Segments {
@@ -467,6 +510,10 @@ fn segments(bytes: &[u8]) -> Segments {
                     && found.blocks == 0
                 {
                     found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
+                    found.subsampled = bytes.get(i + 9) == Some(&3)
+                        && bytes
+                            .get(i + 10..i + 19)
+                            .is_some_and(|c| c[1] != c[4] || c[1] != c[7]);
                 }
                 // A frame header: precision, height, width, components, then 3 bytes each.
                 if matches!(marker, 0xC0..=0xC2)
