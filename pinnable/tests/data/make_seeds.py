@@ -45,3 +45,6 @@ save("palette.png", picture(6, 6, "P"), format="PNG")
 save("gray16.png", picture(5, 3, "L").convert("I;16"), format="PNG")
 save("interlaced.png", picture(9, 9), format="PNG", interlace=1)
 save("gray-alpha.png", picture(4, 4, "LA"), format="PNG")
+# Over 32 pixels a side: decoded by zune-jpeg, not the small-picture path.
+save("baseline-420-large.jpg", picture(40, 34).resize((40, 34)), format="JPEG", quality=30,
+     subsampling=2)

@@ -712,6 +712,7 @@ mod tests {
         }
         vec![
             seed!("baseline-420-exif.jpg"),
+            seed!("baseline-420-large.jpg"),
             seed!("progressive-420.jpg"),
             seed!("baseline-444.jpg"),
             seed!("gray.jpg"),
