@@ -4,9 +4,11 @@
 //! is checked against a limit before any pixel memory is taken, a JPEG cut short is refused
 //! (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
 //! naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
-//! JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
-//! (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
-//! EXIF orientation is applied.
+//! JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB,
+//! and the EXIF orientation is applied. Alpha is dropped (not blended), as PIL's
+//! `convert("RGB")` does; a 16-bit sample keeps its high byte (`v >> 8`), as torchvision's
+//! `decode_png` does. Pillow differs there for 16-bit grayscale: its `convert("RGB")` clamps
+//! each value to 255, so a 16-bit gray PNG decodes brighter in Pillow than here.
 
 use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -21,12 +23,23 @@ use zune_jpeg::zune_core::options::DecoderOptions;
 use super::orient;
 use crate::error::{Error, Result};
 
-/// The most pixels a file may decode to by default: PIL's decompression-bomb limit
-/// (2 × `Image.MAX_IMAGE_PIXELS`).
-pub const MAX_PIXELS: usize = 178_956_970;
+/// The most pixels a file may decode to by default: Pillow's `Image.MAX_IMAGE_PIXELS`, the
+/// size at which it warns of a decompression bomb (it refuses at twice this). A trusted
+/// dataset of larger pictures raises it with [`Decoder::max_pixels`].
+pub const MAX_PIXELS: usize = 89_478_485;
+
+/// Pictures with subsampled chroma and a side of at most this many pixels are decoded by
+/// jpeg-decoder rather than zune-jpeg; see [`Decoder::jpeg`].
+const SMALL_SIDE: usize = 32;
+
+/// The most bytes deflate can expand one compressed byte into: a 258-byte match coded in two
+/// bits (one for its length, one for its distance), 4 × 258.
+const DEFLATE_MAX_RATIO: u64 = 1032;
 
 /// A decoded image: RGB, 8 bits a channel, rows top to bottom, upright.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Its `Debug` shows the size and the byte count, not the pixels.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Image {
     width: usize,
     height: usize,
@@ -74,10 +87,26 @@ impl Image {
     }
 
     /// Makes this `width × height`, keeping the buffer's memory; the pixels are then stale.
-    fn reshape(&mut self, width: usize, height: usize) {
+    /// A refused allocation is an error, not an abort.
+    fn reshape(&mut self, width: usize, height: usize) -> std::result::Result<(), Problem> {
+        let bytes = width
+            .checked_mul(height)
+            .and_then(|n| n.checked_mul(3))
+            .ok_or_else(|| format!("{width} × {height} RGB pixels overflow the address space"))?;
+        grow(&mut self.pixels, bytes)?;
         self.width = width;
         self.height = height;
-        self.pixels.resize(width * height * 3, 0);
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("width", &self.width)
+            .field("height", &self.height)
+            .field("bytes", &self.pixels.len())
+            .finish()
     }
 }
 
@@ -89,8 +118,9 @@ impl Image {
 /// (its decoder would fill the missing part with grey), and a decoder's panic becomes an error
 /// naming the file. Real-world oddities are converted, not refused: grayscale, CMYK and YCCK
 /// JPEGs, progressive JPEGs, palette, grayscale, alpha and 16-bit PNGs all come out as RGB
-/// (alpha dropped, 16 bits cut to their high byte, as PIL's `convert("RGB")` does), and the
-/// EXIF orientation is applied.
+/// (alpha dropped; a 16-bit sample keeps its high byte, as torchvision's `decode_png` does,
+/// where Pillow's `convert("RGB")` clamps 16-bit gray to 255), and the EXIF orientation is
+/// applied.
 ///
 /// # Examples
 ///
@@ -101,11 +131,19 @@ impl Image {
 /// let e = decoder.decode(b"GIF89a...", "cat.gif".as_ref()).unwrap_err();
 /// assert!(e.to_string().contains("cat.gif"), "{e}");
 /// ```
-#[derive(Debug)]
 pub struct Decoder {
     pub(crate) max_pixels: usize,
     image: Image,
     spare: Vec<u8>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("max_pixels", &self.max_pixels)
+            .field("image", &self.image)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Decoder {
@@ -228,11 +266,59 @@ impl Decoder {
                     .into(),
             );
         }
+        // Every frame has a plane at full resolution: a floor whatever the segment walk saw.
+        let plane = (width.div_ceil(8) as u64).saturating_mul(height.div_ceil(8) as u64);
+        let blocks = segments.blocks.max(plane);
+        if segments.scan_bytes.saturating_mul(8) < blocks {
+            return Err(format!(
+                "corrupt JPEG: its header declares {width} × {height} pixels, {} blocks of 8 × 8 \
+                 in all components, but its {} bytes of scan data cannot hold them (every block \
+                 takes at least one bit): the size in its header is wrong, or the file is cut",
+                blocks, segments.scan_bytes
+            ));
+        }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
-        self.image.reshape(width, height);
-        d.decode_into(&mut self.image.pixels)
-            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        self.image.reshape(width, height)?;
+        if segments.subsampled
+            && width.min(height) <= SMALL_SIDE
+            && d.input_colorspace() == Some(ColorSpace::YCbCr)
+        {
+            self.small_subsampled_jpeg(bytes)?;
+        } else {
+            d.decode_into(&mut self.image.pixels)
+                .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        }
         Ok(orientation)
+    }
+
+    /// Decodes a small YCbCr JPEG with subsampled chroma through jpeg-decoder into the image,
+    /// already sized by the frame header.
+    ///
+    /// zune-jpeg 0.5 upsamples each chroma plane over its whole MCU-padded width and height:
+    /// the last image column (for an even width) and the last row (for an even height) are
+    /// interpolated with the encoder's padding samples beyond the plane's real extent
+    /// (`ceil(width × h / h_max)` samples), where libjpeg repeats the plane's last real
+    /// sample. A photograph's padding is close to its edge, so large pictures differ by a few
+    /// levels on that one line; in a picture a few pixels across, that line is most of the
+    /// image, and it came out 20 to 60 levels off. jpeg-decoder upsamples as libjpeg does.
+    fn small_subsampled_jpeg(&mut self, bytes: &[u8]) -> std::result::Result<(), Problem> {
+        let mut d = jpeg_decoder::Decoder::new(bytes);
+        let pixels = d
+            .decode()
+            .map_err(|e| format!("corrupt JPEG: {}", words(e)))?;
+        let info = d.info().ok_or("corrupt JPEG: no frame header")?;
+        let size = (usize::from(info.width), usize::from(info.height));
+        if info.pixel_format != jpeg_decoder::PixelFormat::RGB24
+            || size != (self.image.width, self.image.height)
+            || pixels.len() != self.image.pixels.len()
+        {
+            return Err(format!(
+                "corrupt JPEG: its frame reads as {:?} {} × {} on a second look",
+                info.pixel_format, size.0, size.1
+            ));
+        }
+        self.image.pixels.copy_from_slice(&pixels);
+        Ok(())
     }
 
     /// Decodes a PNG's first frame; returns its EXIF orientation.
@@ -250,6 +336,22 @@ impl Decoder {
         let info = reader.info();
         let (width, height) = (info.width as usize, info.height as usize);
         self.check_size(width, height)?;
+        // The image's raw scanlines (each row's filter byte, then its samples; fewer rows in
+        // all when interlaced, so only the samples count) are inflated from the IDAT chunks:
+        // more than deflate can expand those bytes into means the header lies.
+        let bits = u64::from(info.color_type.samples() as u8) * u64::from(info.bit_depth as u8);
+        let raw = (width as u64 * height as u64)
+            .saturating_mul(bits)
+            .div_ceil(8);
+        let idat = png_image_data_bytes(bytes);
+        if raw > idat.saturating_mul(DEFLATE_MAX_RATIO) {
+            return Err(format!(
+                "corrupt PNG: its header declares {width} × {height} pixels of {bits} bits, at \
+                 least {raw} bytes, but its {idat} bytes of image data (IDAT) inflate to at most \
+                 {} bytes: the size in its header is wrong, or the file is cut",
+                idat.saturating_mul(DEFLATE_MAX_RATIO)
+            ));
+        }
         let orientation = info.exif_metadata.as_deref().and_then(orient::from_exif);
         let (color, depth) = reader.output_color_type();
         let channels = match (color, depth) {
@@ -271,11 +373,11 @@ impl Decoder {
                 "corrupt PNG: {size} bytes of pixels for {width} × {height} × {channels}"
             ));
         }
-        self.image.reshape(width, height);
+        self.image.reshape(width, height)?;
         let out = if channels == 3 {
             &mut self.image.pixels
         } else {
-            self.spare.resize(size, 0);
+            grow(&mut self.spare, size)?;
             &mut self.spare
         };
         reader
@@ -304,6 +406,17 @@ impl Decoder {
     }
 }
 
+/// Makes `buffer` `len` bytes long; a refused allocation is an error, not an abort.
+fn grow(buffer: &mut Vec<u8>, len: usize) -> std::result::Result<(), Problem> {
+    if let Some(more) = len.checked_sub(buffer.len()) {
+        buffer.try_reserve_exact(more).map_err(|_| {
+            format!("cannot allocate {len} bytes for its pixels: the system refused the memory")
+        })?;
+    }
+    buffer.resize(len, 0);
+    Ok(())
+}
+
 /// The text of a decoder's panic.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -320,6 +433,24 @@ fn words(e: impl std::fmt::Display) -> String {
     e.to_string().trim().to_owned()
 }
 
+/// The bytes of a PNG's IDAT chunks, as far as the file holds them (a chunk cut short counts
+/// what is there); the walk stops at the end chunk or where the chunks stop making sense.
+fn png_image_data_bytes(bytes: &[u8]) -> u64 {
+    let mut at = 8usize;
+    let mut total = 0u64;
+    while let Some(head) = bytes.get(at..at.saturating_add(8)) {
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let data = bytes.len().saturating_sub(at + 8).min(len);
+        match &head[4..8] {
+            b"IDAT" => total += data as u64,
+            b"IEND" => break,
+            _ => {}
+        }
+        at = at.saturating_add(12).saturating_add(len);
+    }
+    total
+}
+
 /// What the segments of a JPEG tell before it is decoded.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Segments {
@@ -333,6 +464,22 @@ struct Segments {
     key_plane_finer: bool,
     /// The bytes end inside the headers, before any scan.
     ends_in_headers: bool,
+    /// The 8 × 8 blocks the first frame header declares, summed over its components, each
+    /// component counted at its own resolution (`ceil(ceil(width × h / h_max) / 8)` ×
+    /// `ceil(ceil(height × v / v_max) / 8)`, without the padding to whole MCUs).
+    ///
+    /// This is a floor on the bits of scan data a Huffman-coded JPEG (the only kind decoded:
+    /// baseline, extended and progressive) needs: every Huffman code is at least one bit, and
+    /// every block of every component is coded at least once with at least one code — its DC
+    /// difference (in a sequential scan, followed by at least an end-of-block code; in a
+    /// progressive file, in the first DC scan, which must come before any AC scan of the
+    /// component). Refinement and AC scans can cover many blocks with one end-of-band run, so
+    /// they add nothing to the floor.
+    blocks: u64,
+    /// Bytes from the first scan header to the end of the file: at least the scan data.
+    scan_bytes: u64,
+    /// The first frame header has three components, not all at one resolution.
+    subsampled: bool,
 }
 
 fn segments(bytes: &[u8]) -> Segments {
@@ -343,8 +490,9 @@ fn segments(bytes: &[u8]) -> Segments {
             found.ends_in_headers = true;
             return found;
         };
-        if bytes[i] != 0xFF || marker == 0xFF {
-            // Fill bytes, or stray bytes between segments: step to the next 0xFF.
+        if bytes[i] != 0xFF || matches!(marker, 0xFF | 0x00 | 0x02..=0xBF) {
+            // Fill bytes, or stray bytes between segments (a 0xFF not followed by a marker
+            // code): step to the next 0xFF, as the decoder does.
             i += 1;
             continue;
         }
@@ -358,6 +506,15 @@ fn segments(bytes: &[u8]) -> Segments {
                     return found;
                 };
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+                if matches!(marker, 0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF)
+                    && found.blocks == 0
+                {
+                    found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
+                    found.subsampled = bytes.get(i + 9) == Some(&3)
+                        && bytes
+                            .get(i + 10..i + 19)
+                            .is_some_and(|c| c[1] != c[4] || c[1] != c[7]);
+                }
                 // A frame header: precision, height, width, components, then 3 bytes each.
                 if matches!(marker, 0xC0..=0xC2)
                     && bytes.get(i + 9) == Some(&4)
@@ -373,7 +530,37 @@ fn segments(bytes: &[u8]) -> Segments {
         }
     };
     found.whole = bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]);
+    found.scan_bytes = (bytes.len() - scan) as u64;
     found
+}
+
+/// The 8 × 8 blocks a frame header (from its precision byte on) declares, summed over its
+/// components at their own resolutions; 0 for a header cut short.
+fn frame_blocks(frame: &[u8]) -> u64 {
+    let Some(&[_, h0, h1, w0, w1, n]) = frame.first_chunk::<6>() else {
+        return 0;
+    };
+    let (height, width) = (
+        u64::from(u16::from_be_bytes([h0, h1])),
+        u64::from(u16::from_be_bytes([w0, w1])),
+    );
+    let Some(components) = frame.get(6..6 + 3 * usize::from(n)) else {
+        return 0;
+    };
+    let factors: Vec<(u64, u64)> = components
+        .chunks_exact(3)
+        .map(|c| (u64::from(c[1] >> 4).max(1), u64::from(c[1] & 15).max(1)))
+        .collect();
+    let h_max = factors.iter().map(|f| f.0).max().unwrap_or(1);
+    let v_max = factors.iter().map(|f| f.1).max().unwrap_or(1);
+    factors
+        .iter()
+        .map(|&(h, v)| {
+            let w = (width * h).div_ceil(h_max);
+            let hh = (height * v).div_ceil(v_max);
+            w.div_ceil(8) * hh.div_ceil(8)
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -416,6 +603,89 @@ mod tests {
     }
 
     #[test]
+    fn debug_shows_the_size_not_the_pixels() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let mut rng = crate::loader::SplitMix64::new(seed);
+        let (w, h) = (1 + rng.below(300) as usize, 1 + rng.below(300) as usize);
+        let pixels: Vec<u8> = (0..w * h * 3).map(|_| rng.next_u64() as u8).collect();
+        let image = Image::from_rgb(w, h, pixels).unwrap();
+        let text = format!("{image:?}");
+        assert_eq!(
+            text,
+            format!("Image {{ width: {w}, height: {h}, bytes: {} }}", w * h * 3)
+        );
+        let decoder = format!("{:?}", Decoder::new().max_pixels(w));
+        assert!(decoder.len() < 200, "{decoder}");
+    }
+
+    #[test]
+    fn a_frame_s_blocks_count_each_component_at_its_own_resolution() {
+        // SOF: precision, height, width, components (id, sampling, table).
+        let frame = |w: u16, h: u16, sampling: &[u8]| {
+            let mut f = vec![8];
+            f.extend(h.to_be_bytes());
+            f.extend(w.to_be_bytes());
+            f.push(sampling.len() as u8);
+            for (id, &s) in sampling.iter().enumerate() {
+                f.extend([id as u8, s, 0]);
+            }
+            f
+        };
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(5, |d| d.as_nanos() as u64);
+        let mut rng = crate::loader::SplitMix64::new(seed);
+        for _ in 0..200 {
+            let (w, h) = (1 + rng.below(65535), 1 + rng.below(65535));
+            let b = |n: u64| n.div_ceil(8);
+            let luma = b(w) * b(h);
+            let f = frame(w as u16, h as u16, &[0x22, 0x11, 0x11]);
+            assert_eq!(
+                frame_blocks(&f),
+                luma + 2 * b(w.div_ceil(2)) * b(h.div_ceil(2))
+            );
+            let f = frame(w as u16, h as u16, &[0x21, 0x11, 0x11]);
+            assert_eq!(frame_blocks(&f), luma + 2 * b(w.div_ceil(2)) * b(h));
+            assert_eq!(frame_blocks(&frame(w as u16, h as u16, &[0x11])), luma);
+            let f = frame(w as u16, h as u16, &[0x11; 3]);
+            for cut in 0..f.len() {
+                assert_eq!(frame_blocks(&f[..cut]), 0, "cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_png_s_image_data_is_summed_over_its_idat_chunks() {
+        let chunk = |kind: &[u8], len: usize| {
+            let mut c = (len as u32).to_be_bytes().to_vec();
+            c.extend(kind);
+            c.extend(std::iter::repeat_n(7, len));
+            c.extend([0; 4]);
+            c
+        };
+        let mut f = b"\x89PNG\r\n\x1a\n".to_vec();
+        f.extend(chunk(b"IHDR", 13));
+        f.extend(chunk(b"IDAT", 100));
+        f.extend(chunk(b"tEXt", 40));
+        f.extend(chunk(b"IDAT", 23));
+        let whole = f.len();
+        f.extend(chunk(b"IEND", 0));
+        f.extend(chunk(b"IDAT", 1000));
+        assert_eq!(
+            png_image_data_bytes(&f),
+            123,
+            "nothing after the end chunk counts"
+        );
+        assert_eq!(
+            png_image_data_bytes(&f[..whole - 4 - 10]),
+            113,
+            "a cut chunk counts its part"
+        );
+    }
+
+    #[test]
     fn unknown_and_empty_files_are_refused_with_the_path() {
         let mut d = Decoder::new();
         for (bytes, words) in [
@@ -428,5 +698,121 @@ mod tests {
             let text = e.to_string();
             assert!(text.contains("dir/x.img") && text.contains(words), "{text}");
         }
+    }
+
+    /// The seed files (`tests/data/seeds`, written by `tests/data/make_seeds.py` with Pillow).
+    fn seed_files() -> Vec<(&'static str, Vec<u8>)> {
+        macro_rules! seed {
+            ($name:literal) => {
+                (
+                    $name,
+                    include_bytes!(concat!("../../../tests/data/seeds/", $name)).to_vec(),
+                )
+            };
+        }
+        vec![
+            seed!("baseline-420-exif.jpg"),
+            seed!("baseline-420-large.jpg"),
+            seed!("progressive-420.jpg"),
+            seed!("baseline-444.jpg"),
+            seed!("gray.jpg"),
+            seed!("cmyk.jpg"),
+            seed!("restart-422.jpg"),
+            seed!("rgb.png"),
+            seed!("rgba-exif.png"),
+            seed!("palette.png"),
+            seed!("gray16.png"),
+            seed!("interlaced.png"),
+            seed!("gray-alpha.png"),
+        ]
+    }
+
+    const JPEG_TOKENS: &[&[u8]] = &[
+        b"\xFF\xC0\x00\x11\x08",
+        b"\xFF\xC2",
+        b"\xFF\xC4",
+        b"\xFF\xDA\x00\x0C\x03",
+        b"\xFF\xDB",
+        b"\xFF\xDD\x00\x04\x00\x01",
+        b"\xFF\xD0",
+        b"\xFF\xD9",
+        b"\xFF\xE1",
+        b"Exif\x00\x00",
+        b"\xFF\x00",
+        b"\xFF\xFF",
+    ];
+
+    #[test]
+    fn fuzzed_jpeg_segments_are_read_within_the_bytes() {
+        let jpegs = seed_files()
+            .into_iter()
+            .filter(|(n, _)| n.ends_with(".jpg"))
+            .map(|(_, b)| b);
+        crate::fuzz::Fuzz::new("jpeg_segments")
+            .seeds(jpegs)
+            .tokens(JPEG_TOKENS)
+            .run(|bytes| {
+                let s = segments(bytes);
+                if s.whole && s.ends_in_headers {
+                    return Err(format!("whole and ending in the headers: {s:?}"));
+                }
+                if s.whole && !bytes.windows(2).any(|w| w == [0xFF, 0xD9]) {
+                    return Err("whole without an end-of-image marker".into());
+                }
+                if s.scan_bytes > bytes.len() as u64 || s.blocks > 255 * 8192 * 8192 {
+                    return Err(format!("{s:?} of {} bytes", bytes.len()));
+                }
+                // The frame counted is the one the decoder reads: it has at least the blocks
+                // of one full-resolution plane of the size the decoder sees.
+                let mut d = JpegDecoder::new(ZCursor::new(bytes));
+                if d.decode_headers().is_ok()
+                    && let Some((w, h)) = d.dimensions()
+                    && s.blocks < (w.div_ceil(8) * h.div_ceil(8)) as u64
+                {
+                    return Err(format!("{} blocks counted for a {w} × {h} frame", s.blocks));
+                }
+                Ok(())
+            });
+    }
+
+    #[test]
+    fn fuzzed_files_decode_to_whole_images_or_errors_within_their_bytes() {
+        let mut tokens = JPEG_TOKENS.to_vec();
+        tokens.extend([
+            &b"IHDR"[..],
+            b"IDAT",
+            b"IEND",
+            b"PLTE",
+            b"tRNS",
+            b"eXIf",
+            b"acTL",
+        ]);
+        let decoder = std::sync::Mutex::new(Decoder::new().max_pixels(1 << 22));
+        crate::fuzz::Fuzz::new("image_decode")
+            .seeds(seed_files().into_iter().map(|(_, b)| b))
+            .tokens(&tokens)
+            .run(move |bytes| {
+                let mut decoder = decoder.lock().unwrap_or_else(|e| e.into_inner());
+                let image = match decoder.decode(bytes, Path::new("dir/fuzz.img")) {
+                    Err(e) if e.to_string().contains("dir/fuzz.img") => return Ok(()),
+                    Err(e) => return Err(format!("an error that does not name the file: {e}")),
+                    Ok(image) => image,
+                };
+                let (w, h) = (image.width(), image.height());
+                if image.pixels().len() != w * h * 3 || w * h == 0 || w * h > 1 << 22 {
+                    return Err(format!("{w} × {h} in {} bytes", image.pixels().len()));
+                }
+                // Memory follows the file's size: a JPEG's blocks take a bit each, a PNG's
+                // bytes inflate 1032-fold at most (a pixel is at least one bit).
+                let most = if bytes.starts_with(&[0xFF, 0xD8]) {
+                    64 * 8 * bytes.len()
+                } else {
+                    8 * 1032 * bytes.len()
+                };
+                if w * h > most {
+                    return Err(format!("{w} × {h} pixels from {} bytes", bytes.len()));
+                }
+                Ok(())
+            });
     }
 }

@@ -66,4 +66,4 @@ mod transform;
 
 pub use decode::{Decoder, Image, MAX_PIXELS};
 pub use folder::{ImageBatcher, ImageFile, ImageFolder};
-pub use transform::{IMAGENET_MEAN, IMAGENET_STD, Transform};
+pub use transform::{IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Transform};

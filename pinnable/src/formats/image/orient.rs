@@ -157,4 +157,40 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn fuzzed_exif_blocks_give_an_orientation_or_none() {
+        let mut seeds = Vec::new();
+        for big in [false, true] {
+            for o in [1, 3, 6, 8] {
+                seeds.push(exif(big, &[(0x010F, 2, 4, 0), (ORIENTATION, 3, 1, o)]));
+            }
+            seeds.push(exif(big, &[(ORIENTATION, 3, 1, 6), (0x0110, 2, 4, 0)]));
+        }
+        crate::fuzz::Fuzz::new("exif_orientation")
+            .seeds(seeds)
+            .tokens(&[
+                b"II*\0",
+                b"MM\0*",
+                b"\x01\x12",
+                b"\x12\x01",
+                b"\0\x03",
+                b"\x03\0",
+            ])
+            .run(|bytes| {
+                let Some(o) = from_exif(bytes) else {
+                    return Ok(());
+                };
+                if !(1..=8).contains(&o) {
+                    return Err(format!("orientation {o}"));
+                }
+                // Every read that found it lies inside the block: bytes after it change nothing.
+                let mut longer = bytes.to_vec();
+                longer.extend([0x01, 0x12, 0x00, 0x03, 0xFF, 0xFF, 0xFF, 0xFF]);
+                match from_exif(&longer) {
+                    Some(again) if again == o => Ok(()),
+                    other => Err(format!("{o} became {other:?} with bytes appended")),
+                }
+            });
+    }
 }

@@ -19,6 +19,11 @@ use crate::error::{Error, Result};
 use crate::loader::SplitMix64;
 use crate::tensor::Tensor;
 
+/// The longest side, in pixels, an output or a resized image may have (2^31 - 1): far past
+/// any real image, yet small enough that every product of sides, channels and element sizes a
+/// transform computes fits a 64-bit `isize`.
+pub const MAX_SIDE: usize = i32::MAX as usize;
+
 /// The ImageNet channel means PyTorch's models expect (RGB, in 0..1).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 /// The ImageNet channel standard deviations PyTorch's models expect (RGB, in 0..1).
@@ -213,8 +218,44 @@ impl Transform {
         [3, size, size]
     }
 
+    /// Refuses sizes whose output or resized image cannot be represented: an output of more
+    /// than `isize::MAX` bytes (no allocation can hold it), or a resize to more than
+    /// [`MAX_SIDE`] pixels a side.
+    fn check(&self) -> Result<()> {
+        let (size, resize) = match self.crop {
+            Crop::Center { resize, size } => (size, resize),
+            Crop::RandomResized { size, .. } => (size, None),
+        };
+        let bytes = [3, size, size, self.dtype().size()]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul)
+            .filter(|&b| b <= isize::MAX as usize);
+        if bytes.is_none() || size > MAX_SIDE {
+            return Err(Error::Config {
+                setting: "transform",
+                problem: format!(
+                    "an output of 3 × {size} × {size} {} cannot be allocated; the output side                      must be at most {MAX_SIDE}",
+                    self.dtype()
+                ),
+            });
+        }
+        if let Some(resize) = resize.filter(|&r| r > MAX_SIDE) {
+            return Err(Error::Config {
+                setting: "transform",
+                problem: format!(
+                    "a resize of the shorter side to {resize} pixels is over the limit of                      {MAX_SIDE}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Where an image of `width × height` goes, with the random draws from `rng`.
-    pub(crate) fn plan(&self, width: usize, height: usize, rng: &mut SplitMix64) -> Plan {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a resized image whose longer side would be over [`MAX_SIDE`].
+    pub(crate) fn plan(&self, width: usize, height: usize, rng: &mut SplitMix64) -> Result<Plan> {
         let full = Rect {
             x: 0,
             y: 0,
@@ -224,7 +265,12 @@ impl Transform {
         let (crop, resized, at) = match self.crop {
             Crop::Center { resize, size } => {
                 let resized = match resize {
-                    Some(s) => shorter_side_to(width, height, s),
+                    Some(s) => shorter_side_to(width, height, s).ok_or_else(|| Error::Config {
+                        setting: "transform",
+                        problem: format!(
+                            "resizing a {width} × {height} image's shorter side to {s} makes                              its longer side over the limit of {MAX_SIDE} pixels"
+                        ),
+                    })?,
                     None => (width, height),
                 };
                 let corner = |len: usize| -> isize {
@@ -242,12 +288,12 @@ impl Transform {
             }
         };
         let flip = self.flip > 0.0 && uniform(rng) < self.flip;
-        Plan {
+        Ok(Plan {
             crop,
             resized,
             at,
             flip,
-        }
+        })
     }
 
     /// Transforms `image` into `out`, a view of shape [`shape`](Self::shape) and dtype
@@ -298,6 +344,7 @@ impl Transform {
     ) -> Result<()> {
         let shape = self.shape();
         no_pixels(image)?;
+        self.check()?;
         if out.dtype() != self.dtype() || out.shape() != shape {
             return Err(Error::Shape(format!(
                 "the transform writes {} {shape:?}, not into a view of {} {:?}",
@@ -312,8 +359,7 @@ impl Transform {
             Table::F16(_) => Out::F16(out.as_mut_slice()?),
             Table::BF16(_) => Out::BF16(out.as_mut_slice()?),
         };
-        self.run(image, out, rng, resampler);
-        Ok(())
+        self.run(image, out, rng, resampler)
     }
 
     /// Transforms `image` into a tensor of its own, drawing from `rng`: what a loader writes
@@ -321,31 +367,34 @@ impl Transform {
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] for an image without pixels.
+    /// [`Error::Shape`] for an image without pixels; [`Error::Config`] for sizes that cannot
+    /// be represented (an output side or a resize over [`MAX_SIDE`]);
+    /// [`Error::HostAlloc`] when the output's memory is refused.
     pub fn apply(&self, image: &Image, rng: SplitMix64) -> Result<Tensor> {
         no_pixels(image)?;
+        self.check()?;
         let shape = self.shape();
-        let n = shape.iter().product();
+        let n = 3 * shape[1] * shape[2];
         let mut resampler = Resampler::default();
         match self.table {
             Table::U8 => {
-                let mut v = vec![0u8; n];
-                self.run(image, Out::U8(&mut v), rng, &mut resampler);
+                let mut v = zeros(n, 0u8)?;
+                self.run(image, Out::U8(&mut v), rng, &mut resampler)?;
                 Tensor::from_vec(v, &shape)
             }
             Table::F32(_) => {
-                let mut v = vec![0f32; n];
-                self.run(image, Out::F32(&mut v), rng, &mut resampler);
+                let mut v = zeros(n, 0f32)?;
+                self.run(image, Out::F32(&mut v), rng, &mut resampler)?;
                 Tensor::from_vec(v, &shape)
             }
             Table::F16(_) => {
-                let mut v = vec![f16::ZERO; n];
-                self.run(image, Out::F16(&mut v), rng, &mut resampler);
+                let mut v = zeros(n, f16::ZERO)?;
+                self.run(image, Out::F16(&mut v), rng, &mut resampler)?;
                 Tensor::from_vec(v, &shape)
             }
             Table::BF16(_) => {
-                let mut v = vec![bf16::ZERO; n];
-                self.run(image, Out::BF16(&mut v), rng, &mut resampler);
+                let mut v = zeros(n, bf16::ZERO)?;
+                self.run(image, Out::BF16(&mut v), rng, &mut resampler)?;
                 Tensor::from_vec(v, &shape)
             }
         }
@@ -353,8 +402,14 @@ impl Transform {
 
     /// Plans `image` with draws from `rng` and writes it into `out`, whose element type is
     /// this transform's.
-    fn run(&self, image: &Image, out: Out<'_>, mut rng: SplitMix64, r: &mut Resampler) {
-        let plan = self.plan(image.width(), image.height(), &mut rng);
+    fn run(
+        &self,
+        image: &Image,
+        out: Out<'_>,
+        mut rng: SplitMix64,
+        r: &mut Resampler,
+    ) -> Result<()> {
+        let plan = self.plan(image.width(), image.height(), &mut rng)?;
         let size = self.shape()[1];
         let at = |c: usize, v: u8| c * 256 + usize::from(v);
         match (&self.table, out) {
@@ -364,6 +419,7 @@ impl Transform {
             (Table::BF16(t), Out::BF16(d)) => write(image, &plan, size, d, r, |c, v| t[at(c, v)]),
             _ => unreachable!("the output's element type is the table's"),
         }
+        Ok(())
     }
 }
 
@@ -387,14 +443,29 @@ fn no_pixels(image: &Image) -> Result<()> {
     Ok(())
 }
 
-/// torchvision's `Resize(s)` size: the shorter side `s`, the longer `int(s * long / short)`.
-fn shorter_side_to(width: usize, height: usize, s: usize) -> (usize, usize) {
-    let long = |long: usize, short: usize| ((s * long) as f64 / short as f64) as usize;
-    if width <= height {
-        (s, long(height, width))
+/// `n` copies of `zero`, or [`Error::HostAlloc`] when the memory is refused.
+fn zeros<T: Copy>(n: usize, zero: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostAlloc {
+        requested: n.saturating_mul(std::mem::size_of::<T>()),
+        source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+    })?;
+    v.resize(n, zero);
+    Ok(v)
+}
+
+/// torchvision's `Resize(s)` size: the shorter side `s`, the longer `int(s * long / short)`;
+/// `None` when the longer side would be over [`MAX_SIDE`].
+fn shorter_side_to(width: usize, height: usize, s: usize) -> Option<(usize, usize)> {
+    let long = |long: usize, short: usize| {
+        let l = (s.checked_mul(long)? as f64 / short as f64) as usize;
+        (l <= MAX_SIDE).then_some(l)
+    };
+    Some(if width <= height {
+        (s, long(height, width)?)
     } else {
-        (long(width, height), s)
-    }
+        (long(width, height)?, s)
+    })
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: ten tries at a random area and aspect ratio

@@ -131,13 +131,13 @@ fn random_crops_stay_inside_and_follow_the_draws() {
     let mut areas = Vec::new();
     for seed in 0..2000 {
         let (w, h) = (1 + seed % 97, 1 + (seed * 7) % 61);
-        let plan = t.plan(w, h, &mut SplitMix64::new(seed as u64));
+        let plan = t.plan(w, h, &mut SplitMix64::new(seed as u64)).unwrap();
         let c = plan.crop;
         assert!(
             c.w >= 1 && c.h >= 1 && c.x + c.w <= w && c.y + c.h <= h,
             "{plan:?} of {w}x{h}"
         );
-        let again = t.plan(w, h, &mut SplitMix64::new(seed as u64));
+        let again = t.plan(w, h, &mut SplitMix64::new(seed as u64)).unwrap();
         assert_eq!(plan, again, "the same draws give the same crop");
         if (w, h) == (96, 60) || w * h > 2000 {
             areas.push((c.w * c.h) as f64 / (w * h) as f64);
@@ -189,5 +189,46 @@ fn normalised_pixels_are_the_u8_pixels_normalised() {
         Transform::center_crop(4)
             .normalize(DType::F32, mean, [0.0; 3])
             .is_err()
+    );
+}
+
+#[test]
+fn sizes_that_cannot_be_represented_are_errors_not_panics() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(3, |d| d.as_nanos() as u64);
+    let mut rng = SplitMix64::new(seed);
+    let (w, h) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
+    let colour = [0; 3].map(|_: u8| rng.next_u64() as u8);
+    let image = Image::from_rgb(w, h, colour.repeat(w * h)).unwrap();
+    let f32s = |t: Transform| t.normalize(DType::F32, [0.5; 3], [0.25; 3]).unwrap();
+    for t in [
+        Transform::center_crop(1 << 32),
+        Transform::center_crop(usize::MAX),
+        Transform::center_crop(MAX_SIDE + 1),
+        Transform::resized_center_crop(usize::MAX / 2, 8),
+        Transform::resized_center_crop(MAX_SIDE + 1, 8),
+        Transform::resized_center_crop(8, usize::MAX / 2),
+        Transform::random_resized_crop(usize::MAX),
+        Transform::random_resized_crop(1 << 31).flip(1.0),
+        f32s(Transform::center_crop(1_500_000_000)),
+        f32s(Transform::resized_center_crop(usize::MAX, 4)),
+    ] {
+        let e = t.apply(&image, SplitMix64::new(seed)).unwrap_err();
+        assert!(matches!(e, Error::Config { .. }), "{t:?}: {e}");
+        assert!(e.to_string().contains("limit") || e.to_string().contains("cannot"));
+    }
+    // A resize whose longer side alone goes over: a tall image, its width to MAX_SIDE / 2.
+    let tall = Image::from_rgb(1, 3, colour.repeat(3)).unwrap();
+    let t = Transform::resized_center_crop(MAX_SIDE / 2, 4);
+    let e = t.apply(&tall, SplitMix64::new(seed)).unwrap_err();
+    assert!(e.to_string().contains("longer side"), "{e}");
+    // Inside the limits, the output is still computed: a one-colour image upscaled about
+    // 2^24 times is that colour everywhere.
+    let t = Transform::resized_center_crop(1 << 24, 4);
+    let x = t.apply(&image, SplitMix64::new(seed)).unwrap();
+    assert_eq!(
+        x.to_vec::<u8>().unwrap(),
+        [[colour[0]; 16], [colour[1]; 16], [colour[2]; 16]].concat()
     );
 }
