@@ -2,11 +2,12 @@
 //! ops consume it at once, on candle's stream.
 //!
 //! ```sh
-//! cargo run --release --example candle_batch --features candle        # candle on the CPU
-//! cargo run --release --example candle_batch --features candle-cuda   # cuda:0 (needs nvcc to build)
+//! cargo run --release --example candle_batch --features candle-cuda   # needs nvcc to build
 //! ```
 //!
-//! Without a GPU (or without the `candle-cuda` feature) the same code runs on the CPU.
+//! `ToDevice` for candle tensors comes with candle's CUDA backend (`candle-cuda`; on a machine
+//! without a CUDA toolkit, `eval "$(scripts/cuda-build-env.sh)"` first). Without a GPU the
+//! same code runs on the CPU.
 
 use std::time::Instant;
 
@@ -20,9 +21,9 @@ struct Batch {
     labels: candle::Tensor,
 }
 
-/// candle's `cuda:0` when this build has candle's CUDA backend and a GPU is there.
+/// candle's `cuda:0` when a GPU is there.
 fn candle_device() -> candle::Device {
-    if cfg!(feature = "candle-cuda") && pinnable::Device::is_available() {
+    if pinnable::Device::is_available() {
         match candle::Device::new_cuda(0) {
             Ok(d) => return d,
             Err(e) => println!("candle cannot open cuda:0 ({e}); running on the CPU"),

@@ -98,10 +98,7 @@ fn epoch(
 }
 
 fn main() -> pinnable::Result<()> {
-    let o = options().map_err(|problem| pinnable::Error::Config {
-        setting: "arguments",
-        problem,
-    })?;
+    let o = options().map_err(pinnable::Error::other)?;
     let dir: PathBuf = std::env::temp_dir().join(format!("image-folder-{}", std::process::id()));
     let mut r = rand::rngs::SmallRng::seed_from_u64(11);
     let bytes = images::write_folder(&mut r, &dir, o.classes, o.per_class, (500, 375));

@@ -430,8 +430,5 @@ fn main() -> pinnable::Result<()> {
 }
 
 fn failed(message: String) -> pinnable::Error {
-    pinnable::Error::Field {
-        path: "multi_gpu".into(),
-        message,
-    }
+    pinnable::Error::other(message)
 }

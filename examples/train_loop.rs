@@ -131,12 +131,10 @@ fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(TensorRows, Vec<i64>)> 
         return Ok((TensorRows::new(Tensor::from_vec(pixels, &shape)?)?, labels));
     }
     let (images_npy, labels_npy) = (dir.join("images.npy"), dir.join("labels.npy"));
-    let io = |e: std::io::Error| pinnable::Error::Npy {
-        path: dir.display().to_string(),
-        problem: e.to_string(),
-    };
-    save_npy(&images_npy, "<f4", &shape, as_bytes(&pixels)).map_err(io)?;
-    save_npy(&labels_npy, "<i8", &[o.samples], as_bytes(&labels)).map_err(io)?;
+    save_npy(&images_npy, "<f4", &shape, as_bytes(&pixels))
+        .map_err(|e| pinnable::Error::io(&images_npy, e))?;
+    save_npy(&labels_npy, "<i8", &[o.samples], as_bytes(&labels))
+        .map_err(|e| pinnable::Error::io(&labels_npy, e))?;
     drop(pixels);
     // From here on, the data is what a Python user saved: no conversion step.
     // SAFETY: this program wrote the two files above and nothing writes them while mapped.
@@ -161,15 +159,9 @@ fn progress(done: usize, total: usize, started: Instant, waited_share: f64) {
 }
 
 fn main() -> pinnable::Result<()> {
-    let o = options().map_err(|problem| pinnable::Error::Config {
-        setting: "arguments",
-        problem,
-    })?;
+    let o = options().map_err(pinnable::Error::other)?;
     let dir: PathBuf = std::env::temp_dir().join(format!("train-loop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| pinnable::Error::Npy {
-        path: dir.display().to_string(),
-        problem: e.to_string(),
-    })?;
+    std::fs::create_dir_all(&dir).map_err(|e| pinnable::Error::io(&dir, e))?;
     let (images, labels) = dataset(&o, &dir)?;
     let device = match Device::cuda(0) {
         Ok(d) if !o.cpu => d,

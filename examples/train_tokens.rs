@@ -121,21 +121,12 @@ fn step(batch: &TokenBatch) -> pinnable::Result<u64> {
 }
 
 fn main() -> pinnable::Result<()> {
-    let o = options().map_err(|problem| Error::Config {
-        setting: "arguments",
-        problem,
-    })?;
+    let o = options().map_err(Error::other)?;
     let dir = std::env::temp_dir().join(format!("train-tokens-{}", std::process::id()));
-    let io = |e: std::io::Error| Error::TokenShard {
-        path: dir.display().to_string(),
-        field: "file".into(),
-        problem: e.to_string(),
-    };
-    std::fs::create_dir_all(&dir).map_err(io)?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let paths = (0..3)
         .map(|s| write_shard(&dir, s, o.tokens + s * 1000))
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(io)?;
+        .collect::<std::io::Result<Vec<_>>>()?;
 
     let started = Instant::now();
     let residency = if o.mapped {
@@ -204,12 +195,14 @@ fn main() -> pinnable::Result<()> {
         }
     }
     let checkpoint = dir.join("position.bin");
-    std::fs::write(&checkpoint, loader.position().to_bytes()).map_err(io)?;
+    std::fs::write(&checkpoint, loader.position().to_bytes())
+        .map_err(|e| Error::io(&checkpoint, e))?;
     println!("stopped after {stop} batches at {}", loader.position());
     drop(loader);
 
     // A new process would start here: the position from the checkpoint, another worker count.
-    let position = Position::from_bytes(&std::fs::read(&checkpoint).map_err(io)?)?;
+    let saved = std::fs::read(&checkpoint).map_err(|e| Error::io(&checkpoint, e))?;
+    let position = Position::from_bytes(&saved)?;
     let t = Instant::now();
     let resumed = builder(o.workers.div_ceil(2))
         .resume(position)
@@ -236,15 +229,12 @@ fn main() -> pinnable::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     if got != whole {
-        return Err(Error::Config {
-            setting: "resume",
-            problem: format!(
-                "the stopped and resumed runs delivered other batches than the uninterrupted \
-                 one ({} against {})",
-                got.len(),
-                whole.len()
-            ),
-        });
+        return Err(Error::other(format!(
+            "the stopped and resumed runs delivered other batches than the uninterrupted one \
+             ({} against {})",
+            got.len(),
+            whole.len()
+        )));
     }
     println!(
         "the stopped and the resumed runs delivered the uninterrupted run's {} batches, in order",

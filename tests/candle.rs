@@ -4,8 +4,12 @@
 #![cfg(feature = "candle")]
 
 use candle_core as candle;
-use pinnable::{DType, Device, Error, Tensor, ToDevice};
-use pinnable_harness::{bytes_of, random_host_view, random_tensor, rng};
+use pinnable::{DType, Error, Tensor};
+#[cfg(feature = "candle-cuda")]
+use pinnable::{Device, ToDevice};
+#[cfg(feature = "candle-cuda")]
+use pinnable_harness::random_tensor;
+use pinnable_harness::{bytes_of, random_host_view, rng};
 use rand::Rng;
 
 /// The dtypes both sides have.
@@ -98,6 +102,8 @@ fn a_candle_write_waits_for_our_read_of_its_storage() {
     writer.join().unwrap();
 }
 
+// `ToDevice` for candle tensors comes with candle's CUDA backend.
+#[cfg(feature = "candle-cuda")]
 #[derive(ToDevice)]
 struct Batch {
     images: candle::Tensor,
@@ -106,6 +112,7 @@ struct Batch {
     ours: Tensor,
 }
 
+#[cfg(feature = "candle-cuda")]
 /// A batch of candle CPU tensors with fresh random values, and the values.
 fn random_batch(r: &mut impl Rng) -> (Batch, Vec<f32>, Vec<i64>) {
     let b = r.random_range(1..9);
@@ -146,6 +153,7 @@ fn random_batch(r: &mut impl Rng) -> (Batch, Vec<f32>, Vec<i64>) {
     (batch, images, labels)
 }
 
+#[cfg(feature = "candle-cuda")]
 fn same(a: &candle::Tensor, b: &candle::Tensor) -> bool {
     let bytes = |t: &candle::Tensor| {
         Tensor::from_candle(&t.to_device(&candle::Device::Cpu).unwrap())
@@ -155,6 +163,7 @@ fn same(a: &candle::Tensor, b: &candle::Tensor) -> bool {
     a.dims() == b.dims() && a.dtype() == b.dtype() && bytes(a) == bytes(b)
 }
 
+#[cfg(feature = "candle-cuda")]
 #[test]
 fn a_batch_with_candle_fields_moves_to_the_host_unchanged() {
     let mut r = rng("a_batch_with_candle_fields_moves_to_the_host_unchanged");

@@ -190,7 +190,13 @@ fn cuda_is_unavailable_here_without_panicking() {
     let reason = pinnable::Device::unavailable_reason().unwrap();
     let err = pinnable::Device::cuda(0).unwrap_err();
     assert!(matches!(err, Error::CudaUnavailable { .. }));
-    assert_eq!(err.to_string(), format!("CUDA is unavailable: {reason}"));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "CUDA is unavailable: {reason}; to run without a GPU, use `Device::cpu()` \
+             (batches stay pinned in host memory)"
+        )
+    );
     // Moving host data to the host shares it and needs no driver.
     let t = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
     assert!(

@@ -1,5 +1,6 @@
 //! The one error type of the crate.
 
+use std::path::Path;
 use std::time::Duration;
 
 /// A specialized `Result` whose error is [`Error`].
@@ -9,7 +10,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Each variant carries the facts a caller needs to act on it: the field path
 /// inside the batch, the bytes involved, the budget, the driver's result code.
-#[derive(Debug, thiserror::Error)]
+///
+/// Code called by the crate (a [`Dataset`](crate::loader::Dataset)'s `get`, a batcher, an
+/// impl of the traits) raises its own failures with `?`: a [`std::io::Error`] converts into
+/// [`Error::Io`], and [`Error::other`] wraps any other error, which stays reachable through
+/// [`std::error::Error::source`].
+///
+/// `Debug` prints the variant's name and the same words as `Display`, so `?` in `main` shows
+/// the advice too:
+///
+/// ```
+/// let err = pinnable::Error::from(std::io::Error::other("disk on fire"));
+/// assert_eq!(format!("{err:?}"), "Io: input/output failed: disk on fire");
+/// ```
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A tensor that is not dense CPU data was asked to be pinned.
@@ -26,7 +40,10 @@ pub enum Error {
     },
 
     /// No CUDA driver, no device, or the device ordinal does not exist.
-    #[error("CUDA is unavailable: {reason}")]
+    #[error(
+        "CUDA is unavailable: {reason}; to run without a GPU, use `Device::cpu()` \
+         (batches stay pinned in host memory)"
+    )]
     CudaUnavailable {
         /// Why, in words: the driver library was not found, no device is visible, ...
         reason: String,
@@ -281,6 +298,52 @@ pub enum Error {
         /// Its value in this loader.
         current: String,
     },
+
+    /// Reading or writing a file (or another operating-system stream) failed. `?` on a
+    /// [`std::io::Error`] gives this variant without a path; [`Error::io`] names the file.
+    #[error("input/output failed{}: {source}", on(path))]
+    Io {
+        /// The file, when the caller named it.
+        path: Option<String>,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A failure of the caller's own code (a dataset, a batcher, an impl of the traits) that
+    /// has no variant here, made by [`Error::other`]. The original error is the
+    /// [`source`](std::error::Error::source), to downcast.
+    #[error("{source}")]
+    Other {
+        /// The caller's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
+    /// An API was called in a way it does not allow (a handle of another batch, a call in the
+    /// wrong order); a bug in the calling code, not a problem with the data.
+    #[error("`{call}` was misused: {problem}")]
+    Misuse {
+        /// The method, e.g. `Collated::view_mut`.
+        call: &'static str,
+        /// What was wrong and what to do instead.
+        problem: String,
+    },
+}
+
+impl std::fmt::Debug for Error {
+    /// The variant's name, then the `Display` text: what went wrong and what to do, as a
+    /// `Result` returned from `main` prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {self}", self.variant())
+    }
+}
+
+fn on(path: &Option<String>) -> String {
+    match path {
+        Some(p) => format!(" on `{p}`"),
+        None => String::new(),
+    }
 }
 
 fn at(path: &Option<String>) -> String {
@@ -291,6 +354,81 @@ fn at(path: &Option<String>) -> String {
 }
 
 impl Error {
+    /// Wraps an error of the caller's own (a parser's, a network client's, a message) as
+    /// [`Error::Other`], keeping it as the [`source`](std::error::Error::source).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    ///
+    /// fn parse(text: &str) -> pinnable::Result<u32> {
+    ///     text.trim().parse::<u32>().map_err(pinnable::Error::other)
+    /// }
+    ///
+    /// let err = parse("twelve").unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid digit found in string");
+    /// assert!(err.source().unwrap().is::<std::num::ParseIntError>());
+    /// ```
+    pub fn other<E>(error: E) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    {
+        Error::Other {
+            source: error.into(),
+        }
+    }
+
+    /// An [`Error::Io`] that names the file it happened on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let path = "no/such/file.bin";
+    /// let err = std::fs::read(path).map_err(|e| pinnable::Error::io(path, e)).unwrap_err();
+    /// assert!(err.to_string().starts_with("input/output failed on `no/such/file.bin`: "));
+    /// ```
+    pub fn io(path: impl AsRef<Path>, error: std::io::Error) -> Self {
+        Error::Io {
+            path: Some(path.as_ref().display().to_string()),
+            source: error,
+        }
+    }
+
+    /// The variant's name, as `Debug` prints it.
+    fn variant(&self) -> &'static str {
+        match self {
+            Error::NotDenseCpu { .. } => "NotDenseCpu",
+            Error::CudaUnavailable { .. } => "CudaUnavailable",
+            Error::Driver { .. } => "Driver",
+            Error::DeviceOutOfMemory { .. } => "DeviceOutOfMemory",
+            Error::MemlockLimit { .. } => "MemlockLimit",
+            Error::HostAlloc { .. } => "HostAlloc",
+            Error::BudgetExceeded { .. } => "BudgetExceeded",
+            Error::Shape(_) => "Shape",
+            Error::DTypeMismatch { .. } => "DTypeMismatch",
+            Error::WrongPlacement { .. } => "WrongPlacement",
+            Error::Shared { .. } => "Shared",
+            Error::Interop { .. } => "Interop",
+            Error::Field { .. } => "Field",
+            Error::Sample { .. } => "Sample",
+            Error::Panicked { .. } => "Panicked",
+            Error::IndexOutOfRange { .. } => "IndexOutOfRange",
+            Error::Config { .. } => "Config",
+            Error::Launcher { .. } => "Launcher",
+            Error::Image { .. } => "Image",
+            Error::ImageFolder { .. } => "ImageFolder",
+            Error::Npy { .. } => "Npy",
+            Error::TokenShard { .. } => "TokenShard",
+            Error::Tar { .. } => "Tar",
+            Error::Position { .. } => "Position",
+            Error::Resume { .. } => "Resume",
+            Error::Io { .. } => "Io",
+            Error::Other { .. } => "Other",
+            Error::Misuse { .. } => "Misuse",
+        }
+    }
+
     /// Builds a [`Error::Driver`] from a cudarc driver error without touching its `Debug`
     /// (which itself calls into the driver).
     pub(crate) fn driver(call: &'static str, err: cudarc::driver::DriverError) -> Self {
@@ -309,5 +447,16 @@ impl Error {
             *p = Some(path.to_owned());
         }
         self
+    }
+}
+
+impl From<std::io::Error> for Error {
+    /// An [`Error::Io`] without a path, for `?` on `std::fs` and `std::io` calls; use
+    /// [`Error::io`] to name the file.
+    fn from(error: std::io::Error) -> Self {
+        Error::Io {
+            path: None,
+            source: error,
+        }
     }
 }

@@ -118,3 +118,8 @@ pub mod __private {
     pub use core::clone::Clone;
     pub use core::result::Result::{Err, Ok};
 }
+
+/// The README's code blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

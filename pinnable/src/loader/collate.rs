@@ -507,13 +507,17 @@ pub struct Collated {
 }
 
 impl Collated {
-    fn check(&self, slot: Slot) -> Result<()> {
+    fn check(&self, call: &'static str, slot: Slot) -> Result<()> {
         if slot.index() >= self.slots {
-            return Err(Error::Shape(format!(
-                "slot {} does not belong to this batch, which has {} tensors",
-                slot.index(),
-                self.slots
-            )));
+            return Err(Error::Misuse {
+                call,
+                problem: format!(
+                    "slot {} does not belong to this batch, which has {} tensors; pass the \
+                     slots the collator returned while planning this batch",
+                    slot.index(),
+                    self.slots
+                ),
+            });
         }
         Ok(())
     }
@@ -523,14 +527,17 @@ impl Collated {
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] for a slot of another batch, or after a `take`.
+    /// [`Error::Misuse`] for a slot of another batch, or after a `take`.
     pub fn view_mut(&mut self, slot: Slot) -> Result<TensorMut<'_>> {
-        self.check(slot)?;
+        self.check("Collated::view_mut", slot)?;
         match &mut self.batch {
             Some(batch) => Ok(batch.view_mut(slot)),
-            None => Err(Error::Shape(
-                "the batch's tensors were already taken; write them before the first `take`".into(),
-            )),
+            None => Err(Error::Misuse {
+                call: "Collated::view_mut",
+                problem: "the batch's tensors were already taken; write them before the first \
+                          `take`"
+                    .into(),
+            }),
         }
     }
 
@@ -539,9 +546,9 @@ impl Collated {
     ///
     /// # Errors
     ///
-    /// [`Error::Shape`] for a slot of another batch.
+    /// [`Error::Misuse`] for a slot of another batch.
     pub fn take(&mut self, slot: Slot) -> Result<Tensor> {
-        self.check(slot)?;
+        self.check("Collated::take", slot)?;
         if let Some(batch) = self.batch.take() {
             self.tensors = batch.finish();
         }

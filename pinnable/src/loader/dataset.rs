@@ -27,6 +27,48 @@ use crate::tensor::Tensor;
 /// assert!(Dataset::get(&data, 3).is_err());
 /// # Ok::<(), pinnable::Error>(())
 /// ```
+///
+/// Your own dataset, one file a sample: `?` turns a [`std::io::Error`] into
+/// [`Error::Io`](crate::Error::Io), and [`Error::other`](crate::Error::other) carries any other
+/// failure of yours. The loader reports either as the sample's [`Error::Sample`].
+///
+/// ```
+/// use std::path::PathBuf;
+/// use pinnable::loader::Dataset;
+///
+/// struct Texts {
+///     paths: Vec<PathBuf>,
+/// }
+///
+/// impl Dataset for Texts {
+///     type Sample = Vec<u8>;
+///
+///     fn len(&self) -> usize {
+///         self.paths.len()
+///     }
+///
+///     fn get(&self, index: usize) -> pinnable::Result<Vec<u8>> {
+///         let bytes = std::fs::read(&self.paths[index])?;
+///         if bytes.is_empty() {
+///             return Err(pinnable::Error::other(format!("sample {index} is empty")));
+///         }
+///         Ok(bytes)
+///     }
+/// }
+///
+/// let dir = std::env::temp_dir().join(format!("pinnable-texts-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// std::fs::write(dir.join("a.txt"), "a sample")?;
+/// let texts = Texts {
+///     paths: vec![dir.join("a.txt"), dir.join("missing.txt")],
+/// };
+/// assert_eq!(texts.get(0)?, b"a sample");
+/// let err = texts.get(1).unwrap_err();
+/// assert!(matches!(&err, pinnable::Error::Io { source, .. }
+///     if source.kind() == std::io::ErrorKind::NotFound));
+/// std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), pinnable::Error>(())
+/// ```
 pub trait Dataset: Send + Sync {
     /// What one index yields: a tensor, a struct of tensors and numbers, ...
     type Sample: Send;
