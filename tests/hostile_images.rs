@@ -9,51 +9,15 @@
 //! test and nothing else runs beside it.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pinnable::formats::image::{Decoder, ImageFolder};
 use pinnable_harness::images::{self, Jpeg};
-use pinnable_harness::rng;
+use pinnable_harness::{peak, rng};
 use rand::Rng;
 
 const TIME: Duration = Duration::from_millis(100);
 const MEMORY: u64 = 64 << 20;
-
-/// A `/proc/self/status` field in bytes.
-fn status(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kib: u64 = line[field.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib << 10)
-}
-
-/// Resets the high-water mark to the current resident size; false where the kernel cannot.
-fn reset_peak() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// The high-water mark can be reset here: memory touched and freed before a reset no longer
-/// counts after it.
-fn peak_gauge_works() -> bool {
-    if !reset_peak() {
-        return false;
-    }
-    let mut big = vec![0u8; 256 << 20];
-    for page in big.chunks_mut(4096) {
-        page[0] = 1;
-    }
-    std::hint::black_box(&big);
-    drop(big);
-    let before = status("VmHWM:").unwrap_or(0);
-    reset_peak();
-    let after = status("VmHWM:").unwrap_or(u64::MAX);
-    before >= after + (200 << 20)
-}
 
 /// The IEEE CRC-32 PNG chunks end with.
 fn crc32(bytes: &[u8]) -> u32 {
@@ -100,7 +64,7 @@ struct Outcome {
 
 #[test]
 fn hostile_image_files_are_refused_or_decoded_in_bounded_time_and_memory() {
-    if !cfg!(target_os = "linux") || !peak_gauge_works() {
+    if !peak::gauge_works() {
         println!("skipped: the peak resident memory cannot be reset here (/proc/self/clear_refs)");
         return;
     }
@@ -207,10 +171,7 @@ fn hostile_image_files_are_refused_or_decoded_in_bounded_time_and_memory() {
     let mut outcomes = Vec::new();
     for (case, bytes) in &cases {
         let path = format!("hostile/{case}");
-        reset_peak();
-        let base = status("VmRSS:").expect("VmRSS");
-        let start = Instant::now();
-        let result = {
+        let (result, took, peak) = peak::measure(|| {
             let mut d = Decoder::new();
             d.decode(bytes, Path::new(&path))
                 .map(|i| {
@@ -218,9 +179,7 @@ fn hostile_image_files_are_refused_or_decoded_in_bounded_time_and_memory() {
                     (i.width(), i.height())
                 })
                 .map_err(|e| e.to_string())
-        };
-        let took = start.elapsed();
-        let peak = status("VmHWM:").expect("VmHWM").saturating_sub(base);
+        });
         if let Err(e) = &result {
             assert!(
                 e.contains(&path),
