@@ -63,6 +63,8 @@
 //! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on.
 
 #![warn(missing_docs)]
+// On docs.rs (nightly), items behind a cargo feature show the feature they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod alloc;
 mod batch;

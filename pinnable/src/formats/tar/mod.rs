@@ -18,7 +18,7 @@
 //!   ([`Error::Tar`]) name the shard and the byte offset. Our own reader rather than the `tar`
 //!   crate: members must stay byte ranges of the mapped shard (the `tar` crate reads through
 //!   `io::Read` into buffers), and the index pass reads headers only.
-//! - **Grouping** as webdataset 1.0 does it (see [`Grouper`](group) rules): key and extension
+//! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
 //!   is an error naming the shard and the key, `__*__` members skipped.
 //! - **Equal batches on every rank**: the index pass counts every shard's samples, so each rank
