@@ -1,4 +1,4 @@
-//! The one error type of the crate.
+//! The one error type of the crate, and the names of the driver result codes it reports.
 
 use std::path::Path;
 use std::time::Duration;
@@ -435,7 +435,7 @@ impl Error {
         let code = err.0 as u32;
         Error::Driver {
             call,
-            name: crate::cuda::result_name(err.0),
+            name: result_name(err.0),
             code,
             path: None,
         }
@@ -459,4 +459,9 @@ impl From<std::io::Error> for Error {
             source: error,
         }
     }
+}
+
+/// The name of a `CUresult`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`, read without calling the driver.
+pub(crate) fn result_name(code: cudarc::driver::sys::CUresult) -> String {
+    format!("{code:?}")
 }

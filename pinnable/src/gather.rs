@@ -25,9 +25,10 @@ use crate::alloc::PinnedPool;
 use crate::convert::Convert;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::pieces::{GatherRoute, StartTable, parts_of};
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::{Placement, Tensor};
-use crate::transfer::{GATHER_DIRECT_MIN, MoveContext, Stacking, StartTable, ToDevice};
+use crate::transfer::{MoveContext, Stacking, ToDevice};
 
 /// Pieces of a source tensor — rows along its first dimension, or windows of a 1-D array — to
 /// be stacked into one contiguous tensor by the move that carries them, converted on the way
@@ -329,31 +330,6 @@ impl Gather {
     }
 }
 
-/// How a move to a CUDA device gathers pieces of a pinned source. (Device sources are read in
-/// place; pageable ones are always gathered on the host first.)
-///
-/// Whatever the route, a move never fails for want of the gather kernels (an old driver, a JIT
-/// failure, `PINNABLE_GATHER_KERNELS=0`): it takes the copy engine and host staging instead,
-/// and [`Device::gather_kernels`](crate::Device::gather_kernels) says why.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GatherRoute {
-    /// Each run of consecutive pieces read where it lies: by the gather kernels below 512 KiB,
-    /// by the copy engine (one copy) from 512 KiB up, where it is as fast and leaves the SMs to
-    /// the training step. Without the kernels: the copy engine for runs of at least 256 KiB on
-    /// average, host staging below.
-    #[default]
-    Auto,
-    /// One copy-engine copy a run, straight from the source: host memory is read once and no SM
-    /// is used, but each copy costs the copy engine microseconds of its own. (Conversions, which
-    /// the copy engine cannot make, run on the SMs.)
-    Direct,
-    /// Every run read in place by the gather kernels, whatever its size.
-    Kernel,
-    /// Gathered into pinned staging by the copy threads, then sent in a few large copies: each
-    /// byte crosses host memory three times.
-    Host,
-}
-
 impl From<Tensor> for Gather {
     /// A gather that is already stacked: `t` itself.
     fn from(t: Tensor) -> Gather {
@@ -438,17 +414,6 @@ impl fmt::Debug for Gather {
     }
 }
 
-/// Views of `source`, one per run, in order.
-pub(crate) fn parts_of(source: &Tensor, runs: &[Range<usize>]) -> Vec<Tensor> {
-    runs.iter()
-        .map(|r| {
-            source
-                .narrow(0, r.start, r.len())
-                .expect("runs lie within the source")
-        })
-        .collect()
-}
-
 /// The length of a 1-D `source` of windows, or why it is not one.
 fn window_source_len(source: &Tensor) -> Result<usize> {
     match source.shape() {
@@ -511,12 +476,3 @@ fn runs_of(
     }
     Ok((out, runs))
 }
-
-const _: () = assert!(
-    GATHER_DIRECT_MIN == 256 << 10,
-    "GatherRoute::Auto's docs name it"
-);
-const _: () = assert!(
-    crate::transfer::SM_MAX_PIECE == 512 << 10,
-    "GatherRoute::Auto's docs name it"
-);

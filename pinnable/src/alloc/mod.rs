@@ -52,6 +52,19 @@ pub trait Fence: Send + Sync {
     fn wait(&self);
 }
 
+/// A CUDA event is the fence of the copy recorded before it.
+impl Fence for crate::cuda::Event {
+    fn is_complete(&self) -> bool {
+        crate::cuda::Event::is_complete(self)
+    }
+
+    fn wait(&self) {
+        // A failed copy is reported by the call that issued it or by the next synchronisation;
+        // here only the ordering matters.
+        let _ = self.synchronize();
+    }
+}
+
 /// Which backend a pool takes page-locked memory from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -3,8 +3,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::pieces::StartTable;
 use crate::tensor::HostSrc;
-use crate::transfer::StartTable;
 
 /// RowCopies of `len` bytes, row `i` at `base + starts[i] * stride`: a gather's pieces, described by
 /// its start table, so that planning and tracking a copy of many small rows costs nothing per

@@ -1,6 +1,6 @@
 use super::*;
 use crate::loader::SplitMix64;
-use crate::transfer::StartTable;
+use crate::pieces::StartTable;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -212,18 +212,6 @@ impl Drop for Event {
     }
 }
 
-impl crate::alloc::Fence for Event {
-    fn is_complete(&self) -> bool {
-        Event::is_complete(self)
-    }
-
-    fn wait(&self) {
-        // A failed copy is reported by the call that issued it or by the next synchronisation;
-        // here only the ordering matters.
-        let _ = self.synchronize();
-    }
-}
-
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

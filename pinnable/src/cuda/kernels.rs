@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 
-use super::{CudaDevice, Device, result_name};
+use super::{CudaDevice, Device};
 use crate::dtype::DType;
+use crate::error::result_name;
 
 /// The PTX of `pinnable/kernels/gather.cu`, built by `scripts/ptx.sh`.
 const GATHER_PTX: &str = concat!(include_str!("../../kernels/gather.ptx"), "\0");

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, result, sys};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, result_name};
 
 mod event;
 mod kernels;
@@ -77,11 +77,6 @@ pub(crate) fn unavailable_reason() -> Option<String> {
         Error::CudaUnavailable { reason } => reason,
         other => other.to_string(),
     })
-}
-
-/// The name of a `CUresult`, e.g. `CUDA_ERROR_OUT_OF_MEMORY`, read without calling the driver.
-pub(crate) fn result_name(code: sys::CUresult) -> String {
-    format!("{code:?}")
 }
 
 /// Where a value lives: host or a device. Cheap to clone.

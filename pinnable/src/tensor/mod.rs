@@ -1,6 +1,5 @@
 mod host;
 mod layout;
-mod pinned;
 mod storage;
 #[cfg(test)]
 mod tests;

@@ -5,9 +5,7 @@ mod issue;
 mod plan;
 mod stacked;
 
-pub(crate) use engine::SM_MAX_PIECE;
-pub(crate) use engine::starts::StartTable;
-pub(crate) use stacked::{GATHER_DIRECT_MIN, Stacking};
+pub(crate) use stacked::Stacking;
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;

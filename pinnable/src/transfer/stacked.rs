@@ -11,24 +11,14 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::engine::sm::{Indexed, SmJob, SmOp, SmPiece, SmWork};
-use super::engine::starts::StartTable;
 use super::engine::{self, Engine, GatherPath, Source};
 use super::{MoveContext, Pass};
 use crate::check;
 use crate::convert::{self, Convert, Resolved};
 use crate::copy::{HostCopy, RowCopies, Src};
 use crate::error::{Error, Result};
-use crate::gather::{GatherRoute, parts_of};
+use crate::pieces::{GatherRoute, StartTable, parts_of};
 use crate::tensor::{Data, Tensor};
-
-/// Runs of at least this many bytes on average are copied straight from the source by
-/// [`GatherRoute::Auto`] when the gather kernels do not run; smaller ones are gathered on the
-/// host first. Each copy costs the copy engine some time of its own even when the copies go in
-/// one batched call: on an H100 over PCIe Gen5, 32 MiB of random rows took 1.29 ms as 64 KiB
-/// copies, 0.83 ms as 256 KiB ones and 0.70 ms as 1 MiB ones, against 1.13–1.19 ms, 0.95–1.13 ms
-/// and 0.88–0.97 ms gathered on the host and 0.61–0.65 ms for one copy (two machine instances);
-/// the routes cross between 64 and 256 KiB.
-pub(crate) const GATHER_DIRECT_MIN: usize = 256 << 10;
 
 /// What a gather stacks: pieces of `piece` consecutive indices of `source`'s first dimension
 /// from each of `starts` (the same bytes as `runs`, merged where consecutive), into `shape`,

@@ -219,8 +219,8 @@ mod tests {
     use super::*;
     use crate::copy::{RowCopies, Src};
     use crate::loader::SplitMix64;
+    use crate::pieces::StartTable;
     use crate::tensor::HostSrc;
-    use crate::transfer::StartTable;
 
     const KIB: usize = 1 << 10;
 

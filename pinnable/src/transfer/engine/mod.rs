@@ -16,9 +16,8 @@
 pub(super) mod dma;
 pub(super) mod host;
 pub(crate) mod sm;
-pub(crate) mod starts;
 
-use crate::gather::GatherRoute;
+use crate::pieces::{GATHER_DIRECT_MIN, GatherRoute, SM_MAX_PIECE};
 use dma::{Dir, DirectCopy};
 use sm::SmPiece;
 
@@ -30,12 +29,6 @@ pub(crate) enum Engine {
     /// The gather kernels.
     Sms,
 }
-
-/// Pieces of at least this many bytes go to the copy engine, smaller ones to the SMs (when
-/// they can read them). Measured on an H100 over PCIe Gen5 (32 MiB batches of random rows of a
-/// pinned array): the kernels reach 0.9× one large copy from 256 B rows up, the copy engine
-/// only from about 512 KiB rows (batched), and leaves the SMs free.
-pub(crate) const SM_MAX_PIECE: usize = 512 << 10;
 
 /// Where a gather's source lies, as far as the engines are concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +82,7 @@ pub(crate) fn gather_path(
             _ if kernels => in_place(None),
             // No kernels: the copy engine for large runs, the host for small ones.
             _ if converts => staged,
-            _ if bytes >= super::GATHER_DIRECT_MIN.saturating_mul(runs) => in_place(None),
+            _ if bytes >= GATHER_DIRECT_MIN.saturating_mul(runs) => in_place(None),
             _ => staged,
         },
     }

@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
-use super::starts::StartTable;
 use crate::alloc::{PinnedBlock, PinnedPool};
 use crate::convert::{Convert, Resolved};
 use crate::cuda::{CudaDevice, Function, Kernels};
 use crate::error::{Error, Result};
+use crate::pieces::StartTable;
 
 /// One piece for the SMs: `count` source elements at `src`, written from `dst` on; `first` is
 /// the index, in the gathered tensor, of the piece's first element (for per-channel maps).

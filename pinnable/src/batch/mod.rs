@@ -1,3 +1,8 @@
+//! Batches built in place in one pinned block ([`BatchLayout`], [`PinnedBatch`], [`TensorMut`]),
+//! and the pinned tensor constructors built on them (`Tensor::empty_pinned` and the like).
+
+mod tensors;
+
 use std::marker::PhantomData;
 use std::sync::Arc;
 

@@ -1,9 +1,9 @@
 //! Tensors built in place in page-locked memory: no pageable intermediate, no second copy.
 
-use super::Tensor;
-use crate::batch::{BatchLayout, TensorMut};
+use super::{BatchLayout, TensorMut};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::tensor::Tensor;
 
 /// A one-tensor batch of `dtype` and `shape`, written by `fill`.
 fn build(
@@ -152,6 +152,6 @@ impl Tensor {
     ///
     /// [`Error::WrongPlacement`] for a device tensor; as [`empty_pinned`](Self::empty_pinned).
     pub fn to_own_block(&self) -> Result<Tensor> {
-        build(self.dtype, &self.shape, |mut v| v.copy_from(self))
+        build(self.dtype(), self.shape(), |mut v| v.copy_from(self))
     }
 }
