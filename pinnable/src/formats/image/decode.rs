@@ -747,6 +747,15 @@ mod tests {
             seed!("gray16.png"),
             seed!("interlaced.png"),
             seed!("gray-alpha.png"),
+            // Chroma at most two samples wide, decoded under a rewritten frame header.
+            (
+                "4x37-420.jpg",
+                include_bytes!("../../../tests/data/small420/4x37-420.jpg").to_vec(),
+            ),
+            (
+                "3x21-422p.jpg",
+                include_bytes!("../../../tests/data/small420/3x21-422p.jpg").to_vec(),
+            ),
         ]
     }
 
