@@ -39,11 +39,15 @@ pub(super) fn layout(frame: &[u8], scan_components: u8) -> Option<Narrow> {
     let f = frame.first_chunk::<19>()?;
     let (marker, width, components) = (f[1], u16::from_be_bytes([f[7], f[8]]), f[9]);
     let (y, cb, cr) = (f[11], f[14], f[17]);
+    // The rewritten 4:2:0 frame's height, 32 rows an MCU, still fits its field.
+    let mcu_rows = usize::from(u16::from_be_bytes([f[5], f[6]])).div_ceil(16);
     if f[0] != 0xFF || components != 3 || !(1..=4).contains(&width) || cb != 0x11 || cr != 0x11 {
         return None;
     }
     match (y, marker) {
-        (0x22, 0xC0 | 0xC1) if scan_components == 3 => Some(Narrow::Quarter),
+        (0x22, 0xC0 | 0xC1) if scan_components == 3 && mcu_rows * 32 <= 0xFFFF => {
+            Some(Narrow::Quarter)
+        }
         (0x21, 0xC0..=0xC2) => Some(Narrow::Half),
         _ => None,
     }
@@ -86,12 +90,8 @@ fn planes(
         Narrow::Quarter => (width, height.div_ceil(16) * 32),
         Narrow::Half => (4, height),
     };
-    let decoded_height = u16::try_from(decoded_height).map_err(|_| {
-        format!(
-            "a 4:2:0 JPEG {height} rows tall and at most 4 pixels wide: its chroma cannot be \
-             repeated as libjpeg does above 32752 rows (re-save it without chroma subsampling)"
-        )
-    })?;
+    let decoded_height = u16::try_from(decoded_height)
+        .map_err(|_| format!("corrupt JPEG: {height} rows do not fit its frame header"))?;
     let mut patched = bytes.to_vec();
     let header = patched
         .get_mut(frame..frame + 19)
@@ -224,6 +224,14 @@ mod tests {
             None,
             "cut short"
         );
+        // 4:2:0 up to 2047 MCUs tall: 32752 rows, decoded as 65504.
+        let mut tall = frame(0xC0, 4, 0x22, 0x11);
+        tall[5..7].copy_from_slice(&32752u16.to_be_bytes());
+        assert_eq!(layout(&tall, 3), Some(Narrow::Quarter));
+        tall[5..7].copy_from_slice(&32753u16.to_be_bytes());
+        assert_eq!(layout(&tall, 3), None);
+        tall[11] = 0x21;
+        assert_eq!(layout(&tall, 3), Some(Narrow::Half));
     }
 
     #[test]
