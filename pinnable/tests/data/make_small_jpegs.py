@@ -26,3 +26,21 @@ for w, h in SIZES:
             f.write(data)
         with open(f"small420/{w}x{h}-{name}.rgb", "wb") as f:
             f.write(Image.open(io.BytesIO(data)).convert("RGB").tobytes())
+
+# Pictures at most 4 pixels wide and taller than one MCU, whose chroma libjpeg repeats rather
+# than interpolates: rows from several MCUs, and a progressive one.
+rng = random.Random(25)
+for w, h, name, sub, progressive in [(4, 37, "420", 2, False), (3, 40, "420", 2, False),
+                                     (1, 33, "420", 2, False), (2, 18, "422", 1, False),
+                                     (4, 35, "422", 1, False), (3, 21, "422", 1, True)]:
+    im = Image.new("RGB", (w, h))
+    im.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256))
+                for _ in range(w * h)])
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=90, subsampling=sub, progressive=progressive)
+    data = buf.getvalue()
+    stem = f"small420/{w}x{h}-{name}{'p' if progressive else ''}"
+    with open(f"{stem}.jpg", "wb") as f:
+        f.write(data)
+    with open(f"{stem}.rgb", "wb") as f:
+        f.write(Image.open(io.BytesIO(data)).convert("RGB").tobytes())

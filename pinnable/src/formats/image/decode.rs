@@ -20,6 +20,7 @@ use zune_jpeg::zune_core::bytestream::ZCursor;
 use zune_jpeg::zune_core::colorspace::ColorSpace;
 use zune_jpeg::zune_core::options::DecoderOptions;
 
+use super::chroma;
 use super::orient;
 use crate::error::{Error, Result};
 
@@ -153,7 +154,7 @@ impl Default for Decoder {
 }
 
 /// What a decode ran into, before it is given the file's name.
-type Problem = String;
+pub(super) type Problem = String;
 
 impl Decoder {
     /// A decoder refusing images over [`MAX_PIXELS`] pixels.
@@ -279,10 +280,22 @@ impl Decoder {
         }
         let orientation = d.exif().and_then(|e| orient::from_exif(e));
         self.image.reshape(width, height)?;
-        if segments.subsampled
-            && width.min(height) <= SMALL_SIDE
-            && d.input_colorspace() == Some(ColorSpace::YCbCr)
-        {
+        let ycbcr = d.input_colorspace() == Some(ColorSpace::YCbCr);
+        // A chroma plane at most two samples wide, which libjpeg repeats rather than
+        // interpolates (see `chroma`).
+        let narrow = segments
+            .frame
+            .filter(|_| ycbcr)
+            .and_then(|at| chroma::layout(&bytes[at..], segments.scan_components).map(|n| (at, n)));
+        if let Some((frame, narrow)) = narrow {
+            chroma::decode(
+                bytes,
+                frame,
+                narrow,
+                (width, height),
+                &mut self.image.pixels,
+            )?;
+        } else if segments.subsampled && width.min(height) <= SMALL_SIDE && ycbcr {
             self.small_subsampled_jpeg(bytes)?;
         } else {
             d.decode_into(&mut self.image.pixels)
@@ -300,7 +313,9 @@ impl Decoder {
     /// (`ceil(width × h / h_max)` samples), where libjpeg repeats the plane's last real
     /// sample. A photograph's padding is close to its edge, so large pictures differ by a few
     /// levels on that one line; in a picture a few pixels across, that line is most of the
-    /// image, and it came out 20 to 60 levels off. jpeg-decoder upsamples as libjpeg does.
+    /// image, and it came out 20 to 60 levels off. jpeg-decoder upsamples as libjpeg does,
+    /// except for a chroma plane at most two samples wide, which libjpeg repeats and this
+    /// decoder leaves to `chroma` where it can.
     fn small_subsampled_jpeg(&mut self, bytes: &[u8]) -> std::result::Result<(), Problem> {
         let mut d = jpeg_decoder::Decoder::new(bytes);
         let pixels = d
@@ -429,7 +444,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// A decoder's error in words, without the line breaks some end with.
-fn words(e: impl std::fmt::Display) -> String {
+pub(super) fn words(e: impl std::fmt::Display) -> String {
     e.to_string().trim().to_owned()
 }
 
@@ -480,6 +495,10 @@ struct Segments {
     scan_bytes: u64,
     /// The first frame header has three components, not all at one resolution.
     subsampled: bool,
+    /// Where the first frame header's segment starts (at its marker).
+    frame: Option<usize>,
+    /// The components the first scan header lists.
+    scan_components: u8,
 }
 
 fn segments(bytes: &[u8]) -> Segments {
@@ -497,7 +516,10 @@ fn segments(bytes: &[u8]) -> Segments {
             continue;
         }
         match marker {
-            0xDA => break i,
+            0xDA => {
+                found.scan_components = bytes.get(i + 4).copied().unwrap_or(0);
+                break i;
+            }
             0xD9 => return found,
             0x01 | 0xD0..=0xD8 => i += 2,
             _ => {
@@ -510,6 +532,7 @@ fn segments(bytes: &[u8]) -> Segments {
                     && found.blocks == 0
                 {
                     found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
+                    found.frame.get_or_insert(i);
                     found.subsampled = bytes.get(i + 9) == Some(&3)
                         && bytes
                             .get(i + 10..i + 19)
@@ -724,6 +747,15 @@ mod tests {
             seed!("gray16.png"),
             seed!("interlaced.png"),
             seed!("gray-alpha.png"),
+            // Chroma at most two samples wide, decoded under a rewritten frame header.
+            (
+                "4x37-420.jpg",
+                include_bytes!("../../../tests/data/small420/4x37-420.jpg").to_vec(),
+            ),
+            (
+                "3x21-422p.jpg",
+                include_bytes!("../../../tests/data/small420/3x21-422p.jpg").to_vec(),
+            ),
         ]
     }
 
@@ -762,10 +794,13 @@ mod tests {
                 if s.scan_bytes > bytes.len() as u64 || s.blocks > 255 * 8192 * 8192 {
                     return Err(format!("{s:?} of {} bytes", bytes.len()));
                 }
-                // The frame counted is the one the decoder reads: it has at least the blocks
-                // of one full-resolution plane of the size the decoder sees.
+                // A frame the walk counted is the one the decoder reads: it has at least the
+                // blocks of one full-resolution plane of the size the decoder sees. (A walk
+                // that met a scan before any frame header counts none; the decoder then floors
+                // the count at that plane itself.)
                 let mut d = JpegDecoder::new(ZCursor::new(bytes));
-                if d.decode_headers().is_ok()
+                if s.blocks > 0
+                    && d.decode_headers().is_ok()
                     && let Some((w, h)) = d.dimensions()
                     && s.blocks < (w.div_ceil(8) * h.div_ceil(8)) as u64
                 {

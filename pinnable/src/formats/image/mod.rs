@@ -58,6 +58,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod chroma;
 mod decode;
 mod folder;
 mod orient;
