@@ -29,6 +29,20 @@ fn loader_threads() -> usize {
         .count()
 }
 
+/// The loader's threads alive once those that were joined have left: `join` returns when a
+/// thread has finished, a moment before the kernel takes it out of `/proc/self/task`, so a
+/// count of 0 is waited for (up to 2 s) before it is reported otherwise.
+fn loader_threads_after_join() -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let n = loader_threads();
+        if n == 0 || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 fn own_pool() -> PinnedPool {
     PinnedPool::new(PoolConfig::default())
 }
@@ -103,7 +117,7 @@ fn same_batches_byte_for_byte_for_1_2_and_8_workers() {
         let want = collate(picked, &mut Collator::new(&pool)).unwrap();
         assert_eq!(got, &want.iter().map(bytes_of).collect::<Bytes>());
     }
-    assert_eq!(loader_threads(), 0);
+    assert_eq!(loader_threads_after_join(), 0);
 }
 
 fn labels_via_for<B>(loader: &Loader<Vec<Sample>, B>) -> Vec<i64>
@@ -241,7 +255,7 @@ fn an_error_in_sample_k_surfaces_with_k_and_the_loader_stops() {
         format!("sample {k} failed while loading: `record.pixels`: truncated JPEG")
     );
     drop(results);
-    assert_eq!(loader_threads(), 0, "threads joined");
+    assert_eq!(loader_threads_after_join(), 0, "threads joined");
     assert_eq!(pool.stats().in_use_bytes, 0, "blocks returned");
 }
 
@@ -288,7 +302,7 @@ fn a_worker_panic_is_an_error_not_a_hang() {
     assert!(
         matches!(&results[2], Err(Error::Panicked { message, .. }) if message == "batcher bug")
     );
-    assert_eq!(loader_threads(), 0);
+    assert_eq!(loader_threads_after_join(), 0);
 }
 
 #[test]
@@ -298,7 +312,7 @@ fn dropping_mid_epoch_joins_threads_and_returns_every_block() {
     let images = random_tensor(&mut r, DType::F32, &[300, 3, 8, 8]);
     let pool = own_pool();
     let before = pool.stats().in_use_bytes;
-    assert_eq!(loader_threads(), 0);
+    assert_eq!(loader_threads_after_join(), 0);
     let loader = Loader::builder(TensorRows::new(images).unwrap())
         .batch_size(16)
         .shuffle(r.random())
@@ -316,7 +330,7 @@ fn dropping_mid_epoch_joins_threads_and_returns_every_block() {
         let start = Instant::now();
         drop(epoch);
         assert!(start.elapsed() < Duration::from_secs(5), "prompt");
-        assert_eq!(loader_threads(), 0, "every thread joined");
+        assert_eq!(loader_threads_after_join(), 0, "every thread joined");
         let held: usize = kept
             .iter()
             .map(|t| t.pinned_block().unwrap().capacity())
@@ -418,7 +432,11 @@ fn the_epoch_is_an_exact_size_iterator() {
         assert_eq!(epoch.size_hint(), (left, Some(left)));
     }
     assert!(epoch.next().is_none());
-    assert_eq!(loader_threads(), 0, "joined right after the last batch");
+    assert_eq!(
+        loader_threads_after_join(),
+        0,
+        "joined right after the last batch"
+    );
 }
 
 /// Writes `data` as a version-1 `.npy` file per NumPy's format: magic, version, header length,
