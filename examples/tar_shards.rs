@@ -13,16 +13,8 @@ use rand::{Rng, SeedableRng};
 
 /// A `.npy` file of `f32` values `[4, 8]`.
 fn npy(values: &[f32]) -> Vec<u8> {
-    let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), }".to_owned();
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-    out
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    pinnable_harness::npy::npy_file("<f4", &[4, 8], false, &data)
 }
 
 fn host(t: &Option<Tensor>) -> pinnable::Result<Vec<i64>> {

@@ -439,24 +439,9 @@ fn the_epoch_is_an_exact_size_iterator() {
     );
 }
 
-/// Writes `data` as a version-1 `.npy` file per NumPy's format: magic, version, header length,
-/// the dict padded with spaces and a newline to a multiple of 64 bytes, then the data.
+/// Writes `data` as a version-1 `.npy` file, as `np.save` does.
 fn write_npy(path: &PathBuf, descr: &str, fortran: bool, shape: &[usize], data: &[u8]) {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let shape = match dims.len() {
-        1 => format!("({},)", dims[0]),
-        _ => format!("({})", dims.join(", ")),
-    };
-    let order = if fortran { "True" } else { "False" };
-    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}");
-    while (10 + dict.len() + 1) % 64 != 0 {
-        dict.push(' ');
-    }
-    dict.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend((dict.len() as u16).to_le_bytes());
-    bytes.extend(dict.as_bytes());
-    bytes.extend(data);
+    let bytes = pinnable_harness::npy::npy_file(descr, shape, fortran, data);
     std::fs::write(path, bytes).unwrap();
 }
 

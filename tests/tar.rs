@@ -344,19 +344,10 @@ fn truncated_and_corrupt_shards_fail_naming_shard_and_offset_after_whole_batches
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A `.npy` file of `u16` values `[2, 3]`, version 1.0.
+/// A `.npy` file of `u16` values `[2, 3]`.
 fn npy(values: &[u16]) -> Vec<u8> {
-    let dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3), }";
-    let mut header = dict.to_owned();
-    while !(10 + header.len() + 1).is_multiple_of(64) {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-    out
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    pinnable_harness::npy::npy_file("<u2", &[2, 3], false, &data)
 }
 
 #[test]

@@ -6,6 +6,7 @@ pub mod hostile;
 #[cfg(feature = "image")]
 pub mod images;
 pub mod kernels;
+pub mod npy;
 pub mod peak;
 pub mod samples;
 pub mod tar;

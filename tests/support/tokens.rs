@@ -82,19 +82,7 @@ pub fn shard_file(format: ShardFormat, dtype: DType, tokens: &[u32]) -> Vec<u8> 
         }
         ShardFormat::Npy => {
             let descr = if dtype == DType::U16 { "<u2" } else { "<u4" };
-            let mut h = format!(
-                "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({},), }}",
-                tokens.len()
-            );
-            while (10 + h.len() + 1) % 64 != 0 {
-                h.push(' ');
-            }
-            h.push('\n');
-            let mut f = b"\x93NUMPY\x01\x00".to_vec();
-            f.extend((h.len() as u16).to_le_bytes());
-            f.extend(h.as_bytes());
-            f.extend(data);
-            f
+            crate::npy::npy_file(descr, &[tokens.len()], false, &data)
         }
         _ => data,
     }
