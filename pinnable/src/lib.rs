@@ -37,6 +37,61 @@
 //! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
 //! functions are `unsafe` and why.
 //!
+//! **The derives.** `#[derive(Pinnable, ToDevice)]` walks every field with its path, so an
+//! error names where it happened (`batch.extra["mask"]`, `Sample::Pair.1`). Every field's type
+//! must implement the trait; a field that does not is a compile error at that field. Attributes,
+//! all under `#[pinnable(...)]`:
+//! - on a field: `skip` (cloned unchanged: needs `Clone`, not the trait); `with = module` (the
+//!   field is pinned and moved by `module::pin_with(&T, &mut PinContext) -> Result<T>` and
+//!   `module::to_device_with(&T, &mut MoveContext) -> Result<T>`: a foreign type you cannot
+//!   implement the traits for); `bound = "..."` (replaces the bounds inferred from this field);
+//! - on the type: `bound = "..."` (replaces every inferred bound); `crate = path` (where
+//!   `pinnable` is, when it is re-exported under another name).
+//!
+//! Bounds are inferred only for type parameters that non-skipped fields use (`PhantomData`
+//! exempt). Misuse is a compile error at the offending tokens, all reported together.
+//!
+//! ```
+//! use std::marker::PhantomData;
+//! use pinnable::{Pinnable, Tensor, ToDevice};
+//!
+//! /// A type of another crate: no `Pinnable` impl of its own.
+//! pub struct Labels(pub Tensor);
+//!
+//! mod labels {
+//!     use pinnable::{MoveContext, PinContext, Pinnable, Result, ToDevice};
+//!
+//!     pub fn pin_with(l: &super::Labels, cx: &mut PinContext<'_>) -> Result<super::Labels> {
+//!         Ok(super::Labels(l.0.pin_with(cx)?))
+//!     }
+//!
+//!     pub fn to_device_with(l: &super::Labels, cx: &mut MoveContext<'_>) -> Result<super::Labels> {
+//!         Ok(super::Labels(l.0.to_device_with(cx)?))
+//!     }
+//! }
+//!
+//! #[derive(Pinnable, ToDevice)]
+//! struct Batch<T, M> {
+//!     inputs: Vec<T>,                 // infers `T: Pinnable` (and `T: ToDevice`)
+//!     #[pinnable(with = labels)]
+//!     labels: Labels,
+//!     #[pinnable(skip, bound = "M: Clone")]
+//!     meta: M,                        // cloned; needs `M: Clone`, not `M: Pinnable`
+//!     marker: PhantomData<fn() -> T>, // no bound from `PhantomData`
+//! }
+//!
+//! let batch = Batch {
+//!     inputs: vec![Tensor::from_vec1(vec![1.0f32, 2.0])],
+//!     labels: Labels(Tensor::from_vec1(vec![7i64])),
+//!     meta: "epoch 3".to_string(),
+//!     marker: PhantomData,
+//! };
+//! let pinned = batch.pin_memory()?;
+//! assert!(pinned.inputs[0].is_pinned() && pinned.labels.0.is_pinned());
+//! assert_eq!(pinned.meta, "epoch 3");
+//! # Ok::<(), pinnable::Error>(())
+//! ```
+//!
 //! **Where things are.** Every public item has exactly one path. The core types sit at the
 //! root, in the order a batch meets them:
 //! - [`Tensor`] (dense, strided, dtype-tagged; [`DType`], [`Element`], [`Placement`]) and the
