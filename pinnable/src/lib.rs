@@ -80,16 +80,18 @@
 //!     marker: PhantomData<fn() -> T>, // no bound from `PhantomData`
 //! }
 //!
-//! let batch = Batch {
-//!     inputs: vec![Tensor::from_vec1(vec![1.0f32, 2.0])],
-//!     labels: Labels(Tensor::from_vec1(vec![7i64])),
-//!     meta: "epoch 3".to_string(),
-//!     marker: PhantomData,
-//! };
-//! let pinned = batch.pin_memory()?;
-//! assert!(pinned.inputs[0].is_pinned() && pinned.labels.0.is_pinned());
-//! assert_eq!(pinned.meta, "epoch 3");
-//! # Ok::<(), pinnable::Error>(())
+//! fn main() -> pinnable::Result<()> {
+//!     let batch = Batch {
+//!         inputs: vec![Tensor::from_vec1(vec![1.0f32, 2.0])],
+//!         labels: Labels(Tensor::from_vec1(vec![7i64])),
+//!         meta: "epoch 3".to_string(),
+//!         marker: PhantomData,
+//!     };
+//!     let pinned = batch.pin_memory()?;
+//!     assert!(pinned.inputs[0].is_pinned() && pinned.labels.0.is_pinned());
+//!     assert_eq!(pinned.meta, "epoch 3");
+//!     Ok(())
+//! }
 //! ```
 //!
 //! **Where things are.** Every public item has exactly one path. The core types sit at the
