@@ -18,6 +18,7 @@ use crate::convert::{Convert, Resolved};
 use crate::cuda::{CudaDevice, Function, Kernels};
 use crate::error::{Error, Result};
 use crate::pieces::StartTable;
+use table::{Layout, Place, write_table};
 
 /// One piece for the SMs: `count` source elements at `src`, written from `dst` on; `first` is
 /// the index, in the gathered tensor, of the piece's first element (for per-channel maps).
@@ -433,61 +434,6 @@ pub(crate) unsafe fn launch(
     launched
 }
 
-/// The host part of a launch's table, laid out as it is filled: each part 8-byte aligned.
-#[derive(Default)]
-struct Layout {
-    len: usize,
-}
-
-impl Layout {
-    /// Room for `bytes`; its offset.
-    fn take(&mut self, bytes: usize) -> usize {
-        let at = self.len;
-        self.len = (self.len + bytes).next_multiple_of(8);
-        at
-    }
-}
-
-/// Where a job's table lies: at this offset of the device table's host part, or of its part
-/// copied from pinned tables of starts; or read by the kernels where it lies, at this device
-/// address of mapped pinned memory.
-#[derive(Clone, Copy)]
-enum Place {
-    Host(usize),
-    Pinned(usize),
-    Mapped(u64),
-}
-
-/// Writes the host part of the table into `bytes`: the tasks (already laid out in `tasks`) of
-/// jobs of pieces, and the tables of starts of indexed jobs placed there.
-fn write_table(jobs: &[SmJob], plans: &[Plan], tasks: &[u64], bytes: &mut [u8]) {
-    let mut tasks = tasks.iter();
-    for (job, plan) in jobs.iter().zip(plans) {
-        let Place::Host(at) = plan.at else {
-            continue;
-        };
-        let mut out = &mut bytes[at..];
-        match &job.work {
-            SmWork::Pieces(_) => {
-                for (t, w) in tasks
-                    .by_ref()
-                    .take(plan.n as usize * 4)
-                    .zip(out.chunks_exact_mut(8))
-                {
-                    w.copy_from_slice(&t.to_ne_bytes());
-                }
-            }
-            SmWork::Indexed(ix) => {
-                for t in &ix.starts {
-                    let n = t.bytes();
-                    out[..n].copy_from_slice(t.as_bytes());
-                    out = &mut out[n..];
-                }
-            }
-        }
-    }
-}
-
 /// One job's launch: where its table lies, its task count and group size, and its indexed
 /// pieces (`None` for a table of tasks).
 struct Plan {
@@ -616,5 +562,6 @@ unsafe fn launch_kernel(
     .map_err(|e| Error::driver("cuLaunchKernel", e))
 }
 
+mod table;
 #[cfg(test)]
 mod tests;
