@@ -9,10 +9,8 @@
 //! spaces and a newline so the data starts at a multiple of 64 bytes. The data follows, in
 //! C order.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::fs::File;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::dtype::DType;
@@ -21,77 +19,30 @@ use crate::loader::{Dataset, TensorRows};
 use crate::tensor::{External, HostBytes, Tensor, contiguous_strides};
 
 /// A read-only, private memory mapping of a whole file.
-pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only memory owned by this value; any thread may read it, and it
-// is unmapped once, on drop.
-unsafe impl Send for Mapping {}
-// SAFETY: as for Send: shared access only reads.
-unsafe impl Sync for Mapping {}
+pub(crate) struct Mapping(memmap2::Mmap);
 
 impl Mapping {
     /// Maps the file `path` read-only; an error names the OS's reason.
     pub(crate) fn open(path: &Path) -> std::result::Result<Mapping, String> {
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| "the path contains a NUL byte".to_owned())?;
-        // SAFETY: `c` is a NUL-terminated path; the flags open read-only.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error().to_string());
-        }
-        let mapped = Mapping::map_fd(fd);
-        // SAFETY: `fd` was opened above and is closed once; the mapping outlives it.
-        unsafe { libc::close(fd) };
-        mapped
-    }
-
-    fn map_fd(fd: libc::c_int) -> std::result::Result<Mapping, String> {
-        // SAFETY: an all-zero `stat` is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open; `st` is a valid out-pointer.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return Err(std::io::Error::last_os_error().to_string());
-        }
-        let len = usize::try_from(st.st_size).map_err(|_| "the file size is invalid")?;
+        let file = File::open(path).map_err(|e| e.to_string())?;
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
         if len == 0 {
             return Err("the file is empty".into());
         }
-        // SAFETY: a read-only private mapping of an open file, no address hint.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "cannot map it: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let ptr = NonNull::new(p.cast()).ok_or("mmap returned null")?;
-        Ok(Mapping { ptr, len })
+        usize::try_from(len).map_err(|_| "the file is larger than this machine's address space")?;
+        // SAFETY: a private, read-only mapping (`MAP_PRIVATE`, `PROT_READ`): nothing in this
+        // process writes it. Another process truncating the file while it is mapped would
+        // fault a later read (SIGBUS); like every memory-mapped reader (NumPy's `mmap_mode`,
+        // safetensors) we document that data files must not change while a loader reads them.
+        let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
+            .map_err(|e| format!("cannot map it: {e}"))?;
+        Ok(Mapping(map))
     }
 }
 
 impl HostBytes for Mapping {
     fn host_bytes(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` readable bytes for as long as `self` lives.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was made by `map_fd` with this length and is unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        &self.0
     }
 }
 
