@@ -105,7 +105,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn placement(&self) -> Placement {
+    pub(super) fn placement(&self) -> Placement {
         match &self.data {
             Data::Host(_) | Data::External(_) => Placement::Pageable,
             Data::Pinned(_) => Placement::Pinned,
@@ -127,7 +127,7 @@ impl Storage {
     }
 
     /// The host address of the bytes (pageable or pinned); `None` on a device.
-    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+    pub(super) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.data {
             Data::Host(h) => Some(h.ptr.as_ptr()),
             Data::External(e) => Some(e.ptr.as_ptr()),

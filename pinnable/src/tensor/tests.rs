@@ -249,7 +249,10 @@ fn a_source_names_the_memory_buffer_and_bytes_a_move_reads() {
     let Memory::Pageable(ptr) = src.memory else {
         panic!("a vector's tensor is pageable")
     };
-    assert_eq!(ptr.cast_const(), h.as_slice::<u32>().unwrap().as_ptr().cast());
+    assert_eq!(
+        ptr.cast_const(),
+        h.as_slice::<u32>().unwrap().as_ptr().cast()
+    );
     assert_eq!(src.span, 0..rows * cols * 4);
     assert!(src.ready.is_none() && src.memory.placement() == Placement::Pageable);
     // A view touches its own bytes of the same buffer.
@@ -338,7 +341,10 @@ fn arena_results_share_a_storage_exactly_where_their_sources_do() {
     // Placed alone, a span or a contiguous copy is a storage of its own.
     let spanned = arena.spanned(&transposed, 0);
     assert!(!spanned.shares_storage_with(&rt) && spanned.shares_block_with(&rt));
-    assert_eq!(spanned.to_vec::<u32>().unwrap(), rt.to_vec::<u32>().unwrap());
+    assert_eq!(
+        spanned.to_vec::<u32>().unwrap(),
+        rt.to_vec::<u32>().unwrap()
+    );
     let contiguous = arena.contiguous(&transposed, t_at);
     assert!(contiguous.is_contiguous());
     assert_eq!(
