@@ -355,6 +355,11 @@ fn arena_results_share_a_storage_exactly_where_their_sources_do() {
     assert_eq!(assembled.to_vec::<u32>().unwrap(), o_values);
 
     // What the sharing is for: a write through one result never reaches an overlapping one.
+    // (Its private copy comes from the process-wide pool, which asks the driver: not under
+    // Miri, which runs everything above.)
+    if cfg!(miri) {
+        return;
+    }
     let before = rr.to_vec::<u32>().unwrap();
     let mut written = rs.clone();
     drop(rs);
