@@ -130,6 +130,7 @@ pub struct MoveContext<'a> {
     /// The event every result tensor waits on, set once the copies are issued.
     ready: Ready,
     plan: Plan,
+    /// The batch's destination, reserved after the first walk: results are its parts.
     arena: Option<Arena>,
     staging: Option<Staging>,
     /// Streams of other libraries that consume the result: each waits for the copies.
