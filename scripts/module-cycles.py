@@ -6,6 +6,11 @@ path), or `super::<other>` from its top file. Tests (`#[cfg(test)]` files named 
 *_tests.rs, and the fuzz harness) are left out: a test may reach anywhere. Prints the
 dependency graph's cycles, each as `a -> b -> a`.
 
+Also fails when a `Data::` variant (the storage enum private to `tensor`) is named in any `.rs`
+file of pinnable/src outside `tensor/`, tests included: other modules read a tensor's memory
+through `tensor::Source`/`Memory` and place results through `tensor::Arena`. (The compiler
+already refuses the enum outside `tensor`; this catches it being made visible again.)
+
     scripts/module-cycles.py            # check
     scripts/module-cycles.py --graph    # also print every edge
 """
@@ -50,6 +55,21 @@ def strip_tests(text):
         i = j
     out.append(text[i:])
     return "".join(out)
+
+
+def storage_variants_outside_tensor():
+    """`file:line: text` for each `Data::` named outside pinnable/src/tensor/."""
+    tensor = os.path.join(os.path.normpath(SRC), "tensor") + os.sep
+    hits = []
+    for root, _, fs in os.walk(os.path.normpath(SRC)):
+        for f in sorted(fs):
+            path = os.path.join(root, f)
+            if not f.endswith(".rs") or path.startswith(tensor):
+                continue
+            for n, line in enumerate(open(path), 1):
+                if re.search(r"\bData::", line):
+                    hits.append(f"{os.path.relpath(path)}:{n}: {line.strip()}")
+    return hits
 
 
 def main():
@@ -102,9 +122,19 @@ def main():
     for comp in sccs:
         pairs = [f"{a} -> {b}" for a in comp for b in sorted(edges[a]) if b in comp]
         print(f"modules in a cycle: {', '.join(comp)} ({'; '.join(pairs)})", file=sys.stderr)
-    if sccs:
+    hits = storage_variants_outside_tensor()
+    for h in hits:
+        print(f"storage variant named outside tensor/: {h}", file=sys.stderr)
+    if hits:
+        print(
+            "read a tensor's memory through `Tensor::source()` (`Memory`) and make result "
+            "storages through `tensor::Arena` or `Storage::{host, pinned, device}` instead",
+            file=sys.stderr,
+        )
+    if sccs or hits:
         sys.exit(1)
     print(f"no cycle between the {len(mods)} top-level modules of pinnable/src")
+    print("no storage variant (`Data::`) named outside pinnable/src/tensor/")
 
 
 main()

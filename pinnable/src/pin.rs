@@ -9,7 +9,7 @@ use crate::convert::{self, Convert};
 use crate::copy::{self, HostCopy};
 use crate::error::Result;
 use crate::path::{FieldPath, Walk};
-use crate::tensor::{Data, Storage, Tensor};
+use crate::tensor::{Storage, Tensor};
 
 /// A value whose tensors can be copied into page-locked (pinned) host memory.
 ///
@@ -163,7 +163,7 @@ impl<'a> PinContext<'a> {
         let (block, offset) = self.place(bytes)?;
         // SAFETY: `offset + bytes` lies within the block (`place` made room).
         let dst = unsafe { block.as_ptr().add(offset) };
-        let out = t.placed_in(Storage::part(Data::Pinned(block), None), offset, true);
+        let out = t.placed_in(Storage::pinned(block), offset, true);
         self.copies.push(HostCopy {
             src: src.into(),
             dst,
@@ -214,7 +214,7 @@ impl<'a> PinContext<'a> {
             }
             self.keep.push(source.clone());
         }
-        let storage = Storage::part(Data::Pinned(block), None);
+        let storage = Storage::pinned(block);
         Tensor::at(storage, dtype, shape, offset)
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::alloc::{PinnedBlock, PinnedPool};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::tensor::{Data, Storage, Tensor, contiguous_strides};
+use crate::tensor::{Storage, Tensor, contiguous_strides};
 
 /// Tensors inside one pinned block, and inside a moved batch's device allocation, start at
 /// multiples of this many bytes (what CUDA's own allocator guarantees for an allocation).
@@ -210,7 +210,7 @@ impl PinnedBatch {
             .parts
             .iter()
             .map(|p| {
-                let storage = Storage::part(Data::Pinned(self.block.clone()), None);
+                let storage = Storage::pinned(self.block.clone());
                 Tensor::at(storage, p.dtype, &p.shape, p.offset)
                     .expect("the layout checked the shape")
             })

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use super::CudaDevice;
 use crate::error::{Error, Result};
@@ -57,7 +57,7 @@ struct Open {
 impl Event {
     /// Records `stream`'s current work (a stream of `device`'s context) twice: as an `Event`
     /// for readers to wait on, and as a plain event for a buffer's reader list.
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    #[cfg(feature = "candle-cuda")]
     pub(crate) fn record_on(
         device: &Arc<CudaDevice>,
         stream: &CudaStream,
@@ -135,8 +135,9 @@ impl Event {
     ///
     /// 1. `stream` is a live stream of this event's device (or one of the special handles
     ///    `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, or null for the legacy default stream).
-    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
-    pub(crate) unsafe fn wait_on_raw(&self, stream: sys::CUstream) -> Result<()> {
+    #[cfg(feature = "dlpack")]
+    pub(crate) unsafe fn wait_on_raw(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        use cudarc::driver::{result, sys};
         self.settle()?;
         let Some(e) = &self.event else { return Ok(()) };
         self.device

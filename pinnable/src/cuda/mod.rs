@@ -83,16 +83,11 @@ pub(crate) fn unavailable_reason() -> Option<String> {
 #[derive(Clone)]
 pub struct Device {
     kind: DeviceKind,
-    /// The framework device this one was made from, for results that must be its tensors.
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
-    pub(crate) framework: Framework,
+    /// candle's handle on the same GPU, when the `Device` was made from one: results that
+    /// must be its tensors are made on it.
+    #[cfg(feature = "candle-cuda")]
+    pub(crate) framework: Option<candle_core::CudaDevice>,
 }
-
-/// candle's handle on the same GPU, when the `Device` was made from one.
-#[cfg(feature = "candle-cuda")]
-pub(crate) type Framework = Option<candle_core::CudaDevice>;
-#[cfg(not(feature = "candle-cuda"))]
-pub(crate) type Framework = ();
 
 #[derive(Clone)]
 enum DeviceKind {
@@ -133,7 +128,8 @@ impl Device {
     pub fn cpu() -> Device {
         Device {
             kind: DeviceKind::Cpu,
-            framework: Framework::default(),
+            #[cfg(feature = "candle-cuda")]
+            framework: None,
         }
     }
 
@@ -288,7 +284,8 @@ impl Device {
     pub(crate) fn from_cuda(dev: Arc<CudaDevice>) -> Device {
         Device {
             kind: DeviceKind::Cuda(dev),
-            framework: Framework::default(),
+            #[cfg(feature = "candle-cuda")]
+            framework: None,
         }
     }
 }
@@ -391,7 +388,7 @@ impl CudaDevice {
     /// # Safety
     ///
     /// 1. As for [`Event::wait_on_raw`].
-    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    #[cfg(feature = "dlpack")]
     pub(crate) unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<CudaEvent> {
         let event = self
             .ctx

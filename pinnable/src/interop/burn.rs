@@ -139,7 +139,7 @@ impl Tensor {
         drop(src);
         // Pinned only when registered with the driver: burn's CUDA backend then copies from
         // it directly instead of staging it through pinned memory of its own.
-        let registered = t.is_registered_pinned();
+        let registered = t.source().memory.is_registered_pinned();
         let property = if registered {
             AllocationProperty::Pinned
         } else {

@@ -23,14 +23,13 @@
 //! ```
 
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use ::ndarray::{Array, ArrayViewD, ArrayViewMutD, Dimension, IxDyn, ShapeBuilder};
 
 use crate::batch::TensorMut;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::tensor::{Data, HostBuf, Storage, Tensor};
+use crate::tensor::{HostBuf, Storage, Tensor};
 
 impl Tensor {
     /// The tensor as an ndarray view with its shape and strides, without a copy. Waits for a
@@ -155,7 +154,7 @@ impl Tensor {
                         .zip(&shape)
                         .map(|(&s, &d)| if d <= 1 { 1 } else { s })
                         .collect();
-                    let storage = Arc::new(Storage::new(Data::Host(HostBuf::from_vec(vec))));
+                    let storage = Storage::host(HostBuf::from_vec(vec));
                     return Tensor::from_parts(storage, T::DTYPE, &shape, &strides, offset);
                 }
                 _ if numel == 0 => {

@@ -11,15 +11,16 @@ use std::sync::Arc;
 use crate::alloc::{PinnedBlock, PinnedPool};
 
 /// Piece starts, in units of the source's first dimension, as the kernels read them: `len`
-/// of them from the `first`th of `data` on (tables cut from one list share its memory).
+/// of them from the `first`th of `words` on (tables cut from one list share its memory).
 pub(crate) struct StartTable {
-    data: Arc<Data>,
+    words: Arc<Words>,
     first: usize,
     len: usize,
     wide: bool,
 }
 
-enum Data {
+/// Where a table's words are.
+enum Words {
     /// In a pinned block, ready for the copy engine.
     Pinned(Arc<PinnedBlock>),
     /// On the heap (no CUDA, or no pinned memory to spare): copied into a move's own table.
@@ -30,9 +31,9 @@ impl StartTable {
     /// `values` as the kernels read them: in a pinned block of the process-wide pool where
     /// there is a GPU and the pool gives one, else on the heap.
     pub(crate) fn new(values: &[usize]) -> StartTable {
-        let (data, wide) = Self::written(values);
+        let (words, wide) = Self::written(values);
         StartTable {
-            data: Arc::new(data),
+            words: Arc::new(words),
             first: 0,
             len: values.len(),
             wide,
@@ -44,16 +45,16 @@ impl StartTable {
     /// and `y` windows).
     pub(crate) fn split(values: &[usize], at: usize) -> (StartTable, StartTable) {
         let at = at.min(values.len());
-        let (data, wide) = Self::written(values);
-        let data = Arc::new(data);
+        let (words, wide) = Self::written(values);
+        let words = Arc::new(words);
         let head = StartTable {
-            data: data.clone(),
+            words: words.clone(),
             first: 0,
             len: at,
             wide,
         };
         let tail = StartTable {
-            data,
+            words,
             first: at,
             len: values.len() - at,
             wide,
@@ -63,7 +64,7 @@ impl StartTable {
 
     /// Whether `next`'s starts lie right after these, in the same memory.
     pub(crate) fn is_continued_by(&self, next: &StartTable) -> bool {
-        Arc::ptr_eq(&self.data, &next.data)
+        Arc::ptr_eq(&self.words, &next.words)
             && next.first == self.first + self.len
             && next.wide == self.wide
     }
@@ -75,28 +76,28 @@ impl StartTable {
 
     /// `values` as the kernels read them, in a pinned block or on the heap; and whether they
     /// are u64s.
-    fn written(values: &[usize]) -> (Data, bool) {
+    fn written(values: &[usize]) -> (Words, bool) {
         let wide = values.iter().any(|&v| v > u32::MAX as usize);
         let bytes = values.len() * if wide { 8 } else { 4 };
         let block = (bytes > 0 && crate::cuda::is_available())
             .then(|| PinnedPool::global().alloc(bytes).ok())
             .flatten()
             .map(Arc::new);
-        let data = match block {
+        let words = match block {
             Some(block) => {
                 // SAFETY: the block was just allocated and nothing else refers to it; it holds
                 // at least `bytes`.
                 let dst = unsafe { block.as_mut_slice() };
                 write(values, wide, dst);
-                Data::Pinned(block)
+                Words::Pinned(block)
             }
             None => {
                 let mut dst = vec![0u8; bytes];
                 write(values, wide, &mut dst);
-                Data::Heap(dst)
+                Words::Heap(dst)
             }
         };
-        (data, wide)
+        (words, wide)
     }
 
     /// How many starts.
@@ -117,9 +118,9 @@ impl StartTable {
     /// The pinned block holding the table (from [`byte_offset`](Self::byte_offset) on), if it
     /// is in one.
     pub(crate) fn pinned(&self) -> Option<&Arc<PinnedBlock>> {
-        match &*self.data {
-            Data::Pinned(b) => Some(b),
-            Data::Heap(_) => None,
+        match &*self.words {
+            Words::Pinned(b) => Some(b),
+            Words::Heap(_) => None,
         }
     }
 
@@ -142,19 +143,19 @@ impl StartTable {
 
     /// The table's bytes on the heap, if it is not in a pinned block.
     pub(crate) fn heap(&self) -> Option<&[u8]> {
-        match &*self.data {
-            Data::Heap(v) => Some(&v[self.byte_offset()..self.byte_offset() + self.bytes()]),
-            Data::Pinned(_) => None,
+        match &*self.words {
+            Words::Heap(v) => Some(&v[self.byte_offset()..self.byte_offset() + self.bytes()]),
+            Words::Pinned(_) => None,
         }
     }
 
     /// The table's bytes, wherever they are.
     pub(crate) fn as_bytes(&self) -> &[u8] {
-        match &*self.data {
-            Data::Heap(_) => self.heap().expect("on the heap"),
+        match &*self.words {
+            Words::Heap(_) => self.heap().expect("on the heap"),
             // SAFETY: nothing writes a table of starts once it is built; the block holds the
             // whole list the table was cut from.
-            Data::Pinned(b) => unsafe {
+            Words::Pinned(b) => unsafe {
                 &b.as_slice()[self.byte_offset()..self.byte_offset() + self.bytes()]
             },
         }

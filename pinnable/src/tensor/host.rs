@@ -252,7 +252,7 @@ impl Tensor {
         let buf = HostBuf::zeroed(self.nbytes());
         // SAFETY: `buf` has `nbytes` writable bytes; the source is live (held by `self`).
         unsafe { src.gather(buf.as_ptr()) };
-        Tensor::from_storage(Storage::new(Data::Host(buf)), self.dtype, &self.shape)
+        Tensor::at(Storage::host(buf), self.dtype, &self.shape, 0)
     }
 }
 

@@ -1,5 +1,6 @@
 mod host;
 mod layout;
+mod moving;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -15,8 +16,10 @@ use crate::error::{Error, Result};
 
 use layout::Dims;
 pub(crate) use layout::{HostSrc, contiguous_strides};
+pub(crate) use moving::{Arena, Memory, Source};
+use storage::Data;
 pub use storage::HostBytes;
-pub(crate) use storage::{Data, DeviceBuffer, External, HostBuf, Ready, Storage};
+pub(crate) use storage::{DeviceBuffer, External, HostBuf, Ready, Storage};
 pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.
@@ -109,8 +112,7 @@ impl Tensor {
                 data.len()
             )));
         }
-        let storage = Storage::new(Data::Host(HostBuf::from_vec(data)));
-        Tensor::from_storage(storage, T::DTYPE, shape)
+        Tensor::at(Storage::host(HostBuf::from_vec(data)), T::DTYPE, shape, 0)
     }
 
     /// A tensor holding a copy of `data`.
@@ -126,11 +128,6 @@ impl Tensor {
     pub fn from_vec1<T: Element>(data: Vec<T>) -> Tensor {
         let n = data.len();
         Tensor::from_vec(data, &[n]).expect("a vector's length is its own shape")
-    }
-
-    /// A contiguous tensor of `shape` at the start of `storage`.
-    pub(crate) fn from_storage(storage: Storage, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        Tensor::at(Arc::new(storage), dtype, shape, 0)
     }
 
     /// A contiguous tensor of `shape` starting `byte_offset` bytes into `storage`'s buffer.
@@ -187,10 +184,6 @@ impl Tensor {
     }
 
     /// A tensor over `storage` with an explicit layout, in elements.
-    #[cfg_attr(
-        not(any(feature = "ndarray", feature = "dlpack", feature = "candle")),
-        allow(dead_code)
-    )]
     pub(crate) fn from_parts(
         storage: Arc<Storage>,
         dtype: DType,
@@ -283,14 +276,6 @@ impl Tensor {
     /// Whether the elements are in page-locked host memory.
     pub fn is_pinned(&self) -> bool {
         self.placement() == Placement::Pinned
-    }
-
-    /// Whether the elements are in pinned memory registered with the CUDA driver, which the
-    /// copy engine reads as it is (`mlock`ed memory is pinned but not registered: copies stage
-    /// it).
-    pub(crate) fn is_registered_pinned(&self) -> bool {
-        self.pinned_block()
-            .is_some_and(|b| b.backend() != crate::alloc::BackendKind::Mlock)
     }
 
     /// The pinned block behind this tensor, if it is pinned. Every tensor of a pinned batch

@@ -19,19 +19,23 @@ use crate::error::Result;
 ///
 /// Invariant: storages over one shared buffer cover disjoint bytes (a tensor's bytes are its
 /// storage's alone); tensors whose bytes overlap (clones, views) share one storage. A tensor
-/// whose storage no other tensor holds may therefore write its bytes in place.
+/// whose storage no other tensor holds may therefore write its bytes in place. Outside this
+/// module's parent a storage is an opaque handle: what it holds is read through
+/// [`Source`](super::Source), and a move's results get theirs from an [`Arena`](super::Arena),
+/// which keeps this invariant for them.
 pub(crate) struct Storage {
-    pub(crate) data: Data,
+    pub(super) data: Data,
     /// Set when the bytes arrive by an asynchronous copy: readers wait on it first.
-    pub(crate) ready: Option<Ready>,
+    pub(super) ready: Option<Ready>,
 }
 
 /// The event that marks an asynchronous copy's completion, filled in once the copy is enqueued.
 pub(crate) type Ready = Arc<OnceLock<Arc<Event>>>;
 
 /// A storage's bytes: a pageable buffer of its own, or a part of a shared pinned block or
-/// device allocation (the tensor's offset says where in it).
-pub(crate) enum Data {
+/// device allocation (the tensor's offset says where in it). Private to `tensor`: other modules
+/// see a buffer only as a [`Memory`](super::Memory).
+pub(super) enum Data {
     Host(HostBuf),
     /// Read-only host bytes owned elsewhere (a memory-mapped file, another library's array).
     External(External),
@@ -42,7 +46,7 @@ pub(crate) enum Data {
 impl Data {
     /// Another handle on the same shared buffer (`None` for pageable memory, which is never
     /// shared between storages).
-    pub(crate) fn share(&self) -> Option<Data> {
+    pub(super) fn share(&self) -> Option<Data> {
         match self {
             Data::Host(_) => None,
             Data::External(e) => Some(Data::External(e.clone())),
@@ -54,13 +58,40 @@ impl Data {
 
 impl Storage {
     /// Storage with no pending copy into it.
-    pub(crate) fn new(data: Data) -> Storage {
+    pub(super) fn new(data: Data) -> Storage {
         Storage { data, ready: None }
     }
 
     /// A part of a shared buffer, filled by the copy that `ready` will mark.
-    pub(crate) fn part(data: Data, ready: Option<Ready>) -> Arc<Storage> {
+    pub(super) fn part(data: Data, ready: Option<Ready>) -> Arc<Storage> {
         Arc::new(Storage { data, ready })
+    }
+
+    /// Pageable bytes of a tensor's own, taken over from a vector.
+    pub(crate) fn host(buf: HostBuf) -> Arc<Storage> {
+        Arc::new(Storage::new(Data::Host(buf)))
+    }
+
+    /// A part of a pinned block, filled already (or by a copy the caller waits for itself).
+    pub(crate) fn pinned(block: Arc<PinnedBlock>) -> Arc<Storage> {
+        Storage::part(Data::Pinned(block), None)
+    }
+
+    /// Device memory of its own (an import from another library), filled by the work `ready`
+    /// marks.
+    #[cfg(any(feature = "dlpack", feature = "candle-cuda"))]
+    pub(crate) fn device(buf: DeviceBuffer, ready: Ready) -> Arc<Storage> {
+        Storage::part(Data::Device(Arc::new(buf)), Some(ready))
+    }
+
+    /// Where the buffer is, for code outside `tensor` that copies from it.
+    pub(crate) fn memory(&self) -> super::Memory<'_> {
+        match &self.data {
+            Data::Host(h) => super::Memory::Pageable(h.ptr.as_ptr()),
+            Data::External(e) => super::Memory::Pageable(e.ptr.as_ptr()),
+            Data::Pinned(b) => super::Memory::Pinned(b),
+            Data::Device(d) => super::Memory::Device(d),
+        }
     }
 
     /// Identifies the buffer: equal for every storage over one pinned block or device
@@ -74,7 +105,7 @@ impl Storage {
         }
     }
 
-    pub(crate) fn placement(&self) -> Placement {
+    pub(super) fn placement(&self) -> Placement {
         match &self.data {
             Data::Host(_) | Data::External(_) => Placement::Pageable,
             Data::Pinned(_) => Placement::Pinned,
@@ -95,13 +126,8 @@ impl Storage {
         self.ready.as_ref()?.get()
     }
 
-    /// Whether the bytes are pinned memory the device reads in place through its mapping.
-    pub(crate) fn is_device_mapped(&self) -> bool {
-        matches!(&self.data, Data::Pinned(b) if b.is_device_mapped())
-    }
-
     /// The host address of the bytes (pageable or pinned); `None` on a device.
-    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
+    pub(super) fn host_ptr(&self) -> Option<*mut u8> {
         match &self.data {
             Data::Host(h) => Some(h.ptr.as_ptr()),
             Data::External(e) => Some(e.ptr.as_ptr()),
@@ -281,7 +307,7 @@ impl DeviceBuffer {
     /// # Safety
     ///
     /// 1. `ptr` addresses `bytes` bytes of `device`'s memory, live until `owner` is dropped.
-    #[cfg_attr(not(feature = "dlpack"), allow(dead_code))]
+    #[cfg(feature = "dlpack")]
     pub(crate) unsafe fn foreign(
         ptr: cudarc::driver::sys::CUdeviceptr,
         bytes: usize,

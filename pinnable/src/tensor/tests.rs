@@ -228,3 +228,143 @@ fn host_bytes_are_read_once_and_every_read_uses_that_answer() {
         "asked once, when made"
     );
 }
+
+/// `n` random u32s from `rng`, and their bytes.
+fn random_u32s(rng: &mut crate::loader::SplitMix64, n: usize) -> (Vec<u32>, Vec<u8>) {
+    let values: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+    let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    (values, bytes)
+}
+
+#[test]
+fn a_source_names_the_memory_buffer_and_bytes_a_move_reads() {
+    let seed = crate::fuzz::run_seed();
+    println!("seed {seed}");
+    let mut rng = crate::loader::SplitMix64::new(seed);
+    let (rows, cols) = (2 + rng.below(5) as usize, 2 + rng.below(6) as usize);
+    let k = 1 + rng.below(cols as u64 - 1) as usize;
+    let (values, _) = random_u32s(&mut rng, rows * cols);
+    let h = Tensor::from_vec(values, &[rows, cols]).unwrap();
+    let src = h.source();
+    let Memory::Pageable(ptr) = src.memory else {
+        panic!("a vector's tensor is pageable")
+    };
+    assert_eq!(
+        ptr.cast_const(),
+        h.as_slice::<u32>().unwrap().as_ptr().cast()
+    );
+    assert_eq!(src.span, 0..rows * cols * 4);
+    assert!(src.ready.is_none() && src.memory.placement() == Placement::Pageable);
+    // A view touches its own bytes of the same buffer.
+    let v = h.narrow(1, k, cols - k).unwrap();
+    let vs = v.source();
+    assert_eq!(vs.buffer, src.buffer);
+    assert_eq!(vs.span, k * 4..rows * cols * 4);
+
+    let pool = PinnedPool::heap(PoolConfig::default());
+    let mut layout = BatchLayout::new();
+    layout.push(DType::U32, &[rows]).unwrap();
+    layout.push(DType::U32, &[cols]).unwrap();
+    let parts = layout.allocate_in(&pool).unwrap().finish();
+    let (a, b) = (parts[0].source(), parts[1].source());
+    let (Memory::Pinned(ba), Memory::Pinned(bb)) = (a.memory, b.memory) else {
+        panic!("a pinned batch's tensors are pinned")
+    };
+    assert!(Arc::ptr_eq(ba, bb), "one block behind the batch");
+    assert_eq!(a.buffer, b.buffer);
+    assert_ne!(a.buffer, src.buffer);
+    assert_eq!((a.span.len(), b.span.len()), (rows * 4, cols * 4));
+    assert!(a.span.end <= b.span.start, "the parts do not overlap");
+    assert_eq!(a.memory.base(), ba.as_ptr() as u64);
+}
+
+#[test]
+fn arena_results_share_a_storage_exactly_where_their_sources_do() {
+    let seed = crate::fuzz::run_seed();
+    println!("seed {seed}");
+    let mut rng = crate::loader::SplitMix64::new(seed);
+    let (rows, cols, m) = (
+        2 + rng.below(6) as usize,
+        2 + rng.below(6) as usize,
+        1 + rng.below(9) as usize,
+    );
+    let (s_values, s_bytes) = random_u32s(&mut rng, rows * cols);
+    let (o_values, o_bytes) = random_u32s(&mut rng, m);
+    let s = Tensor::from_vec(s_values, &[rows, cols]).unwrap();
+    let rows_after_first = s.narrow(0, 1, rows - 1).unwrap();
+    let transposed = s.transpose(0, 1).unwrap();
+    let o = Tensor::from_vec(o_values.clone(), &[m]).unwrap();
+    let t_bytes: Vec<u8> = transposed
+        .to_vec::<u32>()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+
+    // The arena as a move's copies leave it: `s`'s span, `o`, and the transpose contiguous.
+    let o_at = s_bytes.len().next_multiple_of(16);
+    let t_at = (o_at + o_bytes.len()).next_multiple_of(16);
+    let pool = PinnedPool::heap(PoolConfig::default());
+    let block = Arc::new(pool.alloc(t_at + t_bytes.len()).unwrap());
+    {
+        // SAFETY: the block was just allocated; nothing else refers to its bytes while this
+        // slice lives.
+        let dst = unsafe { block.as_mut_slice() };
+        dst[..s_bytes.len()].copy_from_slice(&s_bytes);
+        dst[o_at..o_at + o_bytes.len()].copy_from_slice(&o_bytes);
+        dst[t_at..t_at + t_bytes.len()].copy_from_slice(&t_bytes);
+    }
+    let ready = Arc::new(std::sync::OnceLock::new());
+    let mut arena = Arena::pinned(block.clone(), &ready);
+    assert_eq!(arena.at(o_at), block.as_ptr() as u64 + o_at as u64);
+
+    let rs = arena.mirrored(&s, 0);
+    let rr = arena.mirrored(&rows_after_first, rows_after_first.source().span.start);
+    let rt = arena.mirrored(&transposed, 0);
+    let ro = arena.mirrored(&o, o_at);
+    assert_eq!(rs.to_vec::<u32>().unwrap(), s.to_vec::<u32>().unwrap());
+    assert_eq!(
+        rr.to_vec::<u32>().unwrap(),
+        rows_after_first.to_vec::<u32>().unwrap()
+    );
+    assert_eq!(
+        rt.to_vec::<u32>().unwrap(),
+        transposed.to_vec::<u32>().unwrap()
+    );
+    assert_eq!(rt.strides(), transposed.strides(), "a mirror keeps strides");
+    assert_eq!(ro.to_vec::<u32>().unwrap(), o_values);
+    // Sources that share a storage give results that share one; others get their own.
+    assert!(rs.shares_storage_with(&rr) && rs.shares_storage_with(&rt));
+    assert!(!ro.shares_storage_with(&rs) && ro.shares_block_with(&rs));
+    assert!(rs.is_pinned() && rs.is_ready());
+
+    // Placed alone, a span or a contiguous copy is a storage of its own.
+    let spanned = arena.spanned(&transposed, 0);
+    assert!(!spanned.shares_storage_with(&rt) && spanned.shares_block_with(&rt));
+    assert_eq!(
+        spanned.to_vec::<u32>().unwrap(),
+        rt.to_vec::<u32>().unwrap()
+    );
+    let contiguous = arena.contiguous(&transposed, t_at);
+    assert!(contiguous.is_contiguous());
+    assert_eq!(
+        contiguous.to_vec::<u32>().unwrap(),
+        transposed.to_vec::<u32>().unwrap()
+    );
+    let assembled = arena.tensor(DType::U32, &[m], o_at).unwrap();
+    assert_eq!(assembled.to_vec::<u32>().unwrap(), o_values);
+
+    // What the sharing is for: a write through one result never reaches an overlapping one.
+    // (Its private copy comes from the process-wide pool, which asks the driver: not under
+    // Miri, which runs everything above.)
+    if cfg!(miri) {
+        return;
+    }
+    let before = rr.to_vec::<u32>().unwrap();
+    let mut written = rs.clone();
+    drop(rs);
+    let flipped = !written.to_vec::<u32>().unwrap()[cols];
+    written.as_mut_slice::<u32>().unwrap()[cols] = flipped;
+    assert_eq!(rr.to_vec::<u32>().unwrap(), before);
+    assert_eq!(written.to_vec::<u32>().unwrap()[cols], flipped);
+}

@@ -1,3 +1,4 @@
+#[cfg(feature = "candle-cuda")]
 mod apart;
 mod engine;
 mod fault;
@@ -7,7 +8,6 @@ mod stacked;
 
 pub(crate) use stacked::Stacking;
 
-use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
@@ -16,13 +16,13 @@ use cudarc::driver::{CudaStream, sys};
 use crate::alloc::PinnedPool;
 use crate::check;
 use crate::copy::HostCopy;
-use crate::cuda::Device;
+use crate::cuda::{Device, Event};
 use crate::error::{Error, Result};
 use crate::path::{FieldPath, Walk};
-use crate::tensor::{Data, DeviceBuffer, Placement, Ready, Storage, Tensor};
+use crate::tensor::{Arena, DeviceBuffer, Memory, Placement, Ready, Source, Tensor};
 use engine::dma::{Dir, DirectCopy};
 use issue::Copies;
-use plan::{Arena, Plan, Slot, Staging};
+use plan::{Plan, Slot, Staging};
 
 /// A value whose tensors can be moved to a CUDA device (or back to the host).
 ///
@@ -130,22 +130,16 @@ pub struct MoveContext<'a> {
     /// The event every result tensor waits on, set once the copies are issued.
     ready: Ready,
     plan: Plan,
+    /// The batch's destination, reserved after the first walk: results are its parts.
     arena: Option<Arena>,
     staging: Option<Staging>,
-    /// The allocations reserved for tensors moved apart, in walk order.
-    apart: VecDeque<Arc<DeviceBuffer>>,
     /// Streams of other libraries that consume the result: each waits for the copies.
     consumers: Vec<Arc<CudaStream>>,
-    /// State of other libraries' impls for this move, one value per type, dropped on this
-    /// thread once the copies are issued (read locks on their sources).
-    slots: Vec<Box<dyn std::any::Any>>,
+    /// Tensors moved into allocations of their own, for candle.
+    #[cfg(feature = "candle-cuda")]
+    apart: apart::Apart,
     /// Device bytes allocated so far, for out-of-memory messages.
     reserved: usize,
-    /// The result storage of each source storage moved inside a mirror: tensors that share a
-    /// source storage (clones, views) share the result's too, so results that overlap are
-    /// never two storages (see `Storage`).
-    mirrored: HashMap<usize, Arc<Storage>>,
-    last_mirrored: Option<(usize, Arc<Storage>)>,
     copies: Copies,
 }
 
@@ -196,12 +190,10 @@ impl<'a> MoveContext<'a> {
             plan: Plan::default(),
             arena: None,
             staging: None,
-            apart: VecDeque::new(),
             consumers: Vec::new(),
-            slots: Vec::new(),
+            #[cfg(feature = "candle-cuda")]
+            apart: apart::Apart::default(),
             reserved: 0,
-            mirrored: HashMap::new(),
-            last_mirrored: None,
             copies: Copies::default(),
         };
         measure(&mut cx)?;
@@ -269,19 +261,19 @@ impl<'a> MoveContext<'a> {
     /// Moves `t` by whichever way it takes; `None` for the first walk (nothing built) and for
     /// a tensor that stays as it is.
     fn route(&mut self, t: &Tensor) -> Result<Option<Tensor>> {
-        match (t.placement(), self.target.ordinal()) {
+        let src = t.source();
+        match (src.memory.placement(), self.target.ordinal()) {
             (p, None) if p.is_host() => Ok(None),
             (Placement::Cuda(n), Some(m)) if n == m => Ok(None),
             (p, Some(_)) if p.is_host() => {
                 check::dense_cpu(t, &self.path)?;
-                let registered = t.is_registered_pinned();
-                if registered && t.is_contiguous() {
-                    self.direct(t)
+                if src.memory.is_registered_pinned() && t.is_contiguous() {
+                    self.direct(t, &src)
                 } else {
                     self.staged(t)
                 }
             }
-            _ => self.direct(t),
+            _ => self.direct(t, &src),
         }
     }
 
@@ -289,17 +281,11 @@ impl<'a> MoveContext<'a> {
     /// apart, and the staging block.
     fn reserve(&mut self) -> Result<()> {
         if let Some(total) = self.plan.lay_out() {
-            let (data, base) = self.own_destination(total)?;
-            self.arena = Some(Arena { data, base });
+            self.arena = Some(self.own_destination(total)?);
         }
-        for i in 0..self.plan.apart.len() {
-            let buf = self.alloc_device(self.plan.apart[i].0)?;
-            self.apart.push_back(Arc::new(buf));
-        }
-        if !self.apart.is_empty() {
-            self.order_consumers_after_allocation()?;
-        }
-        let staging_bytes = self.plan.staging_bytes();
+        let staging_bytes = self.plan.staged_bytes;
+        #[cfg(feature = "candle-cuda")]
+        let staging_bytes = staging_bytes + self.reserve_apart()?;
         if staging_bytes > 0 {
             let block = Arc::new(self.pool.alloc(staging_bytes)?);
             let ptr = block.as_ptr();
@@ -312,33 +298,20 @@ impl<'a> MoveContext<'a> {
             return Ok(());
         };
         for g in &self.plan.groups {
+            let memory = g.storage.memory();
             // Every group's block is read by this move's copies: it gets the ready event.
-            if let Data::Pinned(b) = &g.storage.data {
+            if let Memory::Pinned(b) = memory {
                 self.copies.blocks.push(b.clone());
             }
             if let Some(at) = g.mirror {
                 self.copies.direct.push(direct_copy(
-                    &g.storage,
+                    memory,
+                    g.storage.buffer_id(),
                     g.span.clone(),
                     arena.at(at),
                     self.target,
                 ));
             }
-        }
-        Ok(())
-    }
-
-    /// Allocations moved apart are handed to other libraries, which may free them on their
-    /// own streams at any time (an error drops a half-built batch): those streams first wait
-    /// for the allocations, made on the copy stream.
-    fn order_consumers_after_allocation(&self) -> Result<()> {
-        if self.consumers.is_empty() {
-            return Ok(());
-        }
-        let dev = self.target.cuda_device("to_device")?;
-        let event = dev.record()?;
-        for s in &self.consumers {
-            event.wait_on(s)?;
         }
         Ok(())
     }
@@ -364,59 +337,26 @@ impl<'a> MoveContext<'a> {
     }
 
     /// A destination of `bytes`: the arena, or one outside it for a walk that moves more than
-    /// it measured; its data and address.
-    fn own_destination(&mut self, bytes: usize) -> Result<(Data, u64)> {
+    /// it measured.
+    fn own_destination(&mut self, bytes: usize) -> Result<Arena> {
         if self.target.ordinal().is_some() {
             let buf = self.alloc_device(bytes)?;
-            let base = buf.device_ptr();
-            Ok((Data::Device(Arc::new(buf)), base))
+            Ok(Arena::device(buf, &self.ready))
         } else {
             let block = Arc::new(self.pool.alloc(bytes)?);
             self.copies.blocks.push(block.clone());
-            let base = block.as_ptr() as u64;
-            Ok((Data::Pinned(block), base))
+            Ok(Arena::pinned(block, &self.ready))
         }
     }
 
-    /// A result tensor's storage: a part of the arena (or of `data`), filled by this move.
-    fn part(&self, data: Option<Data>) -> Arc<Storage> {
-        let data = data.unwrap_or_else(|| {
-            self.arena
-                .as_ref()
-                .and_then(|a| a.data.share())
-                .expect("a placed tensor has an arena")
-        });
-        Storage::part(data, Some(self.ready.clone()))
-    }
-
-    /// The result storage for a source moved inside a mirror: one per source storage, so
-    /// results that overlap share it (see `Storage`'s invariant).
-    fn mirrored_part(&mut self, t: &Tensor) -> Arc<Storage> {
-        if Arc::strong_count(t.storage()) == 1 {
-            // No other tensor holds this source storage, so no other result can overlap.
-            return self.part(None);
-        }
-        let key = Arc::as_ptr(t.storage()) as usize;
-        if let Some((last, storage)) = &self.last_mirrored
-            && *last == key
-        {
-            return storage.clone();
-        }
-        let storage = match self.mirrored.get(&key) {
-            Some(s) => s.clone(),
-            None => {
-                let s = self.part(None);
-                self.mirrored.insert(key, s.clone());
-                s
-            }
-        };
-        self.last_mirrored = Some((key, storage.clone()));
-        storage
+    /// The batch's arena, reserved after the first walk.
+    fn arena(&self) -> &Arena {
+        self.arena.as_ref().expect("a placed tensor has an arena")
     }
 
     /// Makes the copies wait for a source that is itself still being filled.
-    fn wait_for(&mut self, t: &Tensor) {
-        if let Some(event) = t.storage().ready_event()
+    fn wait_for(&mut self, ready: Option<&Arc<Event>>) {
+        if let Some(event) = ready
             && !event.is_complete()
             && !self
                 .copies
@@ -430,39 +370,41 @@ impl<'a> MoveContext<'a> {
 
     /// A source the copy engine reads as it is: registered pinned memory or device memory.
     /// Its span is copied (a strided view keeps its strides).
-    fn direct(&mut self, t: &Tensor) -> Result<Option<Tensor>> {
-        let span = t.byte_span();
+    fn direct(&mut self, t: &Tensor, src: &Source<'_>) -> Result<Option<Tensor>> {
         // Noted in both walks: mirrors are copied right after the first one.
-        self.wait_for(t);
+        self.wait_for(src.ready);
         if self.pass == Pass::Measure {
-            self.plan.note_direct(t, span);
+            self.plan.note_direct(src);
             return Ok(None);
         }
-        let (storage, at) = match self.plan.place_direct(t, span.clone()) {
-            Slot::Mirrored(at) => (self.mirrored_part(t), at),
+        let moved = match self.plan.place_direct(src) {
+            Slot::Mirrored(at) => {
+                let arena = self.arena.as_mut().expect("placed in the arena");
+                arena.mirrored(t, at)
+            }
             Slot::Single(at) => {
-                let dst = self.arena.as_ref().expect("placed in the arena").at(at);
-                let copy = direct_copy(t.storage(), span, dst, self.target);
+                let arena = self.arena.as_ref().expect("placed in the arena");
+                let dst = arena.at(at);
+                let copy = direct_copy(src.memory, src.buffer, src.span.clone(), dst, self.target);
                 self.copies.direct.push(copy);
-                (self.part(None), at)
+                arena.spanned(t, at)
             }
             Slot::Outside => {
-                let (data, dst) = self.own_destination(span.len())?;
-                self.copy_alone(t, span, dst);
-                (self.part(Some(data)), 0)
+                let own = self.own_destination(src.span.len())?;
+                self.copy_alone(src, own.at(0));
+                own.spanned(t, 0)
             }
         };
-        Ok(Some(t.placed_in(storage, at, false)))
+        Ok(Some(moved))
     }
 
-    /// Plans a direct copy of `span` of `t`'s buffer to `dst`, outside any group: no group
-    /// holds that buffer alive until the copy is issued, nor noted its block, so this does.
-    fn copy_alone(&mut self, t: &Tensor, span: Range<usize>, dst: u64) {
-        self.copies
-            .direct
-            .push(direct_copy(t.storage(), span, dst, self.target));
-        self.copies.keep.push(t.storage().clone());
-        if let Data::Pinned(b) = &t.storage().data {
+    /// Plans a direct copy of `src`'s span to `dst`, outside any group: no group holds that
+    /// buffer alive until the copy is issued, nor noted its block, so this does.
+    fn copy_alone(&mut self, src: &Source<'_>, dst: u64) {
+        let copy = direct_copy(src.memory, src.buffer, src.span.clone(), dst, self.target);
+        self.copies.direct.push(copy);
+        self.copies.keep.push(src.hold());
+        if let Memory::Pinned(b) = src.memory {
             self.copies.note_block(b);
         }
     }
@@ -476,7 +418,7 @@ impl<'a> MoveContext<'a> {
         }
         if bytes == 0 {
             let at = self.plan.place_staged(0).unwrap_or(0);
-            return Ok(Some(t.placed_in(self.part(None), at, true)));
+            return Ok(Some(self.arena().contiguous(t, at)));
         }
         let slot = self.plan.place_staged(bytes).and_then(|at| {
             let arena = self.arena.as_ref()?;
@@ -485,12 +427,12 @@ impl<'a> MoveContext<'a> {
         match slot {
             Some((at, stage, dst)) => {
                 self.stage(t, stage, dst, true)?;
-                Ok(Some(t.placed_in(self.part(None), at, true)))
+                Ok(Some(self.arena().contiguous(t, at)))
             }
             None => {
-                let (data, dst) = self.own_destination(bytes)?;
-                self.stage_alone(t, dst)?;
-                Ok(Some(t.placed_in(self.part(Some(data)), 0, true)))
+                let own = self.own_destination(bytes)?;
+                self.stage_alone(t, own.at(0))?;
+                Ok(Some(own.contiguous(t, 0)))
             }
         }
     }
@@ -528,24 +470,24 @@ impl<'a> MoveContext<'a> {
     }
 }
 
-/// A copy of `span` of `src`'s buffer to `dst` on (or from) `target`, by whichever engine the
-/// issue gives it.
-fn direct_copy(src: &Arc<Storage>, span: Range<usize>, dst: u64, target: &Device) -> DirectCopy {
-    let (dir, base, src_buffer) = match &src.data {
-        Data::Device(d) if target.ordinal().is_some() => {
-            (Dir::DtoD, d.device_ptr(), Some(d.clone()))
-        }
-        Data::Device(d) => (Dir::DtoH, d.device_ptr(), Some(d.clone())),
-        _ => (
-            Dir::HtoD,
-            src.host_ptr().expect("a host source") as u64,
-            None,
-        ),
+/// A copy of `span` of the buffer `src` (identified by `buffer`) to `dst` on (or from)
+/// `target`, by whichever engine the issue gives it.
+fn direct_copy(
+    src: Memory<'_>,
+    buffer: usize,
+    span: Range<usize>,
+    dst: u64,
+    target: &Device,
+) -> DirectCopy {
+    let (dir, src_buffer) = match src {
+        Memory::Device(d) if target.ordinal().is_some() => (Dir::DtoD, Some(d.clone())),
+        Memory::Device(d) => (Dir::DtoH, Some(d.clone())),
+        Memory::Pageable(_) | Memory::Pinned(_) => (Dir::HtoD, None),
     };
     DirectCopy {
         dir,
-        src_id: src.buffer_id(),
-        src: base + span.start as u64,
+        src_id: buffer,
+        src: src.base() + span.start as u64,
         dst,
         bytes: span.len(),
         src_buffer,

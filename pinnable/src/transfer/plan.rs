@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::batch::{PART_ALIGN, part_align};
-use crate::tensor::{Data, Storage, Tensor};
+use crate::tensor::{Source, Storage};
 
 /// A mirror may hold at most this share of bytes no moved tensor touches (1/8 of the bytes
 /// moved), so a batch that moves a few tensors of a large block copies only those.
@@ -50,14 +50,6 @@ pub(super) struct Plan {
     staged_cursor: usize,
     /// Bytes of tensors placed one by one that belong to no group (gathered rows).
     extra_singles: usize,
-    /// Tensors moved into allocations of their own, in walk order: each one's bytes and
-    /// whether it is staged.
-    pub(super) apart: Vec<(usize, bool)>,
-    /// Staged bytes of those tensors: they follow the arena's staged bytes in the staging
-    /// block.
-    pub(super) apart_staged: usize,
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
-    apart_staged_cursor: usize,
 }
 
 /// Where the second walk puts a tensor that needs no staging.
@@ -72,14 +64,14 @@ pub(super) enum Slot {
 }
 
 impl Plan {
-    /// First walk: a source the copy engine reads directly touches `span` of its buffer.
-    pub(super) fn note_direct(&mut self, t: &Tensor, span: Range<usize>) {
-        let id = t.storage().buffer_id();
+    /// First walk: a source the copy engine reads directly (its span of its buffer).
+    pub(super) fn note_direct(&mut self, src: &Source<'_>) {
+        let (id, span) = (src.buffer, &src.span);
         let index = match self.group(id) {
             Some(index) => index,
             None => {
                 self.groups.push(Group {
-                    storage: t.storage().clone(),
+                    storage: src.hold(),
                     span: span.start / PART_ALIGN * PART_ALIGN..span.end,
                     used: 0,
                     mirror: None,
@@ -121,32 +113,6 @@ impl Plan {
         Some(at)
     }
 
-    /// First walk: a tensor of `bytes` moves into a device allocation of its own.
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
-    pub(super) fn note_apart(&mut self, bytes: usize, staged: bool) {
-        self.apart.push((bytes, staged));
-        if staged {
-            self.apart_staged += part_align(bytes);
-        }
-    }
-
-    /// Second walk: where in the staging block a staged tensor moved apart is gathered, or
-    /// `None` once the measured room is used up.
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
-    pub(super) fn place_apart_staged(&mut self, bytes: usize) -> Option<usize> {
-        if self.apart_staged_cursor + bytes > self.apart_staged {
-            return None;
-        }
-        let at = self.staged_bytes + self.apart_staged_cursor;
-        self.apart_staged_cursor += part_align(bytes);
-        Some(at)
-    }
-
-    /// Bytes of the staging block: the arena's staged bytes, then those moved apart.
-    pub(super) fn staging_bytes(&self) -> usize {
-        self.staged_bytes + self.apart_staged
-    }
-
     /// Lays out the arena: staged bytes first, then each mirrored group's span, then the
     /// tensors placed one by one. Returns the arena's size, or `None` when the batch moves no
     /// tensor (and needs no arena).
@@ -182,9 +148,10 @@ impl Plan {
         }
     }
 
-    /// Second walk: where a direct source touching `span` of its buffer goes.
-    pub(super) fn place_direct(&mut self, t: &Tensor, span: Range<usize>) -> Slot {
-        let Some(index) = self.group(t.storage().buffer_id()) else {
+    /// Second walk: where a direct source (its span of its buffer) goes.
+    pub(super) fn place_direct(&mut self, src: &Source<'_>) -> Slot {
+        let span = &src.span;
+        let Some(index) = self.group(src.buffer) else {
             return Slot::Outside;
         };
         let g = &self.groups[index];
@@ -210,16 +177,6 @@ impl Plan {
     }
 }
 
-/// The batch's reserved memory: one destination buffer (a device allocation, or a pinned block
-/// when moving to the host) whose first `staged_bytes` bytes mirror the staging block byte for
-/// byte.
-pub(super) struct Arena {
-    /// The destination, shared by every result tensor placed in it.
-    pub(super) data: Data,
-    /// The destination's first byte (a device address, or a host address as a number).
-    pub(super) base: u64,
-}
-
 /// The first byte of the pinned block staged sources are gathered into (the move's copies
 /// keep the block itself).
 pub(super) struct Staging {
@@ -232,12 +189,5 @@ impl Staging {
     /// offsets the plan placed within the block.)
     pub(super) fn at(&self, offset: usize) -> *mut u8 {
         self.ptr.wrapping_add(offset)
-    }
-}
-
-impl Arena {
-    /// The address `offset` bytes into the destination.
-    pub(super) fn at(&self, offset: usize) -> u64 {
-        self.base + offset as u64
     }
 }

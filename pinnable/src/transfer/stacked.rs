@@ -18,7 +18,7 @@ use crate::convert::{self, Convert, Resolved};
 use crate::copy::{HostCopy, RowCopies, Src};
 use crate::error::{Error, Result};
 use crate::pieces::{GatherRoute, StartTable, parts_of};
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{self, Memory, Storage, Tensor};
 
 /// What a gather stacks: pieces of `piece` consecutive indices of `source`'s first dimension
 /// from each of `starts` (the same bytes as `runs`, merged where consecutive), into `shape`,
@@ -46,7 +46,8 @@ impl MoveContext<'_> {
     /// The caller keeps a host source moved to the host as it is (nothing to copy).
     pub(crate) fn move_stacked(&mut self, s: &Stacking<'_>) -> Result<Tensor> {
         let source = s.source;
-        let host = source.placement().is_host();
+        let src = source.source();
+        let host = src.memory.placement().is_host();
         if host {
             check::dense_cpu(source, &self.path)?;
         } else if !source.is_contiguous() {
@@ -65,7 +66,7 @@ impl MoveContext<'_> {
         let same_device = source.device() == *self.target;
         let kind = if !host {
             Source::Device
-        } else if source.is_contiguous() && source.storage().is_device_mapped() {
+        } else if source.is_contiguous() && src.memory.is_device_mapped() {
             Source::Pinned
         } else {
             Source::Host
@@ -107,11 +108,12 @@ impl MoveContext<'_> {
             return self.stage_stacked(s, in_bytes);
         }
         // Every other path writes the result into the arena's region for single tensors.
-        let (data, base, at) = match self.plan.place_single(out_bytes) {
-            Some(at) => (None, self.arena.as_ref().expect("reserved").at(at), at),
+        let (own, base, at) = match self.plan.place_single(out_bytes) {
+            Some(at) => (None, self.arena().at(at), at),
             None => {
-                let (data, base) = self.own_destination(out_bytes)?;
-                (Some(data), base, 0)
+                let own = self.own_destination(out_bytes)?;
+                let base = own.at(0);
+                (Some(own), base, 0)
             }
         };
         let op = match s.convert.zip(layout) {
@@ -120,10 +122,10 @@ impl MoveContext<'_> {
         };
         match path {
             GatherPath::InPlace(force) => {
-                self.wait_for(source);
+                self.wait_for(src.ready);
                 let run_bytes = in_bytes / s.runs.len().max(1);
                 match engine::in_place_engine(force, layout.is_some(), kernels, run_bytes) {
-                    Engine::Sms => self.gather_by_sms(s, op, base),
+                    Engine::Sms => self.gather_by_sms(s, &src, op, base),
                     Engine::CopyEngine => self.gather_by_copies(s, base, force),
                 }
             }
@@ -140,25 +142,21 @@ impl MoveContext<'_> {
                 self.convert_on_host(s, base, c, layout, out_bytes)?;
             }
         }
-        Tensor::at(self.part(data), out_dtype, s.shape, at)
+        own.as_ref()
+            .unwrap_or_else(|| self.arena())
+            .tensor(out_dtype, s.shape, at)
     }
 
     /// The SMs read every piece where it lies (mapped pinned or device memory) and write it,
     /// converted by `op`, from `base` on: one launch, 8 bytes of table a piece. The source is
     /// held and noted as read.
-    fn gather_by_sms(&mut self, s: &Stacking<'_>, op: SmOp, base: u64) {
-        let src = match &s.source.storage().data {
-            Data::Device(d) => {
-                self.copies.sm_reads.push(d.clone());
-                d.device_ptr()
-            }
-            Data::Pinned(b) => {
-                self.copies.note_block(b);
-                b.as_ptr() as u64
-            }
-            _ => unreachable!("read in place: pinned or device memory"),
-        };
-        self.copies.keep.push(s.source.storage().clone());
+    fn gather_by_sms(&mut self, s: &Stacking<'_>, src: &tensor::Source<'_>, op: SmOp, base: u64) {
+        match src.memory {
+            Memory::Device(d) => self.copies.sm_reads.push(d.clone()),
+            Memory::Pinned(b) => self.copies.note_block(b),
+            Memory::Pageable(_) => unreachable!("read in place: pinned or device memory"),
+        }
+        self.copies.keep.push(src.hold());
         // The kernels read the table of starts too (copied, or in place through the mapping):
         // noted with the source, before anything of this move is enqueued.
         if let Some(b) = s.starts.pinned() {
@@ -173,7 +171,7 @@ impl MoveContext<'_> {
         self.copies.sm.push(SmJob {
             op,
             work: SmWork::Indexed(Indexed {
-                src: src + s.source.byte_span().start as u64,
+                src: src.memory.base() + src.span.start as u64,
                 dst: base,
                 piece: s.piece * unit / elem,
                 stride: unit,
@@ -186,9 +184,9 @@ impl MoveContext<'_> {
     fn gather_by_copies(&mut self, s: &Stacking<'_>, base: u64, force: Option<Engine>) {
         let mut offset = 0;
         for p in parts_of(s.source, s.runs) {
-            let span = p.byte_span();
-            let n = span.len() as u64;
-            self.copy_alone(&p, span, base + offset);
+            let src = p.source();
+            let n = src.span.len() as u64;
+            self.copy_alone(&src, base + offset);
             if let Some(last) = self.copies.direct.last_mut() {
                 last.force = force.or(Some(Engine::CopyEngine));
             }
@@ -210,12 +208,13 @@ impl MoveContext<'_> {
             let arena = self.arena.as_ref()?;
             Some((at, self.staging.as_ref()?.at(at), arena.at(at)))
         });
-        let (data, stage, dst, at, block) = match slot {
+        let (own, stage, dst, at, block) = match slot {
             Some((at, stage, dst)) => (None, stage, dst, at, None),
             None => {
-                let (data, dst) = self.own_destination(bytes)?;
+                let own = self.own_destination(bytes)?;
+                let dst = own.at(0);
                 let block = Arc::new(self.pool.alloc(bytes)?);
-                (Some(data), block.as_ptr(), dst, 0, Some(block))
+                (Some(own), block.as_ptr(), dst, 0, Some(block))
             }
         };
         let mergeable = block.is_none();
@@ -241,7 +240,9 @@ impl MoveContext<'_> {
         if let Some(block) = block {
             self.copies.blocks.push(block);
         }
-        Tensor::at(self.part(data), s.source.dtype(), s.shape, at)
+        own.as_ref()
+            .unwrap_or_else(|| self.arena())
+            .tensor(s.source.dtype(), s.shape, at)
     }
 
     /// Plans gathering the pieces of a contiguous source into `stage` as one copy of rows,
@@ -339,12 +340,12 @@ impl MoveContext<'_> {
         let dst = unsafe { block.as_mut_slice() };
         convert::convert_parts(c, layout, &parts_of(s.source, s.runs), dst)?;
         let staged = Tensor::at(
-            crate::tensor::Storage::part(Data::Pinned(block), None),
+            Storage::pinned(block),
             layout.to,
             &[out_bytes / layout.to.size()],
             0,
         )?;
-        self.copy_alone(&staged, staged.byte_span(), base);
+        self.copy_alone(&staged.source(), base);
         if let Some(last) = self.copies.direct.last_mut() {
             last.force = Some(Engine::CopyEngine);
         }

@@ -12,7 +12,7 @@ use super::{ReadLocked, error, with_elem};
 use crate::alloc::PinnedPool;
 use crate::cuda::{Device, Event};
 use crate::error::Result;
-use crate::tensor::{Data, DeviceBuffer, Storage, Tensor};
+use crate::tensor::{DeviceBuffer, Storage, Tensor};
 use crate::transfer::{MoveContext, ToDevice};
 
 impl Device {
@@ -262,7 +262,7 @@ pub(super) fn copy_candle(t: &candle::Tensor) -> Result<Tensor> {
     buf.add_reader(written);
     let ready = Arc::new(OnceLock::new());
     let _ = ready.set(Arc::new(event));
-    let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
+    let storage = Storage::device(buf, ready);
     Ok(Tensor::from_parts(
         storage,
         dtype,

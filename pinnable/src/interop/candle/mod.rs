@@ -113,7 +113,7 @@ macro_rules! with_elem {
         }
     };
 }
-#[cfg_attr(not(feature = "candle-cuda"), allow(unused_imports))]
+#[cfg(feature = "candle-cuda")]
 pub(crate) use with_elem;
 
 /// A candle tensor's storage, read-locked for as long as this value lives, so candle's
@@ -140,7 +140,7 @@ impl ReadLocked {
     }
 
     /// Identifies the storage: equal for every tensor over it (views included).
-    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    #[cfg(feature = "candle-cuda")]
     pub(crate) fn storage_id(&self) -> usize {
         std::ptr::from_ref::<candle::Storage>(&self.guard).addr()
     }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, sys};
 use super::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor};
 use super::*;
 use crate::error::Result;
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{Memory, Tensor};
 
 /// The consumer's stream that a device export is ordered on.
 pub(super) enum Consumer {
@@ -34,7 +34,7 @@ pub(super) struct Holder {
 
 impl Drop for Holder {
     fn drop(&mut self) {
-        let Data::Device(buf) = &self.tensor.storage().data else {
+        let Memory::Device(buf) = self.tensor.source().memory else {
             return;
         };
         // The consumer is done: its stream's work so far is the last use of the memory.
@@ -101,7 +101,7 @@ impl Tensor {
     /// # Ok::<(), pinnable::Error>(())
     /// ```
     pub fn to_dlpack(&self) -> Result<DlpackTensor> {
-        if let Data::Device(buf) = &self.storage().data {
+        if let Memory::Device(buf) = self.source().memory {
             return Err(error(format!(
                 "a cuda:{} tensor is exported for the stream its consumer works on, so that its \
                  memory outlives the consumer's kernels: use `to_dlpack_on(&stream)`, or \
@@ -122,7 +122,7 @@ impl Tensor {
     ///
     /// [`Error::Driver`] if the wait cannot be enqueued.
     pub fn to_dlpack_on(&self, stream: &Arc<CudaStream>) -> Result<DlpackTensor> {
-        if !matches!(self.storage().data, Data::Device(_)) {
+        if !matches!(self.source().memory, Memory::Device(_)) {
             return self.to_dlpack();
         }
         if let Some(e) = self.storage().ready_event() {
@@ -144,7 +144,7 @@ impl Tensor {
     /// 1. `stream` is a stream of the tensor's device (or a special handle above), and stays
     ///    alive until the consumer calls the deleter.
     pub unsafe fn to_dlpack_on_raw(&self, stream: sys::CUstream) -> Result<DlpackTensor> {
-        if !matches!(self.storage().data, Data::Device(_)) {
+        if !matches!(self.source().memory, Memory::Device(_)) {
             return self.to_dlpack();
         }
         if let Some(e) = self.storage().ready_event() {
@@ -155,8 +155,8 @@ impl Tensor {
     }
 
     fn export(&self, consumer: Consumer) -> Result<DlpackTensor> {
-        let (device, first) = match &self.storage().data {
-            Data::Device(buf) => (
+        let (device, first) = match self.source().memory {
+            Memory::Device(buf) => (
                 DLDevice {
                     device_type: ffi::KDL_CUDA,
                     device_id: i32::try_from(buf.device.ordinal).unwrap_or(i32::MAX),

@@ -8,7 +8,7 @@ use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::{
-    Data, DeviceBuffer, External, HostBuf, HostBytes, Storage, Tensor, contiguous_strides,
+    DeviceBuffer, External, HostBuf, HostBytes, Storage, Tensor, contiguous_strides,
 };
 
 impl Tensor {
@@ -84,8 +84,7 @@ impl Tensor {
         match device.device_type {
             ffi::KDL_CPU | ffi::KDL_CUDA_HOST => {
                 if numel == 0 {
-                    let storage = Storage::new(Data::Host(HostBuf::zeroed(0)));
-                    return Tensor::from_storage(storage, dtype, &shape);
+                    return Tensor::at(Storage::host(HostBuf::zeroed(0)), dtype, &shape, 0);
                 }
                 let owner = ForeignHost {
                     ptr: first as *const u8,
@@ -112,7 +111,7 @@ impl Tensor {
                 // the DLPack tensor's deleter runs, which dropping `owner` does
                 // (`from_raw_*`'s callers).
                 let buf = unsafe { DeviceBuffer::foreign(first as u64, span, dev, owner) };
-                let storage = Storage::part(Data::Device(Arc::new(buf)), Some(ready));
+                let storage = Storage::device(buf, ready);
                 Ok(Tensor::from_parts(storage, dtype, &shape, &strides, 0))
             }
             other => Err(error(format!(

@@ -12,7 +12,7 @@ use crate::cuda::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::loader::SplitMix64;
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{Memory, Tensor};
 use crate::transfer::{MoveContext, ToDevice};
 use crate::{Device, Gather, GatherRoute};
 
@@ -213,8 +213,8 @@ fn every_enqueue_fails_in_turn<T: ToDevice>(
 }
 
 fn pinned_block(t: &Tensor) -> Arc<PinnedBlock> {
-    match &t.storage().data {
-        Data::Pinned(b) => b.clone(),
+    match t.source().memory {
+        Memory::Pinned(b) => b.clone(),
         _ => panic!("a pinned source"),
     }
 }
