@@ -229,6 +229,18 @@ where
 {
     /// The sampler of rank `rank` of `world` over the dataset.
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
+        if let Some(b) = self.source.planned_batch_size() {
+            if b != self.batch_size {
+                return Err(Error::Config {
+                    setting: "batch_size",
+                    problem: format!(
+                        "{} does not match the source, whose batches hold {b} samples (a mix \
+                         with counts per batch); set `.batch_size({b})`",
+                        self.batch_size
+                    ),
+                });
+            }
+        }
         let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
             .drop_last(self.drop_last)
             .shard(rank, world)?
@@ -446,7 +458,8 @@ where
 
 /// Refuses a position that `sampler`'s loader did not save, or one past its epoch's end.
 fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
-    position.check_settings(&sampler.position_at(0, 0))?;
+    // The plan setting first: a mix with other weights has another length too, and its
+    // setting says why.
     if position.plan() != sampler.plan_setting().map(|(_, v)| v) {
         let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
         return Err(Error::Resume {
@@ -457,6 +470,7 @@ fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
             current: show(sampler.plan_setting().map(|(_, v)| v)),
         });
     }
+    position.check_settings(&sampler.position_at(0, 0))?;
     if position.batch() > sampler.len() as u64 {
         return Err(Error::Resume {
             setting: "batch",

@@ -93,6 +93,7 @@ mod epoch;
 mod guard;
 pub(crate) mod launch;
 mod loaders;
+pub(crate) mod mix;
 #[cfg(test)]
 mod panic_tests;
 mod pipeline;
@@ -110,6 +111,7 @@ pub use dataset::{Dataset, FnDataset, TensorRows};
 pub use epoch::{Epoch, StreamEpoch};
 pub use launch::Launch;
 pub use loaders::{Loader, StreamLoader};
+pub use mix::{Mix, Stop};
 pub use position::Position;
 pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;
