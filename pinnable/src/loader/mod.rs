@@ -100,6 +100,7 @@ mod pipeline;
 pub(crate) mod position;
 pub(crate) mod sampler;
 pub(crate) mod stats;
+pub(crate) mod straggler;
 pub(crate) mod stream;
 #[cfg(test)]
 mod tests;
