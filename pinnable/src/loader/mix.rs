@@ -31,7 +31,9 @@ pub enum Stop {
     /// pass. The default.
     AllExhausted,
     /// Until the first source has been read through (the smallest source, in proportion to its
-    /// share, sets the length): no sample of any source is repeated.
+    /// share, sets the length). With per-batch counts no sample is repeated; with per-sample
+    /// draws a source drawn a little more often than its share runs a few samples into its
+    /// next pass.
     FirstExhausted,
     /// Every sample of every source exactly once; the weights set how the sources interleave
     /// (a source drawn from more often runs out sooner, and the last part of an epoch holds
