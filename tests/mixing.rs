@@ -36,7 +36,8 @@ fn collect(loader: &Loader<Mix<Vec<i64>>, Ints>, epoch: u64) -> Vec<Vec<i64>> {
 
 #[test]
 fn per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples() {
-    let mut r = rng("per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples");
+    let mut r =
+        rng("per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples");
     let k = r.random_range(2..6);
     let weights: Vec<f64> = (0..k).map(|_| r.random_range(0.05..1.0)).collect();
     let sum: f64 = weights.iter().sum();
@@ -115,7 +116,10 @@ fn per_batch_counts_are_exact_in_every_batch_of_every_rank() {
 }
 
 fn mix_clone(sources: &[(Vec<i64>, usize)], stop: Stop) -> Mix<Vec<i64>> {
-    Mix::per_batch(sources.to_vec()).unwrap().stop(stop).unwrap()
+    Mix::per_batch(sources.to_vec())
+        .unwrap()
+        .stop(stop)
+        .unwrap()
 }
 
 /// The sequences of a fixed seed, one per stop rule: a change to any of them changes every
@@ -159,7 +163,12 @@ fn each_stop_rule_gives_its_sequence_for_a_fixed_seed() {
             1,
             vec![1, 1000001, 1000000, 1],
         ),
-        ("weighted, each once", weighted(Stop::EachOnce), 0, vec![1000001, 1000000, 2, 0, 1]),
+        (
+            "weighted, each once",
+            weighted(Stop::EachOnce),
+            0,
+            vec![1000001, 1000000, 2, 0, 1],
+        ),
         (
             "weighted, all exhausted",
             weighted(Stop::AllExhausted),
@@ -219,7 +228,10 @@ fn the_order_is_the_same_for_any_worker_count_and_resumes_exactly_with_another()
     }
     let saved: pinnable::loader::Position = e.position().to_string().parse().unwrap();
     drop(e);
-    let resumed = build(r.random_range(1..8)).resume(saved).build(ints as Ints).unwrap();
+    let resumed = build(r.random_range(1..8))
+        .resume(saved)
+        .build(ints as Ints)
+        .unwrap();
     let rest: Vec<Vec<i64>> = resumed
         .iter()
         .map(|b| b.unwrap().to_vec::<i64>().unwrap())
@@ -264,15 +276,31 @@ fn a_position_is_refused_when_the_weights_or_sources_changed() {
             matches!(&err, Error::Resume { setting, .. } if setting.starts_with("mix")),
             "{err}"
         );
-        assert!(err.to_string().contains("mix (sources, weights and stop rule)"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("mix (sources, weights and stop rule)"),
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn a_per_batch_mix_refuses_another_batch_size_and_bad_settings_are_named() {
     let mix = Mix::per_batch(vec![(source(0, 10), 3), (source(1, 10), 1)]).unwrap();
-    let err = Loader::builder(mix).batch_size(5).build(ints as Ints).unwrap_err();
-    assert!(matches!(&err, Error::Config { setting: "batch_size", .. }), "{err}");
+    let err = Loader::builder(mix)
+        .batch_size(5)
+        .build(ints as Ints)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Config {
+                setting: "batch_size",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains(".batch_size(4)"), "{err}");
     let bad = [
         Mix::weighted(vec![(source(0, 3), 0.0)]).map(|_| ()),
@@ -289,7 +317,10 @@ fn a_per_batch_mix_refuses_another_batch_size_and_bad_settings_are_named() {
     ];
     for (k, result) in bad.into_iter().enumerate() {
         let err = result.unwrap_err();
-        assert!(matches!(&err, Error::Config { setting: "mix", .. }), "case {k}: {err}");
+        assert!(
+            matches!(&err, Error::Config { setting: "mix", .. }),
+            "case {k}: {err}"
+        );
     }
 }
 
@@ -317,7 +348,8 @@ fn ranks_take_disjoint_parts_of_one_plan() {
 
 #[test]
 fn first_exhausted_with_counts_repeats_no_sample_and_all_exhausted_reads_every_one() {
-    let mut r = rng("first_exhausted_with_counts_repeats_no_sample_and_all_exhausted_reads_every_one");
+    let mut r =
+        rng("first_exhausted_with_counts_repeats_no_sample_and_all_exhausted_reads_every_one");
     let sources: Vec<(Vec<i64>, usize)> = (0..3)
         .map(|s| (source(s, r.random_range(10..300)), r.random_range(1..6)))
         .collect();

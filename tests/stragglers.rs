@@ -46,10 +46,13 @@ fn out_of_order_delivery_hides_a_straggler_that_stalls_strict_order() {
     // slower; the consumer's step takes 3 ms, so 8 workers have time to spare.
     let (n, base, step) = (400, Duration::from_millis(6), Duration::from_millis(3));
     let offset = r.random_range(5..30);
-    let slow = AtomicBool::new(false);
-    let slow = &*Box::leak(Box::new(slow));
+    // The dataset indices of the slow samples, set once the epoch's order is known.
+    let slow: &'static std::sync::OnceLock<HashSet<usize>> =
+        Box::leak(Box::new(std::sync::OnceLock::new()));
+    let slow_now: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let data = Arc::new(FnDataset::new(n, move |i| {
-        let straggler = slow.load(Ordering::Relaxed) && i % 100 == offset;
+        let straggler =
+            slow_now.load(Ordering::Relaxed) && slow.get().is_some_and(|s| s.contains(&i));
         std::thread::sleep(if straggler { base * 20 } else { base });
         Ok(Tensor::from_vec1(vec![i as i64]))
     }));
@@ -64,34 +67,41 @@ fn out_of_order_delivery_hides_a_straggler_that_stalls_strict_order() {
             .build(Stack)
             .unwrap()
     };
+    // The best of two runs: a loaded machine's hiccups only ever add time.
     let run = |loader: &Loader<_, Stack>, epoch| {
-        let t = Instant::now();
-        let got: Vec<i64> = loader
-            .run_epoch(epoch)
-            .flat_map(|b| {
-                std::thread::sleep(step);
-                values(b)
-            })
-            .collect();
-        (t.elapsed().as_secs_f64(), got)
+        let mut best = f64::INFINITY;
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let t = Instant::now();
+            got = loader
+                .run_epoch(epoch)
+                .flat_map(|b| {
+                    std::thread::sleep(step);
+                    values(b)
+                })
+                .collect::<Vec<i64>>();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        (best, got)
     };
     let (strict, unordered) = (build(true), build(false));
     let epoch = r.random_range(0..5);
-    let want: Vec<i64> = strict
-        .sampler()
-        .indices(epoch)
-        .iter()
-        .map(|&i| i as i64)
-        .collect();
-    // The slow samples' places in the epoch: none in its last tenth.
-    slow.store(false, Ordering::Relaxed);
+    let order = strict.sampler().indices(epoch);
+    let want: Vec<i64> = order.iter().map(|&i| i as i64).collect();
+    // The slow samples' places in the epoch: one in each hundred, none in its last 70.
+    let places = (0..n).filter(|p| p % 100 == offset);
+    let _ = slow.set(places.map(|p| order[p]).collect());
+    slow_now.store(false, Ordering::Relaxed);
     let (plain, got) = run(&strict, epoch);
     assert_eq!(got, want);
-    slow.store(true, Ordering::Relaxed);
+    slow_now.store(true, Ordering::Relaxed);
     let (stalled, got) = run(&strict, epoch);
     assert_eq!(got, want);
     let (hidden, mut got) = run(&unordered, epoch);
-    assert_ne!(got, want, "out of order, the stragglers' batches come later");
+    assert_ne!(
+        got, want,
+        "out of order, the stragglers' batches come later"
+    );
     got.sort_unstable();
     let mut sorted = want.clone();
     sorted.sort_unstable();
@@ -102,8 +112,14 @@ fn out_of_order_delivery_hides_a_straggler_that_stalls_strict_order() {
         stalled / plain,
         hidden / plain
     );
-    assert!(hidden <= plain * 1.1, "out of order: {hidden:.3} s against {plain:.3} s");
-    assert!(stalled >= plain * 1.15, "in order: {stalled:.3} s against {plain:.3} s");
+    assert!(
+        hidden <= plain * 1.1,
+        "out of order: {hidden:.3} s against {plain:.3} s"
+    );
+    assert!(
+        stalled >= plain * 1.15,
+        "in order: {stalled:.3} s against {plain:.3} s"
+    );
 }
 
 /// A dataset whose sample `stuck` blocks, the first time it is asked for, until released.
@@ -182,7 +198,11 @@ fn a_get_that_never_returns_times_out_and_nothing_leaks_once_it_does() {
         }
     };
     let noticed = Instant::now();
-    let entered = data.entered.lock().unwrap().expect("the stuck sample was asked for");
+    let entered = data
+        .entered
+        .lock()
+        .unwrap()
+        .expect("the stuck sample was asked for");
     let Error::Timeout {
         index,
         worker,
@@ -193,9 +213,15 @@ fn a_get_that_never_returns_times_out_and_nothing_leaks_once_it_does() {
         panic!("not a timeout: {err}");
     };
     assert_eq!((index, limit), (data.stuck, timeout));
-    assert!(worker < workers && waited >= timeout, "worker {worker}, waited {waited:?}");
+    assert!(
+        worker < workers && waited >= timeout,
+        "worker {worker}, waited {waited:?}"
+    );
     let late = noticed - entered;
-    assert!(late <= timeout.mul_f64(1.5), "{late:?} for a timeout of {timeout:?}");
+    assert!(
+        late <= timeout.mul_f64(1.5),
+        "{late:?} for a timeout of {timeout:?}"
+    );
     assert!(epoch.next().is_none(), "the epoch is over after the error");
     drop(epoch);
     assert_eq!(loader.stuck_workers(), 1);
@@ -213,7 +239,10 @@ fn a_get_that_never_returns_times_out_and_nothing_leaks_once_it_does() {
     data.release();
     let start = Instant::now();
     while loader.stuck_workers() > 0 {
-        assert!(start.elapsed() < Duration::from_secs(5), "the worker did not end");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the worker did not end"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(loader_threads(), threads);
@@ -227,7 +256,8 @@ fn a_get_that_never_returns_times_out_and_nothing_leaks_once_it_does() {
 #[test]
 fn a_position_with_batches_delivered_ahead_is_refused_and_one_between_epochs_resumes() {
     let _alone = alone();
-    let mut r = rng("a_position_with_batches_delivered_ahead_is_refused_and_one_between_epochs_resumes");
+    let mut r =
+        rng("a_position_with_batches_delivered_ahead_is_refused_and_one_between_epochs_resumes");
     let slow = r.random_range(0..4); // one of the first batches is slow
     let data = Arc::new(FnDataset::new(40, move |i| {
         if i == slow {
@@ -250,9 +280,21 @@ fn a_position_with_batches_delivered_ahead_is_refused_and_one_between_epochs_res
     assert!(position.delivered_ahead(), "{position}");
     let parsed: Position = position.to_string().parse().unwrap();
     assert_eq!(parsed, position);
-    assert_eq!(Position::from_bytes(&position.to_bytes()).unwrap(), position);
+    assert_eq!(
+        Position::from_bytes(&position.to_bytes()).unwrap(),
+        position
+    );
     let err = build().resume(parsed).build(Stack).unwrap_err();
-    assert!(matches!(&err, Error::Config { setting: "resume", .. }), "{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::Config {
+                setting: "resume",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("in_order(false)"), "{err}");
     let rest = epoch.map(|b| b.unwrap()).count();
     assert_eq!(rest, 37);
