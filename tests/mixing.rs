@@ -122,6 +122,9 @@ fn mix_clone(sources: &[(Vec<i64>, usize)], stop: Stop) -> Mix<Vec<i64>> {
         .unwrap()
 }
 
+/// A stop rule's case: its name, the mix, the epoch and the sequence.
+type Case = (&'static str, Mix<Vec<i64>>, u64, Vec<i64>);
+
 /// The sequences of a fixed seed, one per stop rule: a change to any of them changes every
 /// mixed run's order, and must be a decision.
 #[test]
@@ -144,7 +147,7 @@ fn each_stop_rule_gives_its_sequence_for_a_fixed_seed() {
             .stop(stop)
             .unwrap()
     };
-    let cases: Vec<(&str, Mix<Vec<i64>>, u64, Vec<i64>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "per batch, all exhausted",
             per_batch(Stop::AllExhausted),
@@ -456,8 +459,8 @@ fn mixing_costs_little_per_batch_against_one_source() {
     .workers(workers)
     .build(Stack)
     .unwrap();
-    let single = time(&mut || one.iter().map(|b| b.unwrap()).count());
-    let mix = time(&mut || mixed.iter().map(|b| b.unwrap()).count());
+    let single = time(&mut || one.iter().map(|b| b.map(|_| 1).unwrap()).sum());
+    let mix = time(&mut || mixed.iter().map(|b| b.map(|_| 1).unwrap()).sum());
     let plan = {
         let m = mixed.dataset();
         let t = Instant::now();

@@ -307,17 +307,17 @@ where
 {
     /// The sampler of rank `rank` of `world` over the dataset.
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
-        if let Some(b) = self.source.planned_batch_size() {
-            if b != self.batch_size {
-                return Err(Error::Config {
-                    setting: "batch_size",
-                    problem: format!(
-                        "{} does not match the source, whose batches hold {b} samples (a mix \
-                         with counts per batch); set `.batch_size({b})`",
-                        self.batch_size
-                    ),
-                });
-            }
+        if let Some(b) = self.source.planned_batch_size()
+            && b != self.batch_size
+        {
+            return Err(Error::Config {
+                setting: "batch_size",
+                problem: format!(
+                    "{} does not match the source, whose batches hold {b} samples (a mix \
+                     with counts per batch); set `.batch_size({b})`",
+                    self.batch_size
+                ),
+            });
         }
         let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
             .drop_last(self.drop_last)
