@@ -41,7 +41,8 @@ pub enum Stop {
     EachOnce,
     /// One endless stream cut into epochs of `samples`: sources cycle across epoch
     /// boundaries (epoch `e` goes on where epoch `e − 1` stopped, and its draws are
-    /// `e`'s own), so no epoch restarts a source.
+    /// `e`'s own), so no epoch restarts a source. With per-sample draws each epoch holds
+    /// each source's share exactly (rounded to whole samples), in a random order.
     Forever {
         /// The samples of one epoch (all ranks together).
         samples: usize,
@@ -84,8 +85,7 @@ enum Shares {
 /// [`Stop::Forever`] epoch of a multiple of `world` batches.
 ///
 /// **Cost.** The plan is made when an epoch starts: `O(len + Σ source length)` time and one
-/// `usize` per sample. [`Stop::Forever`] with per-sample draws also replays the draws of the
-/// epochs before (no sample is loaded) to find where each source stands: about 5 ns a draw.
+/// `usize` per sample, at any epoch (no earlier epoch is replayed).
 ///
 /// # Errors
 ///
@@ -383,11 +383,9 @@ impl<D: Dataset> Mix<D> {
                         *b = epoch.saturating_mul(batches).saturating_mul(c as u64);
                     }
                 }
-                Shares::Weights(_) => {
-                    for e in 0..epoch {
-                        for s in self.epoch_draws(e, seed) {
-                            before[s as usize] += 1;
-                        }
+                Shares::Weights(w) => {
+                    for (b, q) in before.iter_mut().zip(quotas(w, samples)) {
+                        *b = epoch.saturating_mul(q as u64);
                     }
                 }
             }
@@ -412,6 +410,20 @@ impl<D: Dataset> Mix<D> {
                         block.swap(i, j);
                     }
                     out.extend_from_slice(&block);
+                }
+            }
+            Shares::Weights(w) if matches!(self.stop, Stop::Forever { .. }) => {
+                // Each source's share, exactly, in a random order: where each source stands
+                // at any epoch is then known without replaying the epochs before.
+                out.extend(
+                    quotas(w, self.len)
+                        .into_iter()
+                        .enumerate()
+                        .flat_map(|(s, q)| std::iter::repeat_n(s as u32, q)),
+                );
+                for i in (1..out.len()).rev() {
+                    let j = rng.below(i as u64 + 1) as usize;
+                    out.swap(i, j);
                 }
             }
             Shares::Weights(w) if self.stop == Stop::EachOnce => {
@@ -513,6 +525,24 @@ impl<D: Dataset> Mix<D> {
         }
         out
     }
+}
+
+/// The samples of each source in `n` under weights `w`: each share rounded down, the rest
+/// given one each to the largest remainders (the lower source first on a tie).
+fn quotas(w: &[f64], n: usize) -> Vec<usize> {
+    let sum: f64 = w.iter().sum();
+    let exact: Vec<f64> = w.iter().map(|w| n as f64 * w / sum).collect();
+    let mut q: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+    let mut rest: Vec<usize> = (0..w.len()).collect();
+    rest.sort_by(|&a, &b| {
+        let (fa, fb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
+        fb.total_cmp(&fa).then(a.cmp(&b))
+    });
+    let short = n.saturating_sub(q.iter().sum());
+    for &s in rest.iter().cycle().take(short) {
+        q[s] += 1;
+    }
+    q
 }
 
 /// A 53-bit uniform number in `[0, 1)`.

@@ -17,6 +17,15 @@
 //! joined before [`Pipeline::shutdown`] returns, with every batch in flight dropped (its block
 //! back in the pool).
 //!
+//! **Out of order.** With `in_order` off the transfer thread hands each batch on as it
+//! arrives, without the reorder buffer; permits still bound the batches in flight.
+//!
+//! **Timeouts.** With a sample timeout, each worker notes the sample it loads
+//! ([`Watch`]); the consumer, while it waits, looks every tenth of the timeout and, for a sample
+//! past it, ends the epoch with [`Error::Timeout`]. Shutdown then joins every thread but the
+//! stuck worker, which goes to the loader's [`Abandoned`] list; the transfer thread checks
+//! every 20 ms whether the epoch was stopped, since the stuck worker keeps its channel open.
+//!
 //! **Panics.** Every call into user code on these threads (a dataset's `get`, a stream's `next`,
 //! the batcher, `to_device`, and the `Drop` of samples and batches) runs under a guard. A panic
 //! while a batch is being made or moved, its samples' and host copy's `Drop` included, is that
