@@ -325,10 +325,21 @@ impl<D: Dataset> Mix<D> {
             }
             (Shares::Weights(w), rule) => {
                 let sum: f64 = w.iter().sum();
+                // A length that is a whole number but for rounding (700 / 0.7) counts as one.
+                let whole = |x: f64| {
+                    let r = x.round();
+                    ((x - r).abs() <= 1e-9 * r.max(1.0)).then_some(r)
+                };
                 let each = lens.iter().zip(w).map(|(&l, &w)| l as f64 * sum / w);
                 let n = match rule {
-                    Stop::FirstExhausted => each.fold(f64::INFINITY, f64::min).floor(),
-                    _ => each.fold(0.0, f64::max).ceil(),
+                    Stop::FirstExhausted => {
+                        let x = each.fold(f64::INFINITY, f64::min);
+                        whole(x).unwrap_or(x.floor())
+                    }
+                    _ => {
+                        let x = each.fold(0.0, f64::max);
+                        whole(x).unwrap_or(x.ceil())
+                    }
                 };
                 if n >= usize::MAX as f64 {
                     return Err(bad("the epoch is longer than usize::MAX samples".into()));
@@ -508,20 +519,36 @@ impl<D: Dataset> Mix<D> {
     /// ```
     pub fn plan(&self, epoch: u64, seed: Option<u64>) -> Vec<usize> {
         let (draws, before) = self.draws(epoch, seed.unwrap_or(0));
-        let k = self.sources.len();
-        let lens: Vec<u64> = self.lens().map(|l| l as u64).collect();
-        let mut cursor = before;
-        let mut current: Vec<Option<(u64, Vec<usize>)>> = vec![None; k];
+        // Each source's reading: its pass, the place in it, and the pass's order (made when
+        // the source is first drawn), as indices into the sources laid end to end.
+        struct Reading {
+            pass: u64,
+            at: usize,
+            order: Vec<usize>,
+        }
+        let mut reading: Vec<Option<Reading>> = Vec::new();
+        reading.resize_with(self.sources.len(), || None);
         let mut out = Vec::with_capacity(draws.len());
         for s in draws {
             let s = s as usize;
-            let (pass, at) = (cursor[s] / lens[s], (cursor[s] % lens[s]) as usize);
-            cursor[s] += 1;
-            if current[s].as_ref().is_none_or(|(p, _)| *p != pass) {
-                current[s] = Some((pass, self.pass(s, epoch, pass, seed)));
-            }
-            let order = &current[s].as_ref().expect("the pass just made").1;
-            out.push(self.offsets[s] + order[at % order.len()]);
+            let r = match &mut reading[s] {
+                Some(r) if r.at < r.order.len() => r,
+                slot => {
+                    let len = self.sources[s].len() as u64;
+                    let (pass, at) = match slot {
+                        Some(r) => (r.pass + 1, 0),
+                        None => (before[s] / len, (before[s] % len) as usize),
+                    };
+                    let offset = self.offsets[s];
+                    let mut order = self.pass(s, epoch, pass, seed);
+                    order.iter_mut().for_each(|i| *i += offset);
+                    // A source's own plan may be shorter than the source: start it over.
+                    let at = if at < order.len() { at } else { 0 };
+                    slot.insert(Reading { pass, at, order })
+                }
+            };
+            out.push(r.order[r.at]);
+            r.at += 1;
         }
         out
     }
@@ -586,7 +613,9 @@ impl<D: Dataset> Dataset for Mix<D> {
         drop_last: bool,
     ) -> Option<Vec<usize>> {
         let plan = self.plan(epoch, seed);
-        let world = world.max(1);
+        if world <= 1 {
+            return Some(plan);
+        }
         let unit = self.batch_size().unwrap_or(1);
         let units = plan.len() / unit;
         let per_rank = if drop_last {
