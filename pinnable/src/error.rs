@@ -197,6 +197,26 @@ pub enum Error {
         message: String,
     },
 
+    /// A sample's `get` ran past the loader's
+    /// [`sample_timeout`](crate::loader::LoaderBuilder::sample_timeout): the epoch ended with
+    /// this error, and the worker, still inside the call, was left to finish it on its own
+    /// (the loader joins it once it returns); the next epoch runs with every worker.
+    #[error(
+        "sample {index} timed out: worker {worker} has waited {waited:?} in the dataset's `get` \
+         (the limit is {timeout:?}); the epoch ended, and the worker is left to finish the call; \
+         find out what holds that sample up, or raise `sample_timeout`"
+    )]
+    Timeout {
+        /// The sample's index in the dataset.
+        index: usize,
+        /// The worker thread loading it (`loader-w{worker}`).
+        worker: usize,
+        /// How long the call had run when the loader gave up on it.
+        waited: Duration,
+        /// The loader's limit.
+        timeout: Duration,
+    },
+
     /// An index past the end of a dataset.
     #[error("index {index} is out of range for a dataset of {len} samples")]
     IndexOutOfRange {
@@ -413,6 +433,7 @@ impl Error {
             Error::Field { .. } => "Field",
             Error::Sample { .. } => "Sample",
             Error::Panicked { .. } => "Panicked",
+            Error::Timeout { .. } => "Timeout",
             Error::IndexOutOfRange { .. } => "IndexOutOfRange",
             Error::Config { .. } => "Config",
             Error::Launcher { .. } => "Launcher",

@@ -1,6 +1,7 @@
 //! Configuring a loader: [`LoaderBuilder`], from [`Loader::builder`](super::Loader::builder).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::batcher::Batcher;
 use super::collate::Collator;
@@ -57,6 +58,8 @@ pub struct LoaderBuilder<Src> {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) resume: Option<Position>,
+    pub(crate) in_order: bool,
+    pub(crate) sample_timeout: Option<Duration>,
 }
 
 /// A loader's own pool for `device`, placed on its NUMA node when the host has several.
@@ -87,6 +90,8 @@ impl<Src> LoaderBuilder<Src> {
             rank: 0,
             world: 1,
             resume: None,
+            in_order: true,
+            sample_timeout: None,
         }
     }
 
@@ -184,6 +189,79 @@ impl<Src> LoaderBuilder<Src> {
         self
     }
 
+    /// Whether batches reach the consumer in the sampler's order (`true`, the default) or as
+    /// soon as each is ready (`false`, like PyTorch's `DataLoader(in_order=False)`): a slow
+    /// sample then holds up only its own batch, while free workers take new batches and the
+    /// consumer gets theirs. An epoch still delivers the same batches, each with the same
+    /// samples; only their order changes, with timing.
+    ///
+    /// Pinned memory stays within [`bound`](Loader::bound) batches either way. A
+    /// [`Position`] taken mid-epoch while a later batch had arrived before an earlier one
+    /// ([`Position::delivered_ahead`]) is refused by [`resume`](Self::resume); positions
+    /// between epochs, and those without a gap, resume exactly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::{FnDataset, Loader, Stack};
+    /// use pinnable::Tensor;
+    ///
+    /// let data = FnDataset::new(40, |i| {
+    ///     if i == 3 {
+    ///         std::thread::sleep(std::time::Duration::from_millis(50)); // a straggler
+    ///     }
+    ///     Ok(Tensor::from_vec1(vec![i as i32]))
+    /// });
+    /// let loader = Loader::builder(data).batch_size(4).workers(3).in_order(false).build(Stack)?;
+    /// let mut seen: Vec<i32> = Vec::new();
+    /// for batch in &loader {
+    ///     seen.extend(batch?.to_vec::<i32>()?);
+    /// }
+    /// assert_ne!(seen[..4], [0, 1, 2, 3]); // batch 0 came later
+    /// seen.sort();
+    /// assert_eq!(seen, (0..40).collect::<Vec<_>>()); // the same samples
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn in_order(mut self, in_order: bool) -> Self {
+        self.in_order = in_order;
+        self
+    }
+
+    /// The longest a dataset's `get` may take for one sample. When a sample passes it, the
+    /// consumer gets [`Error::Timeout`](crate::Error::Timeout) naming the sample, the worker
+    /// and the wait (within a tenth of the timeout of it passing, while the consumer waits
+    /// for a batch), and the epoch ends; the next epoch runs with every worker. The stuck
+    /// worker cannot be stopped: it is abandoned, holding no pinned block, and ends when its
+    /// call returns ([`Loader::stuck_workers`]). Datasets only: a stream's `next` is not
+    /// watched. Off by default (a slow `get` is waited for).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pinnable::loader::{FnDataset, Loader, Stack};
+    /// use pinnable::{Error, Tensor};
+    ///
+    /// let data = FnDataset::new(8, |i| {
+    ///     if i == 5 {
+    ///         std::thread::sleep(Duration::from_millis(400)); // stuck, for a while
+    ///     }
+    ///     Ok(Tensor::from_vec1(vec![i as f32]))
+    /// });
+    /// let loader = Loader::builder(data)
+    ///     .batch_size(2)
+    ///     .workers(2)
+    ///     .sample_timeout(Duration::from_millis(50))
+    ///     .build(Stack)?;
+    /// let err = loader.iter().find_map(|b| b.err()).unwrap();
+    /// assert!(matches!(err, Error::Timeout { index: 5, .. }), "{err}");
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn sample_timeout(mut self, timeout: Duration) -> Self {
+        self.sample_timeout = Some(timeout);
+        self
+    }
+
     /// Shards by `launch` and delivers to its GPU, `cuda:LOCAL_RANK`.
     ///
     /// # Errors
@@ -229,6 +307,18 @@ where
 {
     /// The sampler of rank `rank` of `world` over the dataset.
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
+        if let Some(b) = self.source.planned_batch_size()
+            && b != self.batch_size
+        {
+            return Err(Error::Config {
+                setting: "batch_size",
+                problem: format!(
+                    "{} does not match the source, whose batches hold {b} samples (a mix \
+                     with counts per batch); set `.batch_size({b})`",
+                    self.batch_size
+                ),
+            });
+        }
         let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
             .drop_last(self.drop_last)
             .shard(rank, world)?
@@ -265,7 +355,8 @@ where
             self.prefetch,
             self.device,
             pool,
-        );
+        )
+        .delivery(self.in_order, self.sample_timeout);
         Ok(match &self.resume {
             Some(p) => loader.resume_at(p),
             None => loader,
@@ -346,7 +437,8 @@ where
                     self.prefetch,
                     device.clone(),
                     pool,
-                );
+                )
+                .delivery(self.in_order, self.sample_timeout);
                 match &resume {
                     Some(p) => loader.resume_at(p),
                     None => loader,
@@ -391,6 +483,14 @@ where
     {
         self.check()?;
         Sampler::new(0, self.batch_size)?.shard(self.rank, self.world)?;
+        if self.sample_timeout.is_some() {
+            return Err(Error::Config {
+                setting: "sample_timeout",
+                problem: "a stream's `next` is not watched (it runs under the loader's lock on \
+                          the stream); time out inside the stream, or use a Dataset"
+                    .into(),
+            });
+        }
         if self.seed.is_some() {
             return Err(Error::Config {
                 setting: "shuffle",
@@ -410,7 +510,8 @@ where
             self.prefetch,
             self.device,
             pool,
-        );
+        )
+        .delivery(self.in_order);
         let Some(p) = &self.resume else {
             return Ok(loader);
         };
@@ -446,7 +547,8 @@ where
 
 /// Refuses a position that `sampler`'s loader did not save, or one past its epoch's end.
 fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
-    position.check_settings(&sampler.position_at(0, 0))?;
+    // The plan setting first: a mix with other weights has another length too, and its
+    // setting says why.
     if position.plan() != sampler.plan_setting().map(|(_, v)| v) {
         let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
         return Err(Error::Resume {
@@ -457,6 +559,7 @@ fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
             current: show(sampler.plan_setting().map(|(_, v)| v)),
         });
     }
+    position.check_settings(&sampler.position_at(0, 0))?;
     if position.batch() > sampler.len() as u64 {
         return Err(Error::Resume {
             setting: "batch",

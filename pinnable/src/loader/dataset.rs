@@ -115,6 +115,13 @@ pub trait Dataset: Send + Sync {
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
         None
     }
+
+    /// For a dataset whose plan is cut into batches of its own (a [`Mix`](super::Mix) with
+    /// counts per batch): that batch size. The builder refuses a loader with another one,
+    /// naming `batch_size`. `None` (the default) for the others.
+    fn planned_batch_size(&self) -> Option<usize> {
+        None
+    }
 }
 
 fn out_of_range(index: usize, len: usize) -> Error {
@@ -174,6 +181,10 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
         (**self).plan_setting()
     }
+
+    fn planned_batch_size(&self) -> Option<usize> {
+        (**self).planned_batch_size()
+    }
 }
 
 /// The borrowed dataset's samples (`&'static [T]`, a leaked or static table).
@@ -200,6 +211,10 @@ impl<D: Dataset + ?Sized> Dataset for &D {
 
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
         (**self).plan_setting()
+    }
+
+    fn planned_batch_size(&self) -> Option<usize> {
+        (**self).planned_batch_size()
     }
 }
 

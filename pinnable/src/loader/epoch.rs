@@ -90,7 +90,7 @@ impl<T> Iterator for Epoch<T> {
         match &item {
             Some(Ok(_)) => {
                 self.remaining -= 1;
-                self.progress.received();
+                self.progress.received(self.pipeline.last_batch());
             }
             Some(Err(_)) | None => self.remaining = 0,
         }
@@ -176,7 +176,7 @@ impl<T> Iterator for StreamEpoch<T> {
         }
         let item = self.pipeline.next();
         match &item {
-            Some(Ok(_)) => self.progress.received(),
+            Some(Ok(_)) => self.progress.received(self.pipeline.last_batch()),
             Some(Err(_)) => self.failed = true,
             None if !self.failed => self.progress.ended(),
             None => {}

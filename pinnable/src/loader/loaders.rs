@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::batcher::Batcher;
 use super::builder::LoaderBuilder;
@@ -13,6 +14,7 @@ use super::position::check_epoch;
 use super::position::{Position, Progress};
 use super::sampler::Sampler;
 use super::stats::{Counters, EpochStats};
+use super::straggler::Abandoned;
 use super::stream::{IterSource, NotSeekable, Seekable, shard_stream};
 use crate::alloc::PinnedPool;
 use crate::cuda::Device;
@@ -31,6 +33,20 @@ struct Run {
     last: Mutex<Option<(Arc<Counters>, Arc<Progress>)>>,
     /// Where the epoch of a position given to the builder starts, until that epoch runs.
     resume: Mutex<Option<(u64, u64)>>,
+    /// Whether batches are delivered in order ([`LoaderBuilder::in_order`]).
+    in_order: bool,
+    /// The longest a sample's `get` may take ([`LoaderBuilder::sample_timeout`]).
+    timeout: Option<Duration>,
+    /// Workers of ended epochs still inside a call past the timeout.
+    abandoned: Abandoned,
+}
+
+/// Joins the abandoned workers that have returned; one still inside its call is left to end
+/// on its own (it does as soon as the call returns).
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.abandoned.reap();
+    }
 }
 
 impl Run {
@@ -43,7 +59,15 @@ impl Run {
             next_epoch: AtomicU64::new(0),
             last: Mutex::new(None),
             resume: Mutex::new(None),
+            in_order: true,
+            timeout: None,
+            abandoned: Abandoned::default(),
         }
+    }
+
+    fn delivery(&mut self, in_order: bool, timeout: Option<Duration>) {
+        self.in_order = in_order;
+        self.timeout = timeout;
     }
 
     /// Resumes at batch `batch` of epoch `epoch`: the next `iter` runs that epoch from there.
@@ -91,6 +115,9 @@ impl Run {
             device: self.device.clone(),
             pool: self.pool.clone(),
             seed,
+            in_order: self.in_order,
+            timeout: self.timeout,
+            abandoned: self.abandoned.clone(),
         }
     }
 
@@ -208,6 +235,12 @@ where
         self
     }
 
+    /// Delivers out of order and watches samples as the builder says.
+    pub(crate) fn delivery(mut self, in_order: bool, timeout: Option<Duration>) -> Self {
+        self.run.delivery(in_order, timeout);
+        self
+    }
+
     /// Runs epoch `epoch`: its threads start now. Does not change
     /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
     /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
@@ -281,6 +314,37 @@ impl<D: Dataset, B> Loader<D, B> {
     /// Whether an epoch has no batch.
     pub fn is_empty(&self) -> bool {
         self.sampler.is_empty()
+    }
+
+    /// Whether batches arrive in the sampler's order ([`LoaderBuilder::in_order`]).
+    pub fn in_order(&self) -> bool {
+        self.run.in_order
+    }
+
+    /// Worker threads of ended epochs still inside a dataset's `get` that ran past the
+    /// [`sample_timeout`](LoaderBuilder::sample_timeout); those that have returned since are
+    /// joined now. Each returns as soon as its call does, dropping the samples it held (it
+    /// holds no pinned block); dropping the loader joins those that have returned and leaves
+    /// the others to end on their own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pinnable::loader::{FnDataset, Loader, Stack};
+    /// use pinnable::Tensor;
+    ///
+    /// let data = FnDataset::new(8, |i| Ok(Tensor::from_vec1(vec![i as f32])));
+    /// let loader = Loader::builder(data)
+    ///     .batch_size(4)
+    ///     .sample_timeout(Duration::from_secs(10))
+    ///     .build(Stack)?;
+    /// assert_eq!(loader.iter().count(), 2);
+    /// assert_eq!(loader.stuck_workers(), 0);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn stuck_workers(&self) -> usize {
+        self.run.abandoned.reap()
     }
 
     /// The order and the cut into batches.
@@ -477,6 +541,12 @@ impl<F, B, G> StreamLoader<F, B, G> {
     /// Starts at `position` (whose settings the builder checked).
     pub(crate) fn resume_at(self, position: &Position) -> Self {
         self.run.resume_at(position.epoch(), position.batch());
+        self
+    }
+
+    /// Delivers out of order as the builder says.
+    pub(crate) fn delivery(mut self, in_order: bool) -> Self {
+        self.run.delivery(in_order, None);
         self
     }
 

@@ -26,10 +26,16 @@
 //! - **Order**: sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
 //!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`.
-//! - **The pipeline**: batches arrive in sampler order whatever the number of workers; at most
-//!   `prefetch + workers + 1` batches' pinned memory is held; an error in a sample arrives in
-//!   its batch's place, naming the sample, and ends the epoch; a panic becomes an
-//!   [`Error::Panicked`](crate::Error::Panicked); dropping an [`Epoch`] stops and joins its
+//! - **Mixtures**: [`Mix`] reads several sources as one, in set proportions — drawn sample by
+//!   sample, or in exact counts per batch — with torchdata's stop rules ([`Stop`]); its plan
+//!   is a pure function of the seed and the epoch, so it resumes exactly.
+//! - **The pipeline**: batches arrive in sampler order whatever the number of workers (or, with
+//!   [`in_order(false)`](LoaderBuilder::in_order), as each is ready, so a slow sample holds up
+//!   only its own batch); at most `prefetch + workers + 1` batches' pinned memory is held; an
+//!   error in a sample arrives in its batch's place, naming the sample, and ends the epoch; a
+//!   panic becomes an [`Error::Panicked`](crate::Error::Panicked); a sample past the
+//!   [`sample_timeout`](LoaderBuilder::sample_timeout) ends the epoch with
+//!   [`Error::Timeout`](crate::Error::Timeout); dropping an [`Epoch`] stops and joins its
 //!   threads and returns its blocks.
 //! - **Figures**: [`EpochStats`] — time the consumer waited, time loading,
 //!   collating and moving, batches/s, GB/s, pinned memory held against the bound.
@@ -93,12 +99,14 @@ mod epoch;
 mod guard;
 pub(crate) mod launch;
 mod loaders;
+pub(crate) mod mix;
 #[cfg(test)]
 mod panic_tests;
 mod pipeline;
 pub(crate) mod position;
 pub(crate) mod sampler;
 pub(crate) mod stats;
+pub(crate) mod straggler;
 pub(crate) mod stream;
 #[cfg(test)]
 mod tests;
@@ -110,6 +118,7 @@ pub use dataset::{Dataset, FnDataset, TensorRows};
 pub use epoch::{Epoch, StreamEpoch};
 pub use launch::Launch;
 pub use loaders::{Loader, StreamLoader};
+pub use mix::{Mix, Stop};
 pub use position::Position;
 pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use stats::EpochStats;

@@ -17,6 +17,15 @@
 //! joined before [`Pipeline::shutdown`] returns, with every batch in flight dropped (its block
 //! back in the pool).
 //!
+//! **Out of order.** With `in_order` off the transfer thread hands each batch on as it
+//! arrives, without the reorder buffer; permits still bound the batches in flight.
+//!
+//! **Timeouts.** With a sample timeout, each worker notes the sample it loads
+//! ([`Watch`]); the consumer, while it waits, looks every tenth of the timeout and, for a sample
+//! past it, ends the epoch with [`Error::Timeout`]. Shutdown then joins every thread but the
+//! stuck worker, which goes to the loader's [`Abandoned`] list; the transfer thread checks
+//! every 20 ms whether the epoch was stopped, since the stuck worker keeps its channel open.
+//!
 //! **Panics.** Every call into user code on these threads (a dataset's `get`, a stream's `next`,
 //! the batcher, `to_device`, and the `Drop` of samples and batches) runs under a guard. A panic
 //! while a batch is being made or moved, its samples' and host copy's `Drop` included, is that
@@ -30,13 +39,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::batcher::Batcher;
 use super::collate::{Collator, EpochSeed};
 use super::dataset::Dataset;
 use super::guard::{Held, discard, drop_each, drop_guarded, drop_quietly, guarded, panic_message};
 use super::stats::Counters;
+use super::straggler::{Abandoned, Watch};
 use crate::alloc::PinnedPool;
 use crate::cuda::{Device, Event};
 use crate::error::{Error, Result};
@@ -118,8 +128,9 @@ struct Done<T> {
     permit: Permit,
 }
 
-/// What the consumer receives, in batch order.
+/// What the consumer receives, in batch order (or as finished, out of order).
 struct Ready<T> {
+    batch: usize,
     result: Result<Held<T>>,
     samples: usize,
     _permit: Option<Permit>,
@@ -135,6 +146,12 @@ pub(crate) struct Spec<S, T> {
     pub(crate) device: Device,
     pub(crate) pool: PinnedPool,
     pub(crate) seed: EpochSeed,
+    /// Whether batches are delivered in batch order (else as they are finished).
+    pub(crate) in_order: bool,
+    /// The longest a sample's `get` may take.
+    pub(crate) timeout: Option<Duration>,
+    /// Where workers stuck past the timeout go when the epoch ends.
+    pub(crate) abandoned: Abandoned,
 }
 
 /// What the workers share.
@@ -147,17 +164,23 @@ struct Work<S, T> {
     seed: EpochSeed,
     gate: Arc<Gate>,
     counters: Arc<Counters>,
+    watch: Option<Arc<Watch>>,
 }
 
 /// The running threads of one epoch, and the consumer's end.
 pub(crate) struct Pipeline<T> {
     rx: Option<Receiver<Ready<T>>>,
     gate: Arc<Gate>,
-    threads: Vec<JoinHandle<()>>,
+    /// The threads, each with its worker number (`None` for the transfer thread).
+    threads: Vec<(Option<usize>, JoinHandle<()>)>,
     counters: Arc<Counters>,
     /// An error to deliver before anything else (a thread that could not start).
     pending: Option<Error>,
     finished: bool,
+    watch: Option<Arc<Watch>>,
+    abandoned: Abandoned,
+    /// The number of the batch delivered last.
+    last: usize,
 }
 
 impl<T: ToDevice + Send + 'static> Pipeline<T> {
@@ -170,6 +193,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             stopped: AtomicBool::new(false),
         });
         let counters = Arc::new(Counters::new(spec.workers, slots));
+        let watch = spec.timeout.map(|t| Arc::new(Watch::new(t, spec.workers)));
         let work = Arc::new(Work {
             jobs: Mutex::new((0, spec.jobs)),
             dataset: spec.dataset,
@@ -178,6 +202,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             seed: spec.seed,
             gate: gate.clone(),
             counters: counters.clone(),
+            watch: watch.clone(),
         });
         let (done_tx, done_rx) = mpsc::channel::<Done<T>>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Ready<T>>(slots);
@@ -188,6 +213,9 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             counters: counters.clone(),
             pending: None,
             finished: false,
+            watch,
+            abandoned: spec.abandoned,
+            last: 0,
         };
         // On a host with several memory nodes, every thread runs on the device's node.
         let cpus = crate::numa::device_affinity(&spec.device).map(|a| a.cpus);
@@ -198,13 +226,20 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             }
         };
         let (device, transfer_gate, node) = (spec.device, gate.clone(), cpus.clone());
+        let in_order = spec.in_order;
         let spawned = std::thread::Builder::new()
             .name("loader-transfer".into())
             .spawn(move || {
                 on_node(&node);
-                transfer(done_rx, ready_tx, device, transfer_gate, counters)
+                let out = Out {
+                    tx: ready_tx,
+                    device,
+                    gate: transfer_gate,
+                    counters,
+                };
+                transfer(done_rx, out, in_order)
             });
-        let mut result = spawned.map(|h| pipeline.threads.push(h));
+        let mut result = spawned.map(|h| pipeline.threads.push((None, h)));
         for i in 0..spec.workers {
             if result.is_err() {
                 break;
@@ -214,12 +249,12 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
                 .name(format!("loader-w{i}"))
                 .spawn(move || {
                     on_node(&node);
-                    worker(&work, &tx);
+                    worker(&work, &tx, i);
                     // The last worker out drops the dataset, the batcher and the stream: user
                     // code whose `Drop` must not take the thread down with a panic.
                     drop_quietly(work);
                 })
-                .map(|h| pipeline.threads.push(h));
+                .map(|h| pipeline.threads.push((Some(i), h)));
         }
         // Only the workers hold the sending end from here: once they are gone, the transfer
         // thread sees the channel close and returns (also when a worker failed to start).
@@ -246,14 +281,15 @@ impl<T> Pipeline<T> {
         if self.finished {
             return None;
         }
-        let rx = self.rx.as_ref()?;
         let start = Instant::now();
-        match rx.recv() {
+        match self.receive()? {
             Ok(Ready {
+                batch: number,
                 result: Ok(batch),
                 samples,
                 _permit,
             }) => {
+                self.last = number;
                 self.counters.took(samples, start.elapsed());
                 Some(Ok(batch.into_inner()))
             }
@@ -261,8 +297,45 @@ impl<T> Pipeline<T> {
                 self.shutdown();
                 Some(Err(e))
             }
-            Err(_) => self.shutdown().map(Err),
+            Err(()) => {
+                let died = self.shutdown();
+                self.pending.take().or(died).map(Err)
+            }
         }
+    }
+
+    /// The next message from the transfer thread; with a timeout, an [`Error::Timeout`] for
+    /// a sample past it while waiting (the epoch is then shut down).
+    fn receive(&mut self) -> Option<std::result::Result<Ready<T>, ()>> {
+        let rx = self.rx.as_ref()?;
+        let Some(watch) = self.watch.clone() else {
+            return Some(rx.recv().map_err(|_| ()));
+        };
+        loop {
+            match rx.recv_timeout(watch.tick()) {
+                Ok(ready) => return Some(Ok(ready)),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Some(Err(())),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(o) = watch.overdue() {
+                        let _ = self.shutdown();
+                        // Delivered by `next` as the epoch's last item.
+                        self.pending = Some(Error::Timeout {
+                            index: o.index,
+                            worker: o.worker,
+                            waited: o.waited,
+                            timeout: watch.timeout(),
+                        });
+                        return Some(Err(()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The number of the batch [`next`](Self::next) delivered last (its place in the epoch's
+    /// order, counted from the epoch's first job).
+    pub(crate) fn last_batch(&self) -> usize {
+        self.last
     }
 
     /// The live counters.
@@ -278,7 +351,14 @@ impl<T> Pipeline<T> {
         self.gate.stop();
         drop(self.rx.take());
         let mut died = None;
-        for h in self.threads.drain(..) {
+        for (worker, h) in self.threads.drain(..) {
+            // A worker stuck in a call past the timeout cannot be joined now: the loader
+            // keeps it, and joins it once the call has returned.
+            let stuck = worker.zip(self.watch.as_ref());
+            if stuck.is_some_and(|(w, watch)| watch.is_overdue(w)) && !h.is_finished() {
+                self.abandoned.keep(h);
+                continue;
+            }
             if let Err(p) = h.join() {
                 died.get_or_insert(Error::Panicked {
                     what: "a loader thread".into(),
@@ -297,7 +377,7 @@ impl<T> Drop for Pipeline<T> {
 }
 
 /// A worker: take a permit, then the next job; load and collate it; hand it on.
-fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
+fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>, id: usize) {
     loop {
         let Some(permit) = work.gate.acquire() else {
             return;
@@ -320,7 +400,7 @@ fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
         // panics, so the batch this worker claimed is always delivered, if only as an error.
         let (result, samples) = match job {
             Ok(job) => {
-                catch_unwind(AssertUnwindSafe(|| run(work, batch, job))).unwrap_or_else(|p| {
+                catch_unwind(AssertUnwindSafe(|| run(work, batch, job, id))).unwrap_or_else(|p| {
                     let message = panic_message(&*p);
                     discard(p);
                     let what = format!("making batch {batch}");
@@ -342,9 +422,14 @@ fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>) {
 }
 
 /// Loads and collates one batch; returns it with its sample count.
-fn run<S: Send, T: Send>(work: &Work<S, T>, batch: usize, job: Job<S>) -> (Result<Held<T>>, usize) {
+fn run<S: Send, T: Send>(
+    work: &Work<S, T>,
+    batch: usize,
+    job: Job<S>,
+    worker: usize,
+) -> (Result<Held<T>>, usize) {
     let start = Instant::now();
-    let loaded = load(work, batch, job);
+    let loaded = load(work, batch, job, worker);
     work.counters.add_load(start.elapsed());
     let (indices, samples) = match loaded {
         Ok(v) => v,
@@ -369,6 +454,7 @@ fn load<S: Send, T: Send>(
     work: &Work<S, T>,
     batch: usize,
     job: Job<S>,
+    worker: usize,
 ) -> Result<(Vec<usize>, Vec<S>)> {
     let failed = |index: usize, e: Error| Error::Sample {
         index,
@@ -396,7 +482,14 @@ fn load<S: Send, T: Send>(
                     drop_all(&e, samples, Vec::new())?;
                     return Err(e);
                 }
-                match guarded(|| "the dataset's `get`".into(), || dataset.get(i)) {
+                if let Some(watch) = &work.watch {
+                    watch.begin(worker, i);
+                }
+                let got = guarded(|| "the dataset's `get`".into(), || dataset.get(i));
+                if let Some(watch) = &work.watch {
+                    watch.end(worker);
+                }
+                match got {
                     Ok(sample) => samples.push(sample),
                     Err(e) => {
                         let e = failed(i, e);
@@ -429,15 +522,52 @@ fn load<S: Send, T: Send>(
     }
 }
 
-/// The transfer thread: reorders finished batches, moves each to the device (non-blocking,
-/// on its copy stream) and hands it to the consumer.
-fn transfer<T: ToDevice>(
-    rx: Receiver<Done<T>>,
+/// The transfer thread's way out: the consumer's channel and what moving a batch needs.
+struct Out<T> {
     tx: SyncSender<Ready<T>>,
     device: Device,
     gate: Arc<Gate>,
     counters: Arc<Counters>,
-) {
+}
+
+impl<T: ToDevice> Out<T> {
+    /// Moves a finished batch and hands it to the consumer; `false` when the epoch is over
+    /// (the consumer is gone, or the batch failed).
+    fn deliver(&self, done: Done<T>, copying: &mut VecDeque<(Arc<Event>, Permit)>) -> bool {
+        let Done {
+            batch,
+            result,
+            samples,
+            permit,
+        } = done;
+        let result = result.and_then(|held| {
+            let start = Instant::now();
+            let moved = move_batch(held, batch, &self.device, &permit, copying);
+            self.counters.add_transfer(start.elapsed());
+            moved
+        });
+        let failed = result.is_err();
+        let ready = Ready {
+            batch,
+            result,
+            samples,
+            _permit: Some(permit),
+        };
+        if self.tx.send(ready).is_err() || failed {
+            self.gate.stop();
+            return false;
+        }
+        true
+    }
+}
+
+/// How often the transfer thread, waiting for a worker, checks that the epoch still runs (a
+/// worker stuck past the timeout keeps the channel open).
+const STOP_CHECK: Duration = Duration::from_millis(20);
+
+/// The transfer thread: reorders finished batches (unless `in_order` is off), moves each to
+/// the device (non-blocking, on its copy stream) and hands it to the consumer.
+fn transfer<T: ToDevice>(rx: Receiver<Done<T>>, out: Out<T>, in_order: bool) {
     let mut next = 0;
     let mut waiting: BTreeMap<usize, Done<T>> = BTreeMap::new();
     // Batches handed on whose copies may still run, with their permits.
@@ -448,31 +578,19 @@ fn transfer<T: ToDevice>(
         }
         while let Some(done) = waiting.remove(&next) {
             next += 1;
-            let Done {
-                result,
-                samples,
-                permit,
-                ..
-            } = done;
-            let result = result.and_then(|batch| {
-                let start = Instant::now();
-                let moved = move_batch(batch, next - 1, &device, &permit, &mut copying);
-                counters.add_transfer(start.elapsed());
-                moved
-            });
-            let failed = result.is_err();
-            let ready = Ready {
-                result,
-                samples,
-                _permit: Some(permit),
-            };
-            if tx.send(ready).is_err() || failed {
-                gate.stop();
+            if !out.deliver(done, &mut copying) {
                 return;
             }
         }
         let done = match copying.front() {
-            None => rx.recv().ok(),
+            None => loop {
+                match rx.recv_timeout(STOP_CHECK) {
+                    Ok(done) => break Some(done),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break None,
+                    Err(mpsc::RecvTimeoutError::Timeout) if out.gate.is_stopped() => return,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+            },
             Some((event, _)) => match rx.try_recv() {
                 Ok(done) => Some(done),
                 Err(TryRecvError::Empty) => {
@@ -485,13 +603,19 @@ fn transfer<T: ToDevice>(
             },
         };
         match done {
-            Some(done) => {
+            Some(done) if in_order => {
                 waiting.insert(done.batch, done);
+            }
+            Some(done) => {
+                if !out.deliver(done, &mut copying) {
+                    return;
+                }
             }
             None => {
                 // Every worker has returned. Batches still missing mean one died undelivered.
-                if !waiting.is_empty() && !gate.is_stopped() {
-                    let _ = tx.send(Ready {
+                if !waiting.is_empty() && !out.gate.is_stopped() {
+                    let _ = out.tx.send(Ready {
+                        batch: next,
                         result: Err(Error::Panicked {
                             what: "a loader worker".into(),
                             message: format!("batch {next} was never delivered"),

@@ -6,10 +6,11 @@
 //! from it computes the epoch's order and starts at the batch after the last one received: no
 //! batch is loaded, collated or replayed to get there.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -29,6 +30,7 @@ const PREFIX: &str = "pinnable-position/";
 const HAS_SEED: u16 = 1;
 const HAS_SAMPLES: u16 = 2;
 const DROP_LAST: u16 = 4;
+const AHEAD: u16 = 8;
 
 /// Where a loader is: the epoch, how many of its batches the consumer has received, and the
 /// settings those numbers depend on (the seed, the shard, the dataset's length, the batch size,
@@ -84,6 +86,9 @@ pub struct Position {
     /// The setting of a dataset that plans its own epochs, e.g. a tar source's shuffle
     /// buffer; `None` for the others.
     plan: Option<u64>,
+    /// Whether batches past `batch` were delivered already (out of order): such a position
+    /// cannot be resumed.
+    ahead: bool,
 }
 
 impl Position {
@@ -112,6 +117,7 @@ impl Position {
             batch_size: batch_size as u64,
             drop_last,
             plan: None,
+            ahead: false,
         }
     }
 
@@ -125,8 +131,20 @@ impl Position {
         Position {
             epoch,
             batch,
+            ahead: false,
             ..self
         }
+    }
+
+    /// Whether the consumer had also received batches past [`batch`](Self::batch) when the
+    /// position was taken: a loader delivering out of order
+    /// ([`in_order(false)`](super::LoaderBuilder::in_order)) had handed on a later batch
+    /// before an earlier one. [`LoaderBuilder::resume`](super::LoaderBuilder::resume) refuses
+    /// such a position (a batch count cannot say which later batches were received); one
+    /// taken between epochs, or when every batch before the last received one had arrived,
+    /// is exact.
+    pub fn delivered_ahead(&self) -> bool {
+        self.ahead
     }
 
     /// The epoch the next batch belongs to.
@@ -192,6 +210,9 @@ impl Position {
         }
         if self.drop_last {
             flags |= DROP_LAST;
+        }
+        if self.ahead {
+            flags |= AHEAD;
         }
         let mut out = Vec::with_capacity(BYTES);
         out.extend_from_slice(MAGIC);
@@ -263,7 +284,7 @@ impl Position {
             )));
         }
         let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
-        if flags & !(HAS_SEED | HAS_SAMPLES | DROP_LAST) != 0 {
+        if flags & !(HAS_SEED | HAS_SAMPLES | DROP_LAST | AHEAD) != 0 {
             return Err(bad(format!("unknown flags {flags:#06x}")));
         }
         let word = |i: usize| {
@@ -285,6 +306,7 @@ impl Position {
             batch_size: word(6),
             drop_last: flags & DROP_LAST != 0,
             plan: (version == VERSION_PLAN).then(|| word(7)),
+            ahead: flags & AHEAD != 0,
         };
         p.validate()?;
         Ok(p)
@@ -324,6 +346,18 @@ impl Position {
     /// Refuses a position saved under other settings than `current`'s (whose epoch and batch
     /// are ignored), naming the first setting that differs.
     pub(crate) fn check_settings(&self, current: &Position) -> Result<()> {
+        if self.ahead {
+            return Err(Error::Config {
+                setting: "resume",
+                problem: format!(
+                    "the position (epoch {} batch {}) was taken while batches past batch {} had \
+                     been delivered out of order (`in_order(false)`), so no batch count says \
+                     where to go on; save positions between epochs, or when \
+                     `Position::delivered_ahead` is false",
+                    self.epoch, self.batch, self.batch
+                ),
+            });
+        }
         let differ = |setting, saved: String, current: String| {
             Err(Error::Resume {
                 setting,
@@ -428,10 +462,13 @@ impl fmt::Display for Position {
             " batch_size={} drop_last={}",
             self.batch_size, self.drop_last
         )?;
-        match self.plan {
-            Some(p) => write!(f, " plan={p}"),
-            None => Ok(()),
+        if let Some(p) = self.plan {
+            write!(f, " plan={p}")?;
         }
+        if self.ahead {
+            f.write_str(" ahead=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -450,7 +487,7 @@ impl FromStr for Position {
             .parse()
             .map_err(|_| bad(format!("format version {version:?} is not a number")))?;
         check_version(version)?;
-        const KEYS: [&str; 8] = [
+        const KEYS: [&str; 9] = [
             "epoch",
             "batch",
             "seed",
@@ -459,8 +496,9 @@ impl FromStr for Position {
             "batch_size",
             "drop_last",
             "plan",
+            "ahead",
         ];
-        let mut values: [Option<&str>; 8] = [None; 8];
+        let mut values: [Option<&str>; 9] = [None; 9];
         for word in words {
             let (key, value) = word
                 .split_once('=')
@@ -512,6 +550,11 @@ impl FromStr for Position {
                     )));
                 }
             },
+            ahead: match values[8] {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(v) => return Err(bad(format!("ahead={v:?} is not true or false"))),
+            },
         };
         p.validate()?;
         Ok(p)
@@ -524,7 +567,9 @@ pub(crate) struct Progress {
     start: Position,
     /// The batches the epoch has when its length is known (datasets, not streams).
     batches: Option<u64>,
-    received: AtomicU64,
+    /// The batches received without a gap from the start, and those received past them
+    /// (out-of-order delivery).
+    received: Mutex<(u64, BTreeSet<u64>)>,
     ended: AtomicBool,
 }
 
@@ -533,14 +578,23 @@ impl Progress {
         Arc::new(Progress {
             start,
             batches: batches.map(|b| b as u64),
-            received: AtomicU64::new(0),
+            received: Mutex::new((0, BTreeSet::new())),
             ended: AtomicBool::new(false),
         })
     }
 
-    /// The consumer received one more batch.
-    pub(crate) fn received(&self) {
-        self.received.fetch_add(1, Ordering::Relaxed);
+    /// The consumer received batch `batch` (counted from the epoch's first).
+    pub(crate) fn received(&self, batch: usize) {
+        let mut r = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        let (done, ahead) = &mut *r;
+        if batch as u64 == *done {
+            *done += 1;
+            while ahead.remove(done) {
+                *done += 1;
+            }
+        } else {
+            ahead.insert(batch as u64);
+        }
     }
 
     /// The stream ended with its last batch delivered.
@@ -553,15 +607,19 @@ impl Progress {
     pub(crate) fn position(&self) -> Position {
         // Both stay within `Position::LIMIT`: epochs past `LIMIT - 1` never run (`check_epoch`),
         // and no run receives 2⁶³ batches.
-        let batch = self
-            .start
-            .batch
-            .saturating_add(self.received.load(Ordering::Relaxed));
+        let (done, ahead) = {
+            let r = self.received.lock().unwrap_or_else(|e| e.into_inner());
+            (r.0, !r.1.is_empty())
+        };
+        let batch = self.start.batch.saturating_add(done);
         let over = self.ended.load(Ordering::Relaxed) || self.batches == Some(batch);
         if over {
             self.start.at(self.start.epoch.saturating_add(1), 0)
         } else {
-            self.start.at(self.start.epoch, batch)
+            Position {
+                ahead,
+                ..self.start.at(self.start.epoch, batch)
+            }
         }
     }
 }

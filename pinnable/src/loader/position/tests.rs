@@ -16,6 +16,7 @@ fn random(r: &mut SplitMix64) -> Position {
         batch_size: 1 + r.below(1 << 20),
         drop_last: r.below(2) == 0,
         plan: (r.below(2) == 0).then(|| r.next_u64()),
+        ahead: r.below(4) == 0,
     }
 }
 

@@ -1,0 +1,654 @@
+//! Weighted mixing of several sources into one: [`Mix`], with its [`Stop`] rule.
+//!
+//! A mix is a [`Dataset`] that plans its own epochs ([`Dataset::order`]): the plan says, for
+//! each place of the epoch, which source it draws from and which of that source's samples it
+//! takes. Sources are read in an order of their own (shuffled under the seed, the epoch and the
+//! source's number, or their own plan for a source that plans, like tar shards); a source that
+//! runs out before the epoch ends is reshuffled (the next pass) and goes on.
+//!
+//! The plan is the same on every rank and is a pure function of the seed, the epoch, the
+//! sources' lengths and the mix's settings; each rank takes its part of it. It never depends on
+//! the worker count or on timing, so [`Position`](super::Position)s resume a mix exactly, and
+//! refuse a position saved with other sources, weights or stop rule (the setting named
+//! `mix (sources, weights and stop rule)`).
+
+use super::dataset::Dataset;
+use super::sampler::{SplitMix64, permutation};
+use crate::error::{Error, Result};
+
+/// When a mix's epoch ends. The names follow torchdata's stop criteria.
+///
+/// With per-sample draws an epoch's length is fixed in advance from the shares, so that
+/// [`len`](Dataset::len) is exact and every rank gets the same number of batches: it is the
+/// number of draws at which the rule is met *if every source got exactly its share*. Random
+/// draws stray from the shares by a few samples (±0.1% over 10⁶ draws); a source that runs
+/// out a little early is reshuffled and goes on. With per-batch counts the shares are exact, and
+/// so is the rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stop {
+    /// Until every source has been read through at least once (the largest source, in
+    /// proportion to its share, sets the length); smaller sources cycle, reshuffled at each
+    /// pass. The default.
+    AllExhausted,
+    /// Until the first source has been read through (the smallest source, in proportion to its
+    /// share, sets the length). With per-batch counts no sample is repeated; with per-sample
+    /// draws a source drawn a little more often than its share runs a few samples into its
+    /// next pass.
+    FirstExhausted,
+    /// Every sample of every source exactly once; the weights set how the sources interleave
+    /// (a source drawn from more often runs out sooner, and the last part of an epoch holds
+    /// only the sources still left). Per-sample draws only.
+    EachOnce,
+    /// One endless stream cut into epochs of `samples`: sources cycle across epoch
+    /// boundaries (epoch `e` goes on where epoch `e − 1` stopped, and its draws are
+    /// `e`'s own), so no epoch restarts a source. With per-sample draws each epoch holds
+    /// each source's share exactly (rounded to whole samples), in a random order.
+    Forever {
+        /// The samples of one epoch (all ranks together).
+        samples: usize,
+    },
+}
+
+/// How a mix draws.
+#[derive(Clone, Debug, PartialEq)]
+enum Shares {
+    /// Each place of the epoch draws its source at random, with these weights.
+    Weights(Vec<f64>),
+    /// Each batch holds exactly these counts, in a shuffled order.
+    Counts(Vec<usize>),
+}
+
+/// Several sources read as one, each in a set proportion: a [`Dataset`] to give to
+/// [`Loader::builder`](super::Loader::builder).
+///
+/// - [`Mix::weighted`]: each sample of an epoch is drawn from source `s` with probability
+///   `weight[s] / Σ weight` (over 10⁶ samples, each source's share is within ±0.5% of its
+///   weight's).
+/// - [`Mix::per_batch`]: each batch holds exactly `count[s]` samples of source `s`, in an
+///   order shuffled per batch; the loader's batch size must be `Σ count` (the builder checks).
+///
+/// [`stop`](Self::stop) sets when an epoch ends ([`Stop`]).
+///
+/// Sources are any [`Dataset`]s of one sample type: datasets, token windows, image folders,
+/// tar shards (read in their own planned order; a pass of theirs is planned as their own epoch).
+/// For sources of different types, box each as `Arc<dyn Dataset<Sample = S>>`.
+///
+/// **Indices and length.** [`len`](Dataset::len) is the samples in an epoch (all ranks
+/// together) and is exact; the indices that [`get`](Dataset::get) takes run over the sources
+/// laid end to end, `0..`[`total`](Self::total): source `s`'s sample `i` is
+/// `offset(s) + i` ([`locate`](Self::locate) says which source and sample an index is).
+///
+/// **Ranks.** With per-sample draws a rank takes every `world`-th place of the epoch's plan
+/// (padded or cut as [`Sampler`](super::Sampler) does); with per-batch counts it takes every
+/// `world`-th batch, so each of its batches is exact too. When the epoch's batches do not
+/// divide evenly among the ranks, a rank's last batch may be cut short: use `drop_last`, or a
+/// [`Stop::Forever`] epoch of a multiple of `world` batches.
+///
+/// **Cost.** The plan is made when an epoch starts: `O(len + Σ source length)` time and one
+/// `usize` per sample, at any epoch (no earlier epoch is replayed).
+///
+/// # Errors
+///
+/// The constructors refuse an empty list, an empty source, a weight that is not a positive
+/// finite number and a count of 0 ([`Error::Config`] naming `mix`).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use pinnable::loader::{Dataset, Loader, Mix, Stop};
+/// use pinnable::Tensor;
+///
+/// // Two corpora of one sample type, 70% / 30%.
+/// let web: Vec<i32> = (0..700).collect();
+/// let code: Vec<i32> = (1000..1100).collect(); // small: cycled, reshuffled at each pass
+/// let mix = Mix::weighted(vec![(web, 0.7), (code, 0.3)])?.stop(Stop::AllExhausted)?;
+/// assert_eq!(mix.len(), 1000); // 700 web samples are 70% of 1000
+///
+/// let loader = Loader::builder(mix).batch_size(100).shuffle(5).workers(2).build_with(
+///     |samples: Vec<i32>, _c| Ok(Tensor::from_vec1(samples)),
+/// )?;
+/// let mut from_code = 0;
+/// for batch in &loader {
+///     from_code += batch?.to_vec::<i32>()?.iter().filter(|&&v| v >= 1000).count();
+/// }
+/// assert!((250..350).contains(&from_code));
+///
+/// // Exactly 3 of 4 samples from the first source in every batch.
+/// let exact = Mix::per_batch(vec![(vec![0i32; 30], 3), (vec![1i32; 10], 1)])?;
+/// assert_eq!(exact.batch_size(), Some(4));
+/// let loader = Loader::builder(exact).batch_size(4).shuffle(1).build_with(
+///     |samples: Vec<i32>, _c| Ok(Tensor::from_vec1(samples)),
+/// )?;
+/// for batch in &loader {
+///     assert_eq!(batch?.to_vec::<i32>()?.iter().sum::<i32>(), 1);
+/// }
+///
+/// // Sources of different types, boxed.
+/// let a: Arc<dyn Dataset<Sample = i32>> = Arc::new(vec![1, 2, 3]);
+/// let b: Arc<dyn Dataset<Sample = i32>> = Arc::new(pinnable::loader::FnDataset::new(5, |i| Ok(i as i32)));
+/// let mixed = Mix::weighted(vec![(a, 1.0), (b, 1.0)])?;
+/// assert_eq!(mixed.total(), 8);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+pub struct Mix<D> {
+    sources: Vec<D>,
+    /// Where each source's indices start, and the total at the end.
+    offsets: Vec<usize>,
+    shares: Shares,
+    stop: Stop,
+    /// The samples of an epoch.
+    len: usize,
+}
+
+fn bad(problem: String) -> Error {
+    Error::Config {
+        setting: "mix",
+        problem,
+    }
+}
+
+/// The name positions give the mix's settings.
+const SETTING: &str = "mix (sources, weights and stop rule)";
+
+impl<D: Dataset> Mix<D> {
+    /// Sources drawn at random, sample by sample, in proportion to their weights; stops with
+    /// [`Stop::AllExhausted`] until [`stop`](Self::stop) says otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for no source, an empty source, or a weight that is not a positive
+    /// finite number.
+    pub fn weighted(sources: Vec<(D, f64)>) -> Result<Self> {
+        if let Some((s, (_, w))) = sources
+            .iter()
+            .enumerate()
+            .find(|(_, (_, w))| !(w.is_finite() && *w > 0.0))
+        {
+            return Err(bad(format!(
+                "source {s} has weight {w}; weights must be positive finite numbers (leave a \
+                 source out rather than give it 0)"
+            )));
+        }
+        let (sources, weights) = sources.into_iter().unzip();
+        Mix::new(sources, Shares::Weights(weights))
+    }
+
+    /// Sources in fixed counts per batch: each batch holds exactly `count` samples of each
+    /// source, in an order shuffled per batch; the loader's batch size must be the counts' sum
+    /// ([`batch_size`](Self::batch_size)). Stops with [`Stop::AllExhausted`] until
+    /// [`stop`](Self::stop) says otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for no source, an empty source, or a count of 0.
+    pub fn per_batch(sources: Vec<(D, usize)>) -> Result<Self> {
+        if let Some(s) = sources.iter().position(|(_, c)| *c == 0) {
+            return Err(bad(format!(
+                "source {s} has a count of 0 per batch; give it at least 1, or leave it out"
+            )));
+        }
+        let (sources, counts) = sources.into_iter().unzip();
+        Mix::new(sources, Shares::Counts(counts))
+    }
+
+    fn new(sources: Vec<D>, shares: Shares) -> Result<Self> {
+        if sources.is_empty() {
+            return Err(bad("no source to mix; give at least one".into()));
+        }
+        if let Some(s) = sources.iter().position(|d| d.is_empty()) {
+            return Err(bad(format!(
+                "source {s} has no sample; leave it out of the mix"
+            )));
+        }
+        let mut offsets = Vec::with_capacity(sources.len() + 1);
+        let mut total = 0usize;
+        offsets.push(0);
+        for d in &sources {
+            total = total
+                .checked_add(d.len())
+                .ok_or_else(|| bad("the sources' lengths add up past usize::MAX".into()))?;
+            offsets.push(total);
+        }
+        let mut mix = Mix {
+            sources,
+            offsets,
+            shares,
+            stop: Stop::AllExhausted,
+            len: 0,
+        };
+        mix.len = mix.epoch_len()?;
+        Ok(mix)
+    }
+
+    /// The same mix with the stop rule `stop` (see [`Stop`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for [`Stop::EachOnce`] with per-batch counts (exact counts cannot
+    /// read every sample once unless the sources' lengths are in the counts' proportions; use
+    /// [`Stop::FirstExhausted`]), or [`Stop::Forever`] with 0 samples or, with per-batch
+    /// counts, samples that are not a multiple of the batch.
+    pub fn stop(mut self, stop: Stop) -> Result<Self> {
+        self.stop = stop;
+        self.len = self.epoch_len()?;
+        Ok(self)
+    }
+
+    /// The stop rule.
+    pub fn stop_rule(&self) -> Stop {
+        self.stop
+    }
+
+    /// The sources, in the order given.
+    pub fn sources(&self) -> &[D] {
+        &self.sources
+    }
+
+    /// The batch size a per-batch mix is made for (the counts' sum); `None` for per-sample
+    /// draws.
+    pub fn batch_size(&self) -> Option<usize> {
+        match &self.shares {
+            Shares::Counts(c) => Some(c.iter().sum()),
+            Shares::Weights(_) => None,
+        }
+    }
+
+    /// The sources' samples laid end to end: indices run over `0..total()`.
+    pub fn total(&self) -> usize {
+        *self.offsets.last().expect("at least one offset")
+    }
+
+    /// Which source index `index` belongs to, and its index there; `None` past
+    /// [`total`](Self::total).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::Mix;
+    ///
+    /// let mix = Mix::weighted(vec![(vec![0u8; 3], 1.0), (vec![0u8; 5], 1.0)])?;
+    /// assert_eq!(mix.locate(4), Some((1, 1)));
+    /// assert_eq!(mix.locate(8), None);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn locate(&self, index: usize) -> Option<(usize, usize)> {
+        if index >= self.total() {
+            return None;
+        }
+        let s = self.offsets.partition_point(|&o| o <= index) - 1;
+        Some((s, index - self.offsets[s]))
+    }
+
+    fn lens(&self) -> impl Iterator<Item = usize> + '_ {
+        self.sources.iter().map(|d| d.len())
+    }
+
+    /// The samples of an epoch under the stop rule.
+    fn epoch_len(&self) -> Result<usize> {
+        let lens: Vec<usize> = self.lens().collect();
+        match (&self.shares, self.stop) {
+            (_, Stop::Forever { samples: 0 }) => Err(bad(
+                "Stop::Forever with 0 samples an epoch; give the samples of one epoch".into(),
+            )),
+            (Shares::Counts(c), Stop::Forever { samples }) => {
+                let b: usize = c.iter().sum();
+                if samples % b != 0 {
+                    return Err(bad(format!(
+                        "Stop::Forever with {samples} samples an epoch, which is not a whole \
+                         number of batches of {b} (the counts' sum); use a multiple of {b}"
+                    )));
+                }
+                Ok(samples)
+            }
+            (Shares::Weights(_), Stop::Forever { samples }) => Ok(samples),
+            (Shares::Weights(_), Stop::EachOnce) => Ok(self.total()),
+            (Shares::Counts(_), Stop::EachOnce) => Err(bad(
+                "Stop::EachOnce needs per-sample draws: exact counts per batch cannot read \
+                 every sample once; use Mix::weighted, or Stop::FirstExhausted"
+                    .into(),
+            )),
+            (Shares::Counts(c), rule) => {
+                let b: usize = c.iter().sum();
+                let passes = lens.iter().zip(c).map(|(&l, &c)| match rule {
+                    Stop::FirstExhausted => l / c,
+                    _ => l.div_ceil(c),
+                });
+                let batches = match rule {
+                    Stop::FirstExhausted => passes.min(),
+                    _ => passes.max(),
+                }
+                .unwrap_or(0);
+                batches
+                    .checked_mul(b)
+                    .ok_or_else(|| bad("the epoch is longer than usize::MAX samples".into()))
+            }
+            (Shares::Weights(w), rule) => {
+                let sum: f64 = w.iter().sum();
+                // A length that is a whole number but for rounding (700 / 0.7) counts as one.
+                let whole = |x: f64| {
+                    let r = x.round();
+                    ((x - r).abs() <= 1e-9 * r.max(1.0)).then_some(r)
+                };
+                let each = lens.iter().zip(w).map(|(&l, &w)| l as f64 * sum / w);
+                let n = match rule {
+                    Stop::FirstExhausted => {
+                        let x = each.fold(f64::INFINITY, f64::min);
+                        whole(x).unwrap_or(x.floor())
+                    }
+                    _ => {
+                        let x = each.fold(0.0, f64::max);
+                        whole(x).unwrap_or(x.ceil())
+                    }
+                };
+                if n >= usize::MAX as f64 {
+                    return Err(bad("the epoch is longer than usize::MAX samples".into()));
+                }
+                Ok(n as usize)
+            }
+        }
+    }
+
+    /// A number that changes when the sources' count or lengths, their own plan settings, the
+    /// shares or the stop rule change: positions carry it.
+    fn fingerprint(&self) -> u64 {
+        let mut h = Fingerprint(0xCBF2_9CE4_8422_2325);
+        match &self.shares {
+            Shares::Weights(w) => {
+                h.add(1);
+                w.iter().for_each(|w| h.add(w.to_bits()));
+            }
+            Shares::Counts(c) => {
+                h.add(2);
+                c.iter().for_each(|&c| h.add(c as u64));
+            }
+        }
+        match self.stop {
+            Stop::AllExhausted => h.add(10),
+            Stop::FirstExhausted => h.add(11),
+            Stop::EachOnce => h.add(12),
+            Stop::Forever { samples } => {
+                h.add(13);
+                h.add(samples as u64);
+            }
+        }
+        h.add(self.sources.len() as u64);
+        for d in &self.sources {
+            h.add(d.len() as u64);
+            h.add(d.plan_setting().map_or(u64::MAX, |(_, v)| v));
+        }
+        // Positions print it; a number below 2⁶³ reads well in other tools too.
+        h.0 >> 1
+    }
+
+    /// Which source each place of epoch `epoch` draws from, and where each source's reading
+    /// starts (its draws before this epoch: non-zero only for [`Stop::Forever`]).
+    fn draws(&self, epoch: u64, seed: u64) -> (Vec<u32>, Vec<u64>) {
+        let k = self.sources.len();
+        let mut before = vec![0u64; k];
+        if let Stop::Forever { samples } = self.stop {
+            match &self.shares {
+                Shares::Counts(c) => {
+                    let batches = (samples / c.iter().sum::<usize>()) as u64;
+                    for (b, &c) in before.iter_mut().zip(c) {
+                        *b = epoch.saturating_mul(batches).saturating_mul(c as u64);
+                    }
+                }
+                Shares::Weights(w) => {
+                    for (b, q) in before.iter_mut().zip(quotas(w, samples)) {
+                        *b = epoch.saturating_mul(q as u64);
+                    }
+                }
+            }
+        }
+        (self.epoch_draws(epoch, seed), before)
+    }
+
+    /// The source of each place of epoch `epoch`.
+    fn epoch_draws(&self, epoch: u64, seed: u64) -> Vec<u32> {
+        let mut rng = SplitMix64::for_epoch(seed ^ 0x4D49_5844_5241_5753, epoch);
+        let mut out = Vec::with_capacity(self.len);
+        match &self.shares {
+            Shares::Counts(counts) => {
+                let mut block: Vec<u32> = counts
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(s, &c)| std::iter::repeat_n(s as u32, c))
+                    .collect();
+                while out.len() < self.len {
+                    for i in (1..block.len()).rev() {
+                        let j = rng.below(i as u64 + 1) as usize;
+                        block.swap(i, j);
+                    }
+                    out.extend_from_slice(&block);
+                }
+            }
+            Shares::Weights(w) if matches!(self.stop, Stop::Forever { .. }) => {
+                // Each source's share, exactly, in a random order: where each source stands
+                // at any epoch is then known without replaying the epochs before.
+                out.extend(
+                    quotas(w, self.len)
+                        .into_iter()
+                        .enumerate()
+                        .flat_map(|(s, q)| std::iter::repeat_n(s as u32, q)),
+                );
+                for i in (1..out.len()).rev() {
+                    let j = rng.below(i as u64 + 1) as usize;
+                    out.swap(i, j);
+                }
+            }
+            Shares::Weights(w) if self.stop == Stop::EachOnce => {
+                let mut left: Vec<usize> = self.lens().collect();
+                let mut sum: f64 = w.iter().sum();
+                while out.len() < self.len {
+                    let mut u = unit(rng.next_u64()) * sum;
+                    let mut pick = None;
+                    for (s, (&l, &w)) in left.iter().zip(w).enumerate() {
+                        if l == 0 {
+                            continue;
+                        }
+                        pick = Some(s);
+                        if u < w {
+                            break;
+                        }
+                        u -= w;
+                    }
+                    let s = pick.expect("a source with samples left while the epoch goes on");
+                    left[s] -= 1;
+                    if left[s] == 0 {
+                        sum -= w[s];
+                    }
+                    out.push(s as u32);
+                }
+            }
+            Shares::Weights(w) => {
+                // Cumulative thresholds on 53-bit uniforms: a fixed, exact comparison.
+                let sum: f64 = w.iter().sum();
+                let mut acc = 0.0;
+                let mut cuts: Vec<f64> = w
+                    .iter()
+                    .map(|w| {
+                        acc += w / sum;
+                        acc
+                    })
+                    .collect();
+                *cuts.last_mut().expect("a source") = f64::INFINITY;
+                while out.len() < self.len {
+                    let u = unit(rng.next_u64());
+                    let s = cuts.partition_point(|&c| c <= u);
+                    out.push(s as u32);
+                }
+            }
+        }
+        out
+    }
+
+    /// Pass `pass` over source `s`: its indices in the order read.
+    fn pass(&self, s: usize, epoch: u64, pass: u64, seed: Option<u64>) -> Vec<usize> {
+        let d = &self.sources[s];
+        // Forever: passes go on across epochs, so they are keyed by the pass alone.
+        let key = match self.stop {
+            Stop::Forever { .. } => pass,
+            _ => SplitMix64::for_epoch(epoch, pass).next_u64() >> 1,
+        };
+        let planned = d
+            .order(key, seed, (0, 1), false)
+            .filter(|p| !p.is_empty() && p.iter().all(|&i| i < d.len()));
+        match (planned, seed) {
+            (Some(p), _) => p,
+            (None, None) => (0..d.len()).collect(),
+            (None, Some(seed)) => {
+                let seed = SplitMix64::for_epoch(seed, s as u64).next_u64();
+                permutation(d.len(), seed, key)
+            }
+        }
+    }
+
+    /// The whole epoch's plan (every rank's), as indices into the sources laid end to end.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::loader::{Mix, Stop};
+    ///
+    /// let mix = Mix::per_batch(vec![(vec![0u8; 4], 1), (vec![0u8; 2], 1)])?.stop(Stop::FirstExhausted)?;
+    /// let plan = mix.plan(0, Some(9));
+    /// assert_eq!(plan.len(), 4); // 2 batches of one sample each
+    /// assert_eq!(plan.iter().filter(|&&i| i >= 4).count(), 2); // one from the second source each
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn plan(&self, epoch: u64, seed: Option<u64>) -> Vec<usize> {
+        let (draws, before) = self.draws(epoch, seed.unwrap_or(0));
+        // Each source's reading: its pass, the place in it, and the pass's order (made when
+        // the source is first drawn), as indices into the sources laid end to end.
+        struct Reading {
+            pass: u64,
+            at: usize,
+            order: Vec<usize>,
+        }
+        let mut reading: Vec<Option<Reading>> = Vec::new();
+        reading.resize_with(self.sources.len(), || None);
+        let mut out = Vec::with_capacity(draws.len());
+        for s in draws {
+            let s = s as usize;
+            let r = match &mut reading[s] {
+                Some(r) if r.at < r.order.len() => r,
+                slot => {
+                    let len = self.sources[s].len() as u64;
+                    let (pass, at) = match slot {
+                        Some(r) => (r.pass + 1, 0),
+                        None => (before[s] / len, (before[s] % len) as usize),
+                    };
+                    let offset = self.offsets[s];
+                    let mut order = self.pass(s, epoch, pass, seed);
+                    order.iter_mut().for_each(|i| *i += offset);
+                    // A source's own plan may be shorter than the source: start it over.
+                    let at = if at < order.len() { at } else { 0 };
+                    slot.insert(Reading { pass, at, order })
+                }
+            };
+            out.push(r.order[r.at]);
+            r.at += 1;
+        }
+        out
+    }
+}
+
+/// The samples of each source in `n` under weights `w`: each share rounded down, the rest
+/// given one each to the largest remainders (the lower source first on a tie).
+fn quotas(w: &[f64], n: usize) -> Vec<usize> {
+    let sum: f64 = w.iter().sum();
+    let exact: Vec<f64> = w.iter().map(|w| n as f64 * w / sum).collect();
+    let mut q: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+    let mut rest: Vec<usize> = (0..w.len()).collect();
+    rest.sort_by(|&a, &b| {
+        let (fa, fb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
+        fb.total_cmp(&fa).then(a.cmp(&b))
+    });
+    let short = n.saturating_sub(q.iter().sum());
+    for &s in rest.iter().cycle().take(short) {
+        q[s] += 1;
+    }
+    q
+}
+
+/// A 53-bit uniform number in `[0, 1)`.
+fn unit(bits: u64) -> f64 {
+    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// FNV-1a over 64-bit words.
+struct Fingerprint(u64);
+
+impl Fingerprint {
+    fn add(&mut self, v: u64) {
+        for b in v.to_le_bytes() {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01B3);
+        }
+    }
+}
+
+impl<D: Dataset> Dataset for Mix<D> {
+    type Sample = D::Sample;
+
+    /// The samples of one epoch, all ranks together (see the type's docs).
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, index: usize) -> Result<D::Sample> {
+        let (s, i) = self.locate(index).ok_or(Error::IndexOutOfRange {
+            index,
+            len: self.total(),
+        })?;
+        self.sources[s].get(i)
+    }
+
+    fn order(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        (rank, world): (usize, usize),
+        drop_last: bool,
+    ) -> Option<Vec<usize>> {
+        let plan = self.plan(epoch, seed);
+        if world <= 1 {
+            return Some(plan);
+        }
+        let unit = self.batch_size().unwrap_or(1);
+        let units = plan.len() / unit;
+        let per_rank = if drop_last {
+            units / world
+        } else {
+            units.div_ceil(world)
+        };
+        let mut out = Vec::with_capacity(per_rank * unit);
+        for k in 0..per_rank {
+            // Padding repeats whole units from the start, as the sampler pads.
+            let u = (k * world + rank) % units.max(1);
+            out.extend_from_slice(&plan[u * unit..(u + 1) * unit]);
+        }
+        Some(out)
+    }
+
+    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        Some((SETTING, self.fingerprint()))
+    }
+
+    fn planned_batch_size(&self) -> Option<usize> {
+        self.batch_size()
+    }
+}
+
+impl<D: Dataset> std::fmt::Debug for Mix<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lens: Vec<usize> = self.lens().collect();
+        f.debug_struct("Mix")
+            .field("sources", &lens)
+            .field("shares", &self.shares)
+            .field("stop", &self.stop)
+            .field("len", &self.len)
+            .finish()
+    }
+}
