@@ -225,7 +225,7 @@ impl DeviceImageBatcher {
     }
 
     /// Whether position `pos` of a batch is one the host decodes for its share.
-    fn host_share(&self, pos: usize) -> bool {
+    pub(super) fn host_share(&self, pos: usize) -> bool {
         let s = self.cpu_share;
         ((pos + 1) as f64 * s).floor() > (pos as f64 * s).floor()
     }
