@@ -14,7 +14,7 @@ use super::{DecoderChoice, JpegDecoder, gpu_decoder};
 use crate::alloc::{Fence, PinnedBlock};
 use crate::cuda::{CudaDevice, Device, Event, image_kernels};
 use crate::error::{Error, Result};
-use crate::formats::image::decode::Decoder;
+use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
 use crate::formats::image::folder::{ImageFile, read_error};
 use crate::loader::{Batcher, Collator};
 use crate::tensor::{Data, DeviceBuffer, Storage, Tensor};
@@ -431,6 +431,7 @@ fn run(
                 && i.for_nvjpeg()
                 && i.width.saturating_mul(i.height) <= s.max_pixels()
                 && !batcher.host_share(pos)
+                && jpeg_looks_whole(file(pos), i.width, i.height)
                 && worker
                     .cuda
                     .as_ref()

@@ -6,8 +6,9 @@
 //! path to the library; if set, nothing else is tried), the loader's own search
 //! (`libnvjpeg.so.13`, then `.12`, on `LD_LIBRARY_PATH` and the system's paths), a CUDA toolkit
 //! (`$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda*/`), then the Python wheels users already have
-//! (`nvidia/cu13/lib/` of `nvidia-nvjpeg`, `nvidia/nvjpeg/lib/` of `nvidia-nvjpeg-cu12`) in the
-//! usual site-packages folders.
+//! (`nvidia/cu13/lib/` of `nvidia-nvjpeg`, `nvidia/nvjpeg/lib/` of `nvidia-nvjpeg-cu12`, and
+//! the copy torchvision's wheels carry in `torchvision.libs/`) in the usual site-packages
+//! folders.
 
 use std::ffi::{c_int, c_uchar, c_uint, c_void};
 use std::path::{Path, PathBuf};
@@ -182,9 +183,20 @@ pub(crate) fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
         sites.extend(python_sites(&opt.join(".venv/lib"), "site-packages"));
         sites.extend(python_sites(&opt.join("venv/lib"), "site-packages"));
     }
-    for site in sites {
+    let mut bundled = Vec::new();
+    for site in &sites {
         dirs.push(site.join("nvidia/cu13/lib"));
         dirs.push(site.join("nvidia/nvjpeg/lib"));
+        // torchvision's wheels carry their own copy under a hashed name.
+        bundled.extend(
+            read_dir_sorted(&site.join("torchvision.libs"))
+                .into_iter()
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("libnvjpeg") && n.contains(".so"))
+                }),
+        );
     }
     let mut out = Vec::new();
     for dir in dirs {
@@ -195,6 +207,7 @@ pub(crate) fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
             }
         }
     }
+    out.extend(bundled);
     out
 }
 
