@@ -348,17 +348,12 @@ fn a_batch_mixing_decoders_matches_the_host_batch() {
     assert_drained(&pool);
 }
 
-#[test]
-fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
-    let test = "corrupt";
-    let Some(device) = cuda_or_skip(test) else {
-        return;
-    };
-    let mut r = rng(test);
-    let dir = TempDir::new(&mut r, test);
+/// Twelve good JPEGs, then four broken ones: cut short inside its scan, headers then noise,
+/// empty, and a Huffman table counting more codes than it holds.
+fn corrupt_files(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
     let mut files = Vec::new();
     for _ in 0..12 {
-        let pic = images::picture(&mut r, 120, 90, 6.0);
+        let pic = images::picture(r, 120, 90, 6.0);
         files.push((
             "good".to_string(),
             images::jpeg(&pic, 120, 90, 90, Jpeg::Baseline, None),
@@ -368,22 +363,48 @@ fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
     let cut = files[0].1.len() * 3 / 5;
     files.push(("truncated".into(), files[0].1[..cut].to_vec()));
     let mut noise = files[1].1[..200].to_vec();
-    noise.extend((0..3000).map(|_| r.random::<u8>()));
+    noise.extend((0..3000).map(|_| r.random::<u8>() & 0x7F));
     files.push(("headers then noise".into(), noise));
     files.push(("empty".into(), Vec::new()));
+    // Whole and well framed, but its first Huffman table counts more codes than it holds:
+    // the kind of damage only a decoder sees (nvJPEG's own refusal, then the host's).
+    let mut table = files[2].1.clone();
+    let dht = table
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC4])
+        .expect("a Huffman table");
+    for b in &mut table[dht + 5..dht + 21] {
+        *b = 0xFE;
+    }
+    files.push((
+        "a Huffman table counting more codes than it holds".into(),
+        table,
+    ));
+    files
+}
+
+#[test]
+fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
+    let test = "corrupt";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let files = corrupt_files(&mut r);
     let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
     let pool = PinnedPool::new(PoolConfig::default());
     for decoder in decoders(&device, test) {
         let batcher = DeviceImageBatcher::new(&device).decoder(decoder);
-        for bad in 12..15 {
+        for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
             let batch = [0, 1, bad, 2];
             let err = run(&batcher, samples(&folder, batch), &pool)
                 .err()
-                .unwrap_or_else(|| panic!("{decoder:?}: {} decoded", files[bad].0));
+                .unwrap_or_else(|| panic!("{decoder:?}: {kind} decoded"));
             let path = folder.path(bad).unwrap().display().to_string();
             let msg = err.to_string();
-            println!("{test}: {decoder:?} {}: {msg}", files[bad].0);
-            assert!(msg.contains(&path), "{decoder:?} {}: {msg}", files[bad].0);
+            println!("{test}: {decoder:?} {kind}: {msg}");
+            assert!(msg.contains(&path), "{decoder:?} {kind}: {msg}");
             // The worker's decoders are not left broken: the next batch is the host's.
             let next = [3, 4, 5, 6, 7];
             let (dev, _) = run(&batcher, samples(&folder, next), &pool).unwrap();
@@ -500,13 +521,22 @@ fn the_device_tests_files_decode_on_the_host() {
             "{kind}: a flat {lo}"
         );
     }
+    // The broken files of the corrupt-file test fail on the host too, named.
+    let files = corrupt_files(&mut r);
+    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
+    for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
+        let err = run(&ImageBatcher, samples(&folder, [0, bad]), &pool)
+            .err()
+            .unwrap_or_else(|| panic!("{kind} decoded on the host"));
+        let path = folder.path(bad).unwrap().display().to_string();
+        assert!(err.to_string().contains(&path), "{kind}: {err}");
+    }
     // A device batcher on the host is refused with the reason, never a panic.
     let err = run(
         &DeviceImageBatcher::new(&Device::cpu()),
         samples(&folder, 0..2),
         &pool,
     )
-    .err()
-    .expect("the host is not a CUDA device");
+    .expect_err("the host is not a CUDA device");
     assert!(err.to_string().contains("DeviceImageBatcher"), "{err}");
 }

@@ -146,7 +146,7 @@ pub fn table(
         .take(256)
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
         .sum::<u64>() as f64
-        / files.len().min(256).max(1) as f64;
+        / files.len().clamp(1, 256) as f64;
     rep.line(&format!(
         "\nover the link per image: {:.1} KiB of JPEG, where the u8 crop is 147 KiB and the f32 \
          one 588 KiB",

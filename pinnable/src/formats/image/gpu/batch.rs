@@ -45,16 +45,22 @@ impl Backend {
         backend: c_int,
     ) -> std::result::Result<Backend, (String, nvjpeg::Status)> {
         let mut handle = std::ptr::null_mut();
-        // SAFETY: null allocators select the library's own; `handle` is an out-parameter.
-        let s = unsafe {
-            (lib.api.create_ex)(
-                backend,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                &mut handle,
-            )
+        let create = |flags, handle: &mut nvjpeg::Handle| {
+            // SAFETY: null allocators select the library's own; `handle` is an out-parameter.
+            unsafe {
+                (lib.api.create_ex)(
+                    backend,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    flags,
+                    handle,
+                )
+            }
         };
+        let mut s = create(nvjpeg::FLAGS_UPSAMPLING_WITH_INTERPOLATION, &mut handle);
+        if s == nvjpeg::INVALID_PARAMETER {
+            s = create(0, &mut handle);
+        }
         nvjpeg::check(&format!("nvjpegCreateEx(backend {backend})"), s)?;
         let mut b = Backend {
             lib,
@@ -392,6 +398,9 @@ fn run(
     c: &mut Collator,
 ) -> Result<(Tensor, Tensor)> {
     let n = samples.len();
+    dev.ctx
+        .bind_to_thread()
+        .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
     if n > 65535 {
         return Err(Error::Config {
             setting: "batch_size",
@@ -618,9 +627,8 @@ fn run(
         let staging = c.pool().alloc(host_px.len())?;
         // SAFETY: the block is ours and at least as long.
         unsafe { std::ptr::copy_nonoverlapping(host_px.as_ptr(), staging.as_ptr(), host_px.len()) };
-        for i in 0..n {
-            if let Route::Host(at) = routes[i] {
-                let j = &jobs.jobs[i];
+        for (route, j) in routes.iter().zip(&jobs.jobs) {
+            if let Route::Host(at) = *route {
                 // SAFETY: the staging block lives until the stream passes this batch (fence
                 // below); the destination is the picture's part of `decoded`.
                 unsafe { upload(&stream, j.src, staging.as_ptr().add(at), j.src_bytes())? };

@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 /// `nvjpegStatus_t`.
 pub(crate) type Status = c_int;
 pub(crate) const SUCCESS: Status = 0;
+pub(crate) const INVALID_PARAMETER: Status = 2;
 pub(crate) const ARCH_MISMATCH: Status = 7;
 
 /// `nvjpegHandle_t`, `nvjpegJpegState_t`, `nvjpegJpegStream_t`: opaque pointers.
@@ -29,6 +30,10 @@ pub(crate) type Stream = cudarc::driver::sys::CUstream;
 /// `nvjpegBackend_t`.
 pub(crate) const BACKEND_DEFAULT: c_int = 0;
 pub(crate) const BACKEND_HARDWARE: c_int = 3;
+/// `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION`: chroma upsampled by interpolation (as libjpeg's
+/// and zune-jpeg's "fancy" upsampling) rather than by repetition; libraries older than the flag
+/// refuse it, and are then opened without it.
+pub(crate) const FLAGS_UPSAMPLING_WITH_INTERPOLATION: c_uint = 1 << 5;
 /// `nvjpegOutputFormat_t::NVJPEG_OUTPUT_RGBI`: interleaved RGB in `channel[0]`.
 pub(crate) const OUTPUT_RGBI: c_int = 5;
 /// `NVJPEG_MAX_COMPONENT`.

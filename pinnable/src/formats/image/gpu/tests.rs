@@ -389,3 +389,45 @@ fn the_host_share_takes_the_same_positions_of_every_batch() {
         .chosen();
     assert_eq!(forced.decoder, JpegDecoder::Cuda);
 }
+
+#[test]
+fn a_job_is_laid_out_as_the_kernels_read_it() {
+    // `image.cu`'s `Job`: its fields in order, two u64s then eighteen u32s.
+    let cu = include_str!("../../../../kernels/image.cu");
+    let body = &cu[cu.find("struct Job {").expect("struct Job")..];
+    let body = &body[..body.find("};").expect("end of struct Job")];
+    let fields: Vec<(&str, &str)> = body
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let l = l.split("//").next()?.trim().strip_suffix(';')?;
+            l.split_once(' ')
+        })
+        .collect();
+    let rust = [
+        "src",
+        "mid",
+        "src_w",
+        "src_h",
+        "pitch",
+        "orient",
+        "crop_x",
+        "crop_y",
+        "ncols",
+        "nrows",
+        "x0",
+        "y0",
+        "flip",
+        "span0",
+        "span_rows",
+        "ntap_c",
+        "ntap_r",
+        "taps_c",
+        "taps_r",
+        "pad",
+    ];
+    assert_eq!(fields.iter().map(|f| f.1).collect::<Vec<_>>(), rust);
+    assert!(fields[..2].iter().all(|f| f.0 == "u64") && fields[2..].iter().all(|f| f.0 == "u32"));
+    assert_eq!(std::mem::size_of::<super::plan::Job>(), 2 * 8 + 18 * 4);
+    assert_eq!(std::mem::align_of::<super::plan::Job>(), 8);
+}
