@@ -540,3 +540,80 @@ fn the_device_tests_files_decode_on_the_host() {
     .expect_err("the host is not a CUDA device");
     assert!(err.to_string().contains("DeviceImageBatcher"), "{err}");
 }
+
+#[test]
+fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
+    use pinnable::formats::tar::{TarImageBatcher, TarShards};
+    use pinnable_harness::tar::shard;
+
+    let test = "tar";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let mut files = Vec::new();
+    let mut members = Vec::new();
+    for i in 0..24 {
+        let (w, h) = (r.random_range(40..200), r.random_range(40..200));
+        let pic = images::picture(&mut r, w, h, 6.0);
+        let kind = [Jpeg::Baseline, Jpeg::Progressive, Jpeg::Gray, Jpeg::Cmyk][i % 4];
+        let bytes = images::jpeg(&pic, w, h, 90, kind, None);
+        let label = r.random_range(0..100i64);
+        let path = dir.0.join(format!("{i}.jpg"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push((path, label));
+        members.push((
+            format!("{i:03}"),
+            vec![
+                ("jpg".to_owned(), bytes),
+                ("cls".to_owned(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    let tar = dir.0.join("images.tar");
+    std::fs::write(&tar, shard(&members).0).unwrap();
+    let transform = Transform::random_resized_crop(40).flip(0.5);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let host: Vec<(Tensor, Tensor)> = Loader::builder(folder)
+        .batch_size(8)
+        .workers(2)
+        .build(ImageBatcher)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    let shards = TarShards::open([tar.to_str().unwrap()]).unwrap();
+    let batcher = TarImageBatcher::new(transform).on_device(DeviceImageBatcher::new(&device));
+    let got: Vec<(Tensor, Tensor)> = Loader::builder(shards)
+        .batch_size(8)
+        .workers(2)
+        .build(batcher)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(got.len(), host.len());
+    for (k, ((gx, gy), (hx, hy))) in got.iter().zip(&host).enumerate() {
+        assert_eq!(gx.device(), device);
+        let gy = gy.to_cpu(false).unwrap().to_vec::<i64>().unwrap();
+        assert_eq!(gy, hy.to_vec::<i64>().unwrap(), "batch {k}: labels");
+        let g: Vec<f64> = gx
+            .to_cpu(false)
+            .unwrap()
+            .to_vec::<u8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let h: Vec<f64> = hx
+            .to_vec::<u8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let p = psnr(&g, &h);
+        println!("{test}: batch {k}: PSNR {p:.1} dB");
+        assert!(p >= 40.0, "batch {k}: PSNR {p:.1} dB");
+    }
+}

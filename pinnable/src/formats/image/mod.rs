@@ -61,7 +61,7 @@ mod avx2;
 mod chroma;
 mod decode;
 mod folder;
-mod gpu;
+pub(crate) mod gpu;
 mod orient;
 mod resample;
 mod transform;

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::fs;
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaStream, result, sys};
@@ -287,6 +288,88 @@ impl Batcher<ImageFile> for DeviceImageBatcher {
             });
         };
         let transform = first.transform().clone();
+        let max_pixels = first.max_pixels();
+        let (block, ranges) = read_files(&samples, c)?;
+        let inputs = Inputs {
+            block,
+            ranges,
+            names: samples.iter().map(|s| s.path().to_path_buf()).collect(),
+            indices: samples.iter().map(ImageFile::index).collect(),
+            labels: samples.iter().map(ImageFile::label).collect(),
+            max_pixels,
+        };
+        self.make(&transform, inputs, c)
+    }
+}
+
+/// A batch's compressed pictures, read into one pinned block, and what names them.
+pub(crate) struct Inputs {
+    /// The bytes of every picture, one after another.
+    pub(crate) block: PinnedBlock,
+    /// Each picture's bytes in the block: (start, length).
+    pub(crate) ranges: Vec<(usize, usize)>,
+    /// What errors name: the file, or a shard's member.
+    pub(crate) names: Vec<PathBuf>,
+    /// Each sample's index in its dataset (for `Error::Sample`).
+    pub(crate) indices: Vec<usize>,
+    pub(crate) labels: Vec<i64>,
+    /// Pictures over this many pixels are refused (the host decoder's message).
+    pub(crate) max_pixels: usize,
+}
+
+impl Inputs {
+    /// `e` as the failure of the sample at batch position `pos`.
+    fn error(&self, pos: usize, e: Error) -> Error {
+        Error::Sample {
+            index: self.indices[pos],
+            during: "writing in place",
+            source: Box::new(e),
+        }
+    }
+
+    /// Copies `pictures` (their bytes and what names them) into one pinned block from `c`'s pool.
+    ///
+    /// # Errors
+    ///
+    /// The pool's, when the block cannot be had.
+    pub(crate) fn copied(
+        pictures: &[(&[u8], PathBuf, usize, i64)],
+        max_pixels: usize,
+        c: &Collator,
+    ) -> Result<Inputs> {
+        let total: usize = pictures.iter().map(|p| p.0.len()).sum();
+        let block = c.pool().alloc(total.max(1))?;
+        let mut ranges = Vec::with_capacity(pictures.len());
+        let mut at = 0;
+        for (bytes, ..) in pictures {
+            // SAFETY: the block is ours alone and holds `total` bytes; the ranges are
+            // disjoint and inside it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), block.as_ptr().add(at), bytes.len())
+            };
+            ranges.push((at, bytes.len()));
+            at += bytes.len();
+        }
+        Ok(Inputs {
+            block,
+            ranges,
+            names: pictures.iter().map(|p| p.1.clone()).collect(),
+            indices: pictures.iter().map(|p| p.2).collect(),
+            labels: pictures.iter().map(|p| p.3).collect(),
+            max_pixels,
+        })
+    }
+}
+
+impl DeviceImageBatcher {
+    /// The batch of `inputs`, transformed by `transform`, made on the device by this thread's
+    /// decoders.
+    pub(crate) fn make(
+        &self,
+        transform: &crate::formats::image::Transform,
+        inputs: Inputs,
+        c: &mut Collator,
+    ) -> Result<(Tensor, Tensor)> {
         transform.validate()?;
         let dev = self.device.cuda_device("DeviceImageBatcher")?.clone();
         let decoder = self.chosen().decoder;
@@ -311,7 +394,7 @@ impl Batcher<ImageFile> for DeviceImageBatcher {
                 });
             }
             let worker = w.as_mut().expect("set just above");
-            run(self, worker, &dev, decoder, &transform, samples, c)
+            run(self, worker, &dev, decoder, transform, inputs, c)
         })
     }
 }
@@ -394,10 +477,10 @@ fn run(
     dev: &Arc<CudaDevice>,
     decoder: JpegDecoder,
     transform: &crate::formats::image::Transform,
-    samples: Vec<ImageFile>,
+    inputs: Inputs,
     c: &mut Collator,
 ) -> Result<(Tensor, Tensor)> {
-    let n = samples.len();
+    let n = inputs.names.len();
     dev.ctx
         .bind_to_thread()
         .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
@@ -425,7 +508,7 @@ fn run(
                 Some(Backend::open(lib, nvjpeg::BACKEND_DEFAULT).map_err(|(m, _)| nv_error(m))?);
         }
     }
-    let (input, ranges) = read_files(&samples, c)?;
+    let (input, ranges) = (&inputs.block, &inputs.ranges);
     // SAFETY: the block is ours, filled above, and only read from here on.
     let bytes = unsafe { std::slice::from_raw_parts(input.as_ptr(), input.len()) };
     let file = |i: usize| &bytes[ranges[i].0..][..ranges[i].1];
@@ -434,11 +517,12 @@ fn run(
     let mut host_px: Vec<u8> = Vec::new();
     let mut routes = Vec::with_capacity(n);
     worker.jobs.clear();
-    for (pos, s) in samples.iter().enumerate() {
+    for pos in 0..n {
+        let name = &inputs.names[pos];
         let info = probe(file(pos)).filter(|i| {
             lib.is_some()
                 && i.for_nvjpeg()
-                && i.width.saturating_mul(i.height) <= s.max_pixels()
+                && i.width.saturating_mul(i.height) <= inputs.max_pixels
                 && !batcher.host_share(pos)
                 && jpeg_looks_whole(file(pos), i.width, i.height)
                 && worker
@@ -457,7 +541,7 @@ fn run(
                 worker
                     .jobs
                     .push(transform, (info.width, info.height), info.orientation, rng)
-                    .map_err(|e| sample_error(s, e))?;
+                    .map_err(|e| inputs.error(pos, e))?;
                 if engines {
                     Route::Hardware
                 } else {
@@ -465,23 +549,23 @@ fn run(
                 }
             }
             None => {
-                worker.host.max_pixels = s.max_pixels();
+                worker.host.max_pixels = inputs.max_pixels;
                 let image = worker
                     .host
-                    .decode(file(pos), s.path())
-                    .map_err(|e| sample_error(s, e))?;
+                    .decode(file(pos), name)
+                    .map_err(|e| inputs.error(pos, e))?;
                 let at = host_px.len();
                 host_px.extend_from_slice(image.pixels());
                 worker
                     .jobs
                     .push(transform, (image.width(), image.height()), 1, rng)
-                    .map_err(|e| sample_error(s, e))?;
+                    .map_err(|e| inputs.error(pos, e))?;
                 Route::Host(at)
             }
         };
         routes.push(route);
     }
-    let labels = c.stack_scalars("labels", samples.iter().map(ImageFile::label))?;
+    let labels = c.stack_scalars("labels", inputs.labels.iter().copied())?;
     let mut collated = c.finish()?;
     let labels = collated.take(labels)?;
 
@@ -567,8 +651,8 @@ fn run(
             }
         }
     }
-    for i in 0..n {
-        if routes[i] != Route::Cuda {
+    for (i, route) in routes.iter_mut().enumerate() {
+        if *route != Route::Cuda {
             continue;
         }
         let b = worker.cuda.as_mut().expect("opened for nvJPEG decoders");
@@ -591,22 +675,22 @@ fn run(
             continue;
         }
         // nvJPEG refused it: the host decodes it, or names the file and why.
-        let s = &samples[i];
-        worker.host.max_pixels = s.max_pixels();
+        let name = &inputs.names[i];
+        worker.host.max_pixels = inputs.max_pixels;
         let image = worker
             .host
-            .decode(f, s.path())
-            .map_err(|e| sample_error(s, e))?;
+            .decode(f, name)
+            .map_err(|e| inputs.error(i, e))?;
         let (uw, uh) = if j.orient >= 5 {
             (j.src_h, j.src_w)
         } else {
             (j.src_w, j.src_h)
         };
         if (image.width(), image.height()) != (uw as usize, uh as usize) {
-            return Err(sample_error(
-                s,
+            return Err(inputs.error(
+                i,
                 Error::Image {
-                    path: s.path().display().to_string(),
+                    path: name.display().to_string(),
                     problem: format!(
                         "nvJPEG refused it ({}) and the host decoder makes it {} × {}, not the \
                          {uw} × {uh} its headers say",
@@ -621,7 +705,7 @@ fn run(
         host_px.extend_from_slice(image.pixels());
         let j = &mut jobs.jobs[i];
         (j.src_w, j.src_h, j.pitch, j.orient) = (uw, uh, uw * 3, 1);
-        routes[i] = Route::Host(at);
+        *route = Route::Host(at);
     }
     if !host_px.is_empty() {
         let staging = c.pool().alloc(host_px.len())?;

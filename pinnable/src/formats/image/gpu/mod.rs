@@ -24,7 +24,7 @@
 //! loader's pool), the decoded pictures, the kernels' tables and the output (device, from the
 //! device's pool) — comes from the crate's pools.
 
-mod batch;
+pub(crate) mod batch;
 pub(crate) mod nvjpeg;
 pub(crate) mod plan;
 
