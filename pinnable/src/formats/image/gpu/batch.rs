@@ -142,6 +142,9 @@ struct Worker {
     ordinal: usize,
     stream: Arc<CudaStream>,
     hardware: Option<Backend>,
+    /// Batches in a row the engines failed; at [`ENGINE_STRIKES`] this worker stops asking
+    /// them (a container can expose the engines' API and not the engines).
+    engine_failures: u32,
     cuda: Option<Backend>,
     host: Decoder,
     jobs: Jobs,
@@ -266,15 +269,28 @@ fn align(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-/// Says once on standard error that the engines refused a batch.
-fn say_engines_failed(why: &str) {
+/// Batches in a row the engines may fail before a worker stops giving them any.
+const ENGINE_STRIKES: u32 = 3;
+
+/// Says once on standard error that the engines refused a batch, and once that a worker gave
+/// up on them.
+fn say_engines_failed(why: &str, given_up: bool) {
     static SAID: OnceLock<()> = OnceLock::new();
+    static GIVEN_UP: OnceLock<()> = OnceLock::new();
     SAID.get_or_init(|| {
         eprintln!(
             "pinnable: the JPEG engines failed a batch ({why}); its pictures are decoded by \
              nvJPEG's CUDA backend, one by one"
         );
     });
+    if given_up {
+        GIVEN_UP.get_or_init(|| {
+            eprintln!(
+                "pinnable: the JPEG engines failed {ENGINE_STRIKES} batches in a row ({why}); \
+                 this worker decodes with nvJPEG's CUDA backend from now on"
+            );
+        });
+    }
 }
 
 impl Batcher<ImageFile> for DeviceImageBatcher {
@@ -388,6 +404,7 @@ impl DeviceImageBatcher {
                     ordinal: dev.ordinal,
                     stream,
                     hardware: None,
+                    engine_failures: 0,
                     cuda: None,
                     host: Decoder::new(),
                     jobs: Jobs::default(),
@@ -534,6 +551,7 @@ fn run(
         let route = match info {
             Some(info) => {
                 let engines = decoder == JpegDecoder::Hardware
+                    && worker.engine_failures < ENGINE_STRIKES
                     && worker
                         .hardware
                         .as_ref()
@@ -643,9 +661,13 @@ fn run(
                 )
             };
         }
-        if status != nvjpeg::SUCCESS {
+        if status == nvjpeg::SUCCESS {
+            worker.engine_failures = 0;
+        } else {
             b.batch = 0;
-            say_engines_failed(&nvjpeg::status_name(status));
+            worker.engine_failures += 1;
+            let given_up = worker.engine_failures >= ENGINE_STRIKES;
+            say_engines_failed(&nvjpeg::status_name(status), given_up);
             for &i in &hw {
                 routes[i] = Route::Cuda;
             }
