@@ -269,6 +269,16 @@ fn align(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// Says once per device and decoder that a forced decoder runs.
+fn say_forced(ordinal: usize, decoder: JpegDecoder) {
+    static SAID: std::sync::Mutex<Vec<(usize, JpegDecoder)>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.contains(&(ordinal, decoder)) {
+        said.push((ordinal, decoder));
+        eprintln!("pinnable: JPEGs for cuda:{ordinal} are decoded by {decoder} (forced)");
+    }
+}
+
 /// Batches in a row the engines may fail before a worker stops giving them any.
 const ENGINE_STRIKES: u32 = 3;
 
@@ -389,6 +399,9 @@ impl DeviceImageBatcher {
         transform.validate()?;
         let dev = self.device.cuda_device("DeviceImageBatcher")?.clone();
         let decoder = self.chosen().decoder;
+        if let Some(forced) = self.decoder {
+            say_forced(dev.ordinal, forced);
+        }
         WORKER.with(|w| {
             let mut w = w.borrow_mut();
             if w.as_ref().is_none_or(|w| w.ordinal != dev.ordinal) {
