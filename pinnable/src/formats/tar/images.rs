@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::TarSample;
 use crate::error::{Error, Result};
-use crate::formats::image::gpu::batch::Inputs;
+use crate::formats::image::gpu::inputs::Inputs;
 use crate::formats::image::{Decoder, DeviceImageBatcher, MAX_PIXELS, Transform};
 use crate::loader::{Batcher, Collator};
 use crate::tensor::Tensor;

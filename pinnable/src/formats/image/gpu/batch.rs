@@ -2,13 +2,12 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
-use std::fs;
-use std::io::Read;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaStream, result, sys};
 
+use super::backend::Backend;
+use super::inputs::{Inputs, read_files};
 use super::nvjpeg::{self, ImageDesc, Library};
 use super::plan::{Job, Jobs, probe};
 use super::{DecoderChoice, JpegDecoder, gpu_decoder};
@@ -16,7 +15,7 @@ use crate::alloc::{Fence, PinnedBlock};
 use crate::cuda::{CudaDevice, Device, Event, image_kernels};
 use crate::error::{Error, Result};
 use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
-use crate::formats::image::folder::{ImageFile, read_error};
+use crate::formats::image::folder::ImageFile;
 use crate::loader::{Batcher, Collator};
 use crate::tensor::{Data, DeviceBuffer, Storage, Tensor};
 
@@ -26,115 +25,6 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u32 = 1024;
 /// Alignment of each picture's part of the device buffers.
 const ALIGN: usize = 256;
-
-/// One nvJPEG handle on one backend, with its decode state and a parsed-stream object, owned
-/// by one thread.
-pub(super) struct Backend {
-    lib: &'static Library,
-    handle: nvjpeg::Handle,
-    state: nvjpeg::State,
-    stream: nvjpeg::JpegStream,
-    /// The batch size `nvjpegDecodeBatchedInitialize` was last called with.
-    batch: usize,
-}
-
-impl Backend {
-    /// A handle on `backend` (the library's default allocators), its state and a parsed-stream
-    /// object; the failing call and its status otherwise.
-    pub(super) fn open(
-        lib: &'static Library,
-        backend: c_int,
-    ) -> std::result::Result<Backend, (String, nvjpeg::Status)> {
-        let mut handle = std::ptr::null_mut();
-        let create = |flags, handle: &mut nvjpeg::Handle| {
-            // SAFETY: null allocators select the library's own; `handle` is an out-parameter.
-            unsafe {
-                (lib.api.create_ex)(
-                    backend,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    flags,
-                    handle,
-                )
-            }
-        };
-        let mut s = create(nvjpeg::FLAGS_UPSAMPLING_WITH_INTERPOLATION, &mut handle);
-        if s == nvjpeg::INVALID_PARAMETER {
-            s = create(0, &mut handle);
-        }
-        nvjpeg::check(&format!("nvjpegCreateEx(backend {backend})"), s)?;
-        let mut b = Backend {
-            lib,
-            handle,
-            state: std::ptr::null_mut(),
-            stream: std::ptr::null_mut(),
-            batch: 0,
-        };
-        // SAFETY: the handle was just created; `state` is an out-parameter.
-        let s = unsafe { (lib.api.state_create)(b.handle, &mut b.state) };
-        nvjpeg::check("nvjpegJpegStateCreate", s)?;
-        // SAFETY: as above.
-        let s = unsafe { (lib.api.stream_create)(b.handle, &mut b.stream) };
-        nvjpeg::check("nvjpegJpegStreamCreate", s)?;
-        Ok(b)
-    }
-
-    /// The size nvJPEG reads in `bytes`' headers, if it reads them.
-    fn image_size(&self, bytes: &[u8]) -> Option<(usize, usize)> {
-        let (mut comps, mut css) = (0, 0);
-        let (mut w, mut h) = ([0; nvjpeg::MAX_COMPONENT], [0; nvjpeg::MAX_COMPONENT]);
-        // SAFETY: the handle is live; the bytes outlive the call; the out-arrays hold
-        // `NVJPEG_MAX_COMPONENT` values each, as the call writes.
-        let s = unsafe {
-            (self.lib.api.get_image_info)(
-                self.handle,
-                bytes.as_ptr(),
-                bytes.len(),
-                &mut comps,
-                &mut css,
-                w.as_mut_ptr(),
-                h.as_mut_ptr(),
-            )
-        };
-        (s == nvjpeg::SUCCESS && w[0] > 0 && h[0] > 0).then(|| (w[0] as usize, h[0] as usize))
-    }
-
-    /// Whether the engines take `bytes` (headers parsed by nvJPEG).
-    fn batched_supported(&self, bytes: &[u8]) -> bool {
-        // SAFETY: the handle and stream object are live; the bytes outlive the call.
-        let s = unsafe {
-            (self.lib.api.stream_parse_header)(
-                self.handle,
-                bytes.as_ptr(),
-                bytes.len(),
-                self.stream,
-            )
-        };
-        if s != nvjpeg::SUCCESS {
-            return false;
-        }
-        let mut unsupported: c_int = 1;
-        // SAFETY: the stream object holds the headers just parsed.
-        let s =
-            unsafe { (self.lib.api.batched_supported)(self.handle, self.stream, &mut unsupported) };
-        s == nvjpeg::SUCCESS && unsupported == 0
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        // SAFETY: each object was created by this handle and is destroyed once, before it.
-        unsafe {
-            if !self.stream.is_null() {
-                (self.lib.api.stream_destroy)(self.stream);
-            }
-            if !self.state.is_null() {
-                (self.lib.api.state_destroy)(self.state);
-            }
-            (self.lib.api.destroy)(self.handle);
-        }
-    }
-}
 
 /// A loader worker's device decoding state: its stream and nvJPEG handles for one device,
 /// and buffers reused from batch to batch.
@@ -250,14 +140,6 @@ enum Route {
     Host(usize),
 }
 
-fn sample_error(file: &ImageFile, e: Error) -> Error {
-    Error::Sample {
-        index: file.index(),
-        during: "writing in place",
-        source: Box::new(e),
-    }
-}
-
 fn nv_error(msg: String) -> Error {
     Error::Interop {
         library: "nvJPEG",
@@ -328,65 +210,6 @@ impl Batcher<ImageFile> for DeviceImageBatcher {
     }
 }
 
-/// A batch's compressed pictures, read into one pinned block, and what names them.
-pub(crate) struct Inputs {
-    /// The bytes of every picture, one after another.
-    pub(crate) block: PinnedBlock,
-    /// Each picture's bytes in the block: (start, length).
-    pub(crate) ranges: Vec<(usize, usize)>,
-    /// What errors name: the file, or a shard's member.
-    pub(crate) names: Vec<PathBuf>,
-    /// Each sample's index in its dataset (for `Error::Sample`).
-    pub(crate) indices: Vec<usize>,
-    pub(crate) labels: Vec<i64>,
-    /// Pictures over this many pixels are refused (the host decoder's message).
-    pub(crate) max_pixels: usize,
-}
-
-impl Inputs {
-    /// `e` as the failure of the sample at batch position `pos`.
-    fn error(&self, pos: usize, e: Error) -> Error {
-        Error::Sample {
-            index: self.indices[pos],
-            during: "writing in place",
-            source: Box::new(e),
-        }
-    }
-
-    /// Copies `pictures` (their bytes and what names them) into one pinned block from `c`'s pool.
-    ///
-    /// # Errors
-    ///
-    /// The pool's, when the block cannot be had.
-    pub(crate) fn copied(
-        pictures: &[(&[u8], PathBuf, usize, i64)],
-        max_pixels: usize,
-        c: &Collator,
-    ) -> Result<Inputs> {
-        let total: usize = pictures.iter().map(|p| p.0.len()).sum();
-        let block = c.pool().alloc(total.max(1))?;
-        let mut ranges = Vec::with_capacity(pictures.len());
-        let mut at = 0;
-        for (bytes, ..) in pictures {
-            // SAFETY: the block is ours alone and holds `total` bytes; the ranges are
-            // disjoint and inside it.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), block.as_ptr().add(at), bytes.len())
-            };
-            ranges.push((at, bytes.len()));
-            at += bytes.len();
-        }
-        Ok(Inputs {
-            block,
-            ranges,
-            names: pictures.iter().map(|p| p.1.clone()).collect(),
-            indices: pictures.iter().map(|p| p.2).collect(),
-            labels: pictures.iter().map(|p| p.3).collect(),
-            max_pixels,
-        })
-    }
-}
-
 impl DeviceImageBatcher {
     /// The batch of `inputs`, transformed by `transform`, made on the device by this thread's
     /// decoders.
@@ -427,52 +250,6 @@ impl DeviceImageBatcher {
             run(self, worker, &dev, decoder, transform, inputs, c)
         })
     }
-}
-
-/// Reads every file into one pinned block: the block and each file's range in it.
-fn read_files(samples: &[ImageFile], c: &Collator) -> Result<(PinnedBlock, Vec<(usize, usize)>)> {
-    let mut sizes = Vec::with_capacity(samples.len());
-    for s in samples {
-        let len = fs::metadata(s.path())
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?
-            .len();
-        sizes.push(usize::try_from(len).unwrap_or(usize::MAX));
-    }
-    let total = sizes
-        .iter()
-        .try_fold(0usize, |a, &b| a.checked_add(b))
-        .ok_or_else(|| {
-            Error::Shape("the batch's files add up to more bytes than fit in memory".into())
-        })?;
-    let block = c.pool().alloc(total.max(1))?;
-    let mut ranges = Vec::with_capacity(samples.len());
-    let mut at = 0;
-    for (s, &len) in samples.iter().zip(&sizes) {
-        // SAFETY: the block is ours alone and `at + len <= total <= block.len()`; the ranges
-        // of different files do not overlap.
-        let dst = unsafe { std::slice::from_raw_parts_mut(block.as_ptr().add(at), len) };
-        let mut f =
-            fs::File::open(s.path()).map_err(|e| sample_error(s, read_error(s.path(), &e)))?;
-        f.read_exact(dst)
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?;
-        let mut extra = [0u8; 1];
-        if f.read(&mut extra)
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?
-            != 0
-        {
-            return Err(sample_error(
-                s,
-                Error::Image {
-                    path: s.path().display().to_string(),
-                    problem: "the file grew while it was read; read it again once it is written"
-                        .into(),
-                },
-            ));
-        }
-        ranges.push((at, len));
-        at += len;
-    }
-    Ok((block, ranges))
 }
 
 /// `bytes` of the device's memory, in the copy stream's order, owned like a tensor's.

@@ -24,7 +24,9 @@
 //! loader's pool), the decoded pictures, the kernels' tables and the output (device, from the
 //! device's pool) — comes from the crate's pools.
 
+mod backend;
 pub(crate) mod batch;
+pub(crate) mod inputs;
 pub(crate) mod nvjpeg;
 pub(crate) mod plan;
 
@@ -149,7 +151,7 @@ fn choose(device: &Device, library: Result<&'static nvjpeg::Library, String>) ->
             reason: format!("cuCtxSetCurrent failed with {:?}", e.0),
         };
     }
-    let hardware = batch::Backend::open(library, nvjpeg::BACKEND_HARDWARE);
+    let hardware = backend::Backend::open(library, nvjpeg::BACKEND_HARDWARE);
     let refused = match hardware {
         Ok(_) => {
             return DecoderChoice {
@@ -163,7 +165,7 @@ fn choose(device: &Device, library: Result<&'static nvjpeg::Library, String>) ->
         ),
         Err((msg, _)) => msg,
     };
-    match batch::Backend::open(library, nvjpeg::BACKEND_DEFAULT) {
+    match backend::Backend::open(library, nvjpeg::BACKEND_DEFAULT) {
         Ok(_) => DecoderChoice {
             decoder: JpegDecoder::Cuda,
             reason: format!("{found}; the hardware backend is off: {refused}"),
