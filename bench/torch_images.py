@@ -210,8 +210,9 @@ def gpu_decode(files, batches, lines):
     def run(batch, threads, resize):
         per = max(4, batches * BATCH // batch // threads)
         warm = 3
-        barrier = threading.Barrier(threads + 1)
-        done = threading.Barrier(threads + 1)
+        # Timeouts: a thread that fails breaks the barriers instead of hanging the run.
+        barrier = threading.Barrier(threads + 1, timeout=600)
+        done = threading.Barrier(threads + 1, timeout=600)
 
         def work(t):
             s = torch.cuda.Stream()
