@@ -12,6 +12,9 @@ Runs the twin (needs torch and torchvision, and a GPU):
 
     python3 torch_images.py --dir DIR --out torch_images.txt
 
+First torchvision's batched GPU decode (`decode_jpeg(list, device='cuda')`, nvJPEG): decode
+alone at batch 64/128/256 on 1-2 threads, then with a GPU resize + crop + normalise (the twin of
+the Rust bench's device-decode mode; `--gpu-decode-only` stops there). Then the DataLoader:
 Resize(256) + CenterCrop(224) + normalised f32 (ImageNet's mean and deviation), batches of 64,
 DataLoader(pin_memory=True) with 0, 4, 8 and 14 workers, each batch moved non_blocking,
 summed on the GPU and the stream synchronised; images decoded by torchvision.io.decode_jpeg
@@ -175,6 +178,88 @@ def images_per_second(files, decoder, workers, batches, dev):
     return n * BATCH / (time.perf_counter() - t0)
 
 
+def gpu_decode(files, batches, lines):
+    """torchvision's batched GPU decode (`decode_jpeg(list, device='cuda')`, nvJPEG), the twin of
+    the Rust bench's device-decode mode: decode alone at batch 64 / 128 / 256 on 1 and 2
+    threads (each thread its own stream and batches), then decode + per-image antialiased
+    resize of the shorter side to 256 + center crop 224 + normalise to f32 `[64, 3, 224, 224]`,
+    all on the GPU. The files' bytes are read into memory first (the Rust side reads the files
+    in its window: this favours torchvision). Steady state: images over a window after a
+    warm-up; the process's CPU time over the window as cores busy."""
+    import threading
+
+    import torch
+    import torch.nn.functional as F
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = [torch.frombuffer(bytearray(open(p, "rb").read()), dtype=torch.uint8) for p in files]
+    mean = torch.tensor(MEAN, device="cuda").view(3, 1, 1)
+    std = torch.tensor(STD, device="cuda").view(3, 1, 1)
+
+    def pipeline(imgs):
+        out = torch.empty((len(imgs), 3, 224, 224), device="cuda")
+        for k, im in enumerate(imgs):
+            h, w = im.shape[-2:]
+            nh, nw = (256, int(256 * w / h)) if h <= w else (int(256 * h / w), 256)
+            x = F.interpolate(im[None].float(), size=(nh, nw), mode="bilinear", antialias=True, align_corners=False)
+            top, left = int(round((nh - 224) / 2)), int(round((nw - 224) / 2))
+            x = x[0, :, top:top + 224, left:left + 224]
+            out[k] = (x / 255.0 - mean) / std
+        return out
+
+    def run(batch, threads, resize):
+        per = max(4, batches * BATCH // batch // threads)
+        warm = 3
+        # Timeouts: a thread that fails breaks the barriers instead of hanging the run.
+        barrier = threading.Barrier(threads + 1, timeout=600)
+        done = threading.Barrier(threads + 1, timeout=600)
+
+        def work(t):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                for j in range(warm + per):
+                    if j == warm:
+                        s.synchronize()
+                        barrier.wait()
+                    at = ((t * (warm + per) + j) * batch) % len(data)
+                    chunk = [data[(at + i) % len(data)] for i in range(batch)]
+                    imgs = decode_jpeg(chunk, mode=ImageReadMode.RGB, device="cuda")
+                    if resize:
+                        imgs = pipeline(imgs)
+                    s.synchronize()
+            done.wait()
+
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for th in ts:
+            th.start()
+        barrier.wait()
+        t0, c0 = time.perf_counter(), time.process_time()
+        done.wait()
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        for th in ts:
+            th.join()
+        return per * batch * threads / wall, cpu / wall
+
+    best = (0, "")
+    for batch in (64, 128, 256):
+        for threads in (1, 2):
+            ips, cores = run(batch, threads, False)
+            print(f"torchvision GPU decode, batch {batch}, {threads} thread(s): {ips:.0f} images/s, {cores:.2f} cores")
+            lines.append(f"tv_gpu_decode_b{batch}_t{threads} {ips}")
+            lines.append(f"tv_gpu_decode_b{batch}_t{threads}_cores {cores}")
+            best = max(best, (ips, f"b{batch}_t{threads}"))
+    lines.append(f"tv_gpu_decode_best {best[0]}")
+    print(f"torchvision GPU decode, best: {best[0]:.0f} images/s ({best[1]})")
+    best_p = 0
+    for threads in (1, 2):
+        ips, cores = run(BATCH, threads, True)
+        print(f"torchvision GPU decode + resize + crop + normalise, batch {BATCH}, {threads} thread(s): {ips:.0f} images/s, {cores:.2f} cores")
+        lines.append(f"tv_gpu_pipeline_t{threads} {ips}")
+        lines.append(f"tv_gpu_pipeline_t{threads}_cores {cores}")
+        best_p = max(best_p, ips)
+    lines.append(f"tv_gpu_pipeline_best {best_p}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--generate", metavar="DIR", help="write the JPEGs into DIR and stop")
@@ -183,6 +268,8 @@ def main():
     ap.add_argument("--out", help="where the twin writes its figures")
     ap.add_argument("--batches", type=int, default=int(os.environ.get("PINNABLE_BENCH_BATCHES", 60)))
     ap.add_argument("--workers", default="0,4,8,14")
+    ap.add_argument("--gpu-decode-only", action="store_true",
+                    help="only torchvision's batched GPU decode rows (no DataLoader runs)")
     args = ap.parse_args()
     if args.generate:
         generate(args.generate, args.count)
@@ -197,6 +284,11 @@ def main():
     torch.cuda.init()
     lines = [f"# torch {torch.__version__}, torchvision {torchvision.__version__}, "
              f"{torch.cuda.get_device_name(0)}, {len(files)} files, {os.cpu_count()} cores"]
+    gpu_decode(files, args.batches, lines)
+    if args.gpu_decode_only:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return
     crop = one_core(files, lines)
     with open(os.path.join(os.path.dirname(os.path.abspath(args.out)), "torch_images_pil_crop.u8"), "wb") as f:
         f.write(np.asarray(crop).transpose(2, 0, 1).tobytes())

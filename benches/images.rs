@@ -17,6 +17,10 @@
 //!    `Convert::normalize`; this bench has the `u8` row for it), and `f32` normalised on the
 //!    host (four times the bytes). Ratios against PyTorch's best in the same run
 //!    (`$PINNABLE_BENCH_OUT/torch_images.txt`, written by `bench/torch_images.py`).
+//! 4. **Decoded on the device** (`device.rs`): the JPEGs' bytes over the link, decoded by the
+//!    GPU's JPEG engines (or nvJPEG's CUDA backend) and resized and cropped by the crate's
+//!    kernels, u8 and normalised f32, with the process's CPU time over the window, against
+//!    torchvision's batched GPU decode alone and with a GPU resize.
 //!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as
 //! `bench/torch_images.py --generate DIR` writes them (PIL, `classNN/NNNN.jpg`); when the folder
@@ -25,6 +29,8 @@
 //! `PINNABLE_BENCH_BATCHES` (batches in the measured window), `PINNABLE_BENCH_FLOOR_BATCHES`
 //! (batches each floor thread makes, default 4).
 
+#[path = "images/device.rs"]
+mod device;
 #[path = "images/floor.rs"]
 mod floor;
 
@@ -467,6 +473,7 @@ fn main() {
             (&eval, u8_cost),
             (&norm, f32_cost),
             &floors,
+            &torch,
             &mut rep,
         );
     }
@@ -483,6 +490,7 @@ fn gpu_part(
     (eval, u8_cost): (&Transform, f64),
     (norm, f32_cost): (&Transform, f64),
     floors: &[(usize, f64)],
+    torch: &HashMap<String, f64>,
     rep: &mut Report,
 ) {
     let consumer = Consumer::new(dev);
@@ -567,6 +575,16 @@ fn gpu_part(
             floors,
         ));
     }
+    device::table(
+        dev,
+        files,
+        batches,
+        (eval, norm),
+        torch,
+        cores(),
+        &read,
+        rep,
+    );
     // The link's share: one raw copy of each batch's bytes from pinned memory.
     let u8_batch = BATCH * 3 * 224 * 224 + 8 * BATCH;
     for (name, bytes) in [("u8", u8_batch), ("f32", 4 * u8_batch)] {

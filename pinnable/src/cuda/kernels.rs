@@ -170,3 +170,68 @@ fn load(dev: &CudaDevice) -> std::result::Result<Arc<Kernels>, String> {
         multiprocessors,
     }))
 }
+
+/// The PTX of `pinnable/kernels/image.cu`, built by `scripts/ptx.sh`.
+#[cfg(feature = "image")]
+const IMAGE_PTX: &str = concat!(include_str!("../../kernels/image.ptx"), "\0");
+
+/// The image kernels of one device (`formats::image::gpu`), loaded like the gather kernels.
+#[cfg(feature = "image")]
+pub(crate) struct ImageKernels {
+    /// `image_rows`: the crop's rows filtered across.
+    pub(crate) rows: Function,
+    /// `image_out_b{1,2,4}`: filtered down and written, by output element size.
+    pub(crate) out: [Function; 3],
+}
+
+#[cfg(feature = "image")]
+type LoadedImage = Arc<OnceLock<std::result::Result<Arc<ImageKernels>, String>>>;
+#[cfg(feature = "image")]
+static LOADED_IMAGE: Mutex<Vec<LoadedImage>> = Mutex::new(Vec::new());
+
+/// The image kernels of `dev`, loaded on first use, or why they cannot be.
+#[cfg(feature = "image")]
+pub(crate) fn image_kernels(dev: &CudaDevice) -> std::result::Result<Arc<ImageKernels>, String> {
+    let slot = {
+        let mut loaded = LOADED_IMAGE.lock().unwrap_or_else(|e| e.into_inner());
+        if loaded.len() <= dev.ordinal {
+            loaded.resize_with(dev.ordinal + 1, Default::default);
+        }
+        loaded[dev.ordinal].clone()
+    };
+    slot.get_or_init(|| {
+        dev.ctx
+            .bind_to_thread()
+            .map_err(|e| format!("cuCtxSetCurrent failed with {}", result_name(e.0)))?;
+        // SAFETY: the PTX is NUL-terminated and lives for the process; a context is current.
+        let module =
+            unsafe { result::module::load_data(IMAGE_PTX.as_ptr().cast()) }.map_err(|e| {
+                format!(
+                    "cuModuleLoadData(image.ptx) failed with {}",
+                    result_name(e.0)
+                )
+            })?;
+        let function = |name: &CStr| -> std::result::Result<Function, String> {
+            let mut f = std::ptr::null_mut();
+            // SAFETY: the module was just loaded and is never unloaded; the name is a C string.
+            let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(Function(f))
+            } else {
+                Err(format!(
+                    "cuModuleGetFunction({name:?}) failed with {}",
+                    result_name(r)
+                ))
+            }
+        };
+        Ok(Arc::new(ImageKernels {
+            rows: function(c"image_rows")?,
+            out: [
+                function(c"image_out_b1")?,
+                function(c"image_out_b2")?,
+                function(c"image_out_b4")?,
+            ],
+        }))
+    })
+    .clone()
+}

@@ -17,6 +17,8 @@ mod pool;
 
 pub use event::Event;
 pub(crate) use kernels::gather_kernels;
+#[cfg(feature = "image")]
+pub(crate) use kernels::image_kernels;
 pub(crate) use kernels::{Function, Kernels, kernels};
 
 /// The outcome of probing the driver: the device count, or why there is no CUDA.

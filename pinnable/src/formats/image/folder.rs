@@ -238,7 +238,7 @@ impl ImageFolder {
     }
 }
 
-fn read_error(path: &Path, e: &std::io::Error) -> Error {
+pub(super) fn read_error(path: &Path, e: &std::io::Error) -> Error {
     Error::Image {
         path: path.display().to_string(),
         problem: format!("cannot read the file: {e}"),
@@ -299,6 +299,16 @@ impl ImageFile {
     /// The label.
     pub fn label(&self) -> i64 {
         self.folder.labels[self.index]
+    }
+
+    /// The transform of the sample's dataset.
+    pub(super) fn transform(&self) -> &Transform {
+        &self.folder.transform
+    }
+
+    /// The dataset's limit on decoded pixels.
+    pub(super) fn max_pixels(&self) -> usize {
+        self.folder.max_pixels
     }
 
     /// Reads and decodes the file and writes it, transformed with the random draws of `rng`,

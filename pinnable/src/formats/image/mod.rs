@@ -61,10 +61,12 @@ mod avx2;
 mod chroma;
 mod decode;
 mod folder;
+pub(crate) mod gpu;
 mod orient;
 mod resample;
 mod transform;
 
 pub use decode::{Decoder, Image, MAX_PIXELS};
 pub use folder::{ImageBatcher, ImageFile, ImageFolder};
+pub use gpu::{DecoderChoice, DeviceImageBatcher, JpegDecoder, gpu_decoder};
 pub use transform::{IMAGENET_MEAN, IMAGENET_STD, MAX_SIDE, Transform};

@@ -56,7 +56,7 @@ fn triangle(x: f64) -> f64 {
 
 impl Taps {
     /// The taps of outputs `outs` when `len` input pixels are resized to `out`.
-    fn compute(&mut self, len: usize, out: usize, outs: Range<usize>) {
+    pub(super) fn compute(&mut self, len: usize, out: usize, outs: Range<usize>) {
         let scale = len as f64 / out as f64;
         let filterscale = scale.max(1.0);
         let support = filterscale;
@@ -138,14 +138,14 @@ impl Taps {
     }
 
     /// The input indices any output reads.
-    fn span(&self) -> Range<usize> {
+    pub(super) fn span(&self) -> Range<usize> {
         let lo = self.first.iter().min().copied().unwrap_or(0);
         let hi = self.first.iter().max().map_or(0, |f| f + self.n);
         lo..hi.max(lo)
     }
 
     /// Output `o`'s first input index and weights.
-    fn of(&self, o: usize) -> (usize, &[i32]) {
+    pub(super) fn of(&self, o: usize) -> (usize, &[i32]) {
         (self.first[o], &self.weights[o * self.n..][..self.n])
     }
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use super::TarSample;
 use crate::error::{Error, Result};
-use crate::formats::image::{Decoder, Transform};
+use crate::formats::image::gpu::inputs::Inputs;
+use crate::formats::image::{Decoder, DeviceImageBatcher, MAX_PIXELS, Transform};
 use crate::loader::{Batcher, Collator};
 use crate::tensor::Tensor;
 
@@ -29,10 +30,16 @@ thread_local! {
 ///
 /// A sample without an image or a label, or one that cannot be decoded, arrives as the batch's
 /// error naming the shard and the key.
+///
+/// [`on_device`](Self::on_device) makes the images on a GPU instead, as
+/// [`DeviceImageBatcher`] does for files: each member's bytes are read from the shard once
+/// and copied into the batch's pinned block (the shard reader hands them over in memory), then
+/// decoded and transformed on the device.
 #[derive(Clone, Debug)]
 pub struct TarImageBatcher {
     transform: Transform,
     label: String,
+    device: Option<DeviceImageBatcher>,
 }
 
 impl TarImageBatcher {
@@ -41,7 +48,15 @@ impl TarImageBatcher {
         TarImageBatcher {
             transform,
             label: "cls".into(),
+            device: None,
         }
+    }
+
+    /// Makes the images on `batcher`'s device, with its decoders (same crop boxes and flips as
+    /// on the host).
+    pub fn on_device(mut self, batcher: DeviceImageBatcher) -> TarImageBatcher {
+        self.device = Some(batcher);
+        self
     }
 
     /// Labels from the members with extension `ext`.
@@ -80,6 +95,20 @@ impl Batcher<TarSample> for TarImageBatcher {
             .iter()
             .map(|s| s.class(&self.label))
             .collect::<Result<Vec<_>>>()?;
+        if let Some(device) = &self.device {
+            let mut members = Vec::with_capacity(samples.len());
+            for (s, &label) in samples.iter().zip(&labels) {
+                let ext = image_ext(s)?;
+                let name = PathBuf::from(format!("{}:{}.{ext}", s.shard(), s.key()));
+                members.push((s.bytes(ext)?, name, s.index(), label));
+            }
+            let pictures: Vec<_> = members
+                .iter()
+                .map(|(b, n, i, l)| (b.as_ref(), n.clone(), *i, *l))
+                .collect();
+            let inputs = Inputs::copied(&pictures, MAX_PIXELS, c)?;
+            return device.make(&self.transform, inputs, c);
+        }
         let labels = c.stack_scalars("labels", labels)?;
         let transform = self.transform.clone();
         let shape = transform.shape();

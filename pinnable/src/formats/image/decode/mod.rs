@@ -466,6 +466,18 @@ fn png_image_data_bytes(bytes: &[u8]) -> u64 {
     total
 }
 
+/// Whether a JPEG of `width × height` (its frame header's) is whole by the checks the host
+/// decoder makes before decoding: an end-of-image marker after the first scan, and enough scan
+/// data for its blocks. The device decoders may not notice a file cut short; the device path
+/// sends a file that fails these to the host decoder, which names it and the reason.
+pub(crate) fn jpeg_looks_whole(bytes: &[u8], width: usize, height: usize) -> bool {
+    let segments = segments(bytes);
+    let plane = (width.div_ceil(8) as u64).saturating_mul(height.div_ceil(8) as u64);
+    segments.whole
+        && !segments.ends_in_headers
+        && segments.scan_bytes.saturating_mul(8) >= segments.blocks.max(plane)
+}
+
 /// What the segments of a JPEG tell before it is decoded.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Segments {

@@ -250,6 +250,26 @@ impl Transform {
         Ok(())
     }
 
+    /// Each channel's 256 outputs as the bytes of the output type (`[3][256]` elements; the
+    /// identity for `u8`): what the device's kernels write through.
+    pub(crate) fn table_bytes(&self) -> Vec<u8> {
+        match &self.table {
+            Table::U8 => (0..768).map(|i| (i % 256) as u8).collect(),
+            Table::F32(t) => t.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            Table::F16(t) => t.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            Table::BF16(t) => t.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        }
+    }
+
+    /// Checks the transform's settings, as a write does first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for sizes that cannot be represented.
+    pub(crate) fn validate(&self) -> Result<()> {
+        self.check()
+    }
+
     /// Where an image of `width × height` goes, with the random draws from `rng`.
     ///
     /// # Errors

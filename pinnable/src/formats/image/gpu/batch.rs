@@ -1,0 +1,634 @@
+//! [`DeviceImageBatcher`]: a batch of image files decoded and transformed on the device.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaStream, result, sys};
+
+use super::backend::Backend;
+use super::inputs::{Inputs, read_files};
+use super::nvjpeg::{self, ImageDesc, Library};
+use super::plan::{Job, Jobs, probe};
+use super::{DecoderChoice, JpegDecoder, gpu_decoder};
+use crate::alloc::{Fence, PinnedBlock};
+use crate::cuda::{CudaDevice, Device, Event, image_kernels};
+use crate::error::{Error, Result};
+use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
+use crate::formats::image::folder::ImageFile;
+use crate::loader::{Batcher, Collator};
+use crate::tensor::{Data, DeviceBuffer, Storage, Tensor};
+
+/// Threads a block of the image kernels.
+const BLOCK: u32 = 256;
+/// Blocks a picture, at most.
+const MAX_BLOCKS: u32 = 1024;
+/// Alignment of each picture's part of the device buffers.
+const ALIGN: usize = 256;
+
+/// A loader worker's device decoding state: its stream and nvJPEG handles for one device,
+/// and buffers reused from batch to batch.
+struct Worker {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    hardware: Option<Backend>,
+    /// Batches in a row the engines failed; at [`ENGINE_STRIKES`] this worker stops asking
+    /// them (a container can expose the engines' API and not the engines).
+    engine_failures: u32,
+    cuda: Option<Backend>,
+    host: Decoder,
+    jobs: Jobs,
+}
+
+thread_local! {
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+}
+
+/// Batches [`ImageFile`]s into `(images [B, 3, S, S], labels i64 [B])` with the images made
+/// on a CUDA device: each file's bytes read once into pinned memory and decoded there by the
+/// fastest decoder the device has ([`gpu_decoder`]), then resized, cropped, flipped and
+/// converted by the crate's kernels into the batch's device tensor, stream-ordered (the tensor
+/// carries a ready event; nothing waits on the host). The labels are pinned, on the host: a
+/// loader with [`device`](crate::loader::LoaderBuilder::device) moves them with the batch.
+///
+/// The crop boxes and flips are those the host path ([`ImageBatcher`](super::super::ImageBatcher))
+/// draws for the same (seed, epoch, index), whichever decoder ran; pixel values agree with it
+/// within the decoders' rounding (PSNR ≥ 40 dB).
+///
+/// # Errors
+///
+/// A file that cannot be read or decoded by any decoder arrives as [`Error::Sample`] naming the
+/// sample, its source an [`Error::Image`] naming the file; the batch is lost, not the loader.
+///
+/// # Examples
+///
+/// ```no_run
+/// use pinnable::formats::image::{DeviceImageBatcher, ImageFolder, JpegDecoder};
+/// use pinnable::loader::Loader;
+/// use pinnable::Device;
+///
+/// let device = Device::cuda(0)?;
+/// let train = ImageFolder::open("train")?;
+/// let batcher = DeviceImageBatcher::new(&device);
+/// println!("decoding with {}", batcher.chosen());
+/// let loader = Loader::builder(train).batch_size(64).workers(2).device(device).build(batcher)?;
+/// for batch in &loader {
+///     let (images, labels) = batch?; // u8 [64, 3, 224, 224] on the device, i64 [64]
+/// }
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct DeviceImageBatcher {
+    device: Device,
+    decoder: Option<JpegDecoder>,
+    cpu_share: f64,
+}
+
+impl DeviceImageBatcher {
+    /// Images made on `device` by the decoder [`gpu_decoder`] picks.
+    pub fn new(device: &Device) -> DeviceImageBatcher {
+        DeviceImageBatcher {
+            device: device.clone(),
+            decoder: None,
+            cpu_share: 0.0,
+        }
+    }
+
+    /// Forces `decoder` instead of the one [`gpu_decoder`] picks (what it refuses still falls
+    /// back, as always: engines → CUDA backend → host).
+    pub fn decoder(mut self, decoder: JpegDecoder) -> DeviceImageBatcher {
+        self.decoder = Some(decoder);
+        self
+    }
+
+    /// Has the loader's workers decode this share of each batch's JPEGs on the host (0 to 1;
+    /// default 0), beside the device's decoders: the same positions of every batch, so the
+    /// output stays a function of (seed, epoch, index).
+    pub fn cpu_share(mut self, share: f64) -> DeviceImageBatcher {
+        self.cpu_share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// The decoder this batcher runs, and why.
+    pub fn chosen(&self) -> DecoderChoice {
+        match self.decoder {
+            Some(d) => DecoderChoice {
+                decoder: d,
+                reason: "forced by DeviceImageBatcher::decoder".into(),
+            },
+            None => gpu_decoder(&self.device),
+        }
+    }
+
+    /// Whether position `pos` of a batch is one the host decodes for its share.
+    pub(super) fn host_share(&self, pos: usize) -> bool {
+        let s = self.cpu_share;
+        ((pos + 1) as f64 * s).floor() > (pos as f64 * s).floor()
+    }
+}
+
+/// How a picture is decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Hardware,
+    Cuda,
+    /// On the host; its upright pixels at this offset of the host staging.
+    Host(usize),
+}
+
+fn nv_error(msg: String) -> Error {
+    Error::Interop {
+        library: "nvJPEG",
+        message: msg,
+    }
+}
+
+fn align(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Says once per device and decoder that a forced decoder runs.
+fn say_forced(ordinal: usize, decoder: JpegDecoder) {
+    static SAID: std::sync::Mutex<Vec<(usize, JpegDecoder)>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.contains(&(ordinal, decoder)) {
+        said.push((ordinal, decoder));
+        eprintln!("pinnable: JPEGs for cuda:{ordinal} are decoded by {decoder} (forced)");
+    }
+}
+
+/// Batches in a row the engines may fail before a worker stops giving them any.
+const ENGINE_STRIKES: u32 = 3;
+
+/// Says once on standard error that the engines refused a batch, and once that a worker gave
+/// up on them.
+fn say_engines_failed(why: &str, given_up: bool) {
+    static SAID: OnceLock<()> = OnceLock::new();
+    static GIVEN_UP: OnceLock<()> = OnceLock::new();
+    SAID.get_or_init(|| {
+        eprintln!(
+            "pinnable: the JPEG engines failed a batch ({why}); its pictures are decoded by \
+             nvJPEG's CUDA backend, one by one"
+        );
+    });
+    if given_up {
+        GIVEN_UP.get_or_init(|| {
+            eprintln!(
+                "pinnable: the JPEG engines failed {ENGINE_STRIKES} batches in a row ({why}); \
+                 this worker decodes with nvJPEG's CUDA backend from now on"
+            );
+        });
+    }
+}
+
+impl Batcher<ImageFile> for DeviceImageBatcher {
+    type Batch = (Tensor, Tensor);
+
+    fn batch(&self, samples: Vec<ImageFile>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
+        let Some(first) = samples.first() else {
+            return Err(Error::Field {
+                path: "images".into(),
+                message: "there are no samples to collate".into(),
+            });
+        };
+        let transform = first.transform().clone();
+        let max_pixels = first.max_pixels();
+        let (block, ranges) = read_files(&samples, c)?;
+        let inputs = Inputs {
+            block,
+            ranges,
+            names: samples.iter().map(|s| s.path().to_path_buf()).collect(),
+            indices: samples.iter().map(ImageFile::index).collect(),
+            labels: samples.iter().map(ImageFile::label).collect(),
+            max_pixels,
+        };
+        self.make(&transform, inputs, c)
+    }
+}
+
+impl DeviceImageBatcher {
+    /// The batch of `inputs`, transformed by `transform`, made on the device by this thread's
+    /// decoders.
+    pub(crate) fn make(
+        &self,
+        transform: &crate::formats::image::Transform,
+        inputs: Inputs,
+        c: &mut Collator,
+    ) -> Result<(Tensor, Tensor)> {
+        transform.validate()?;
+        let dev = self.device.cuda_device("DeviceImageBatcher")?.clone();
+        let decoder = self.chosen().decoder;
+        if let Some(forced) = self.decoder {
+            say_forced(dev.ordinal, forced);
+        }
+        WORKER.with(|w| {
+            let mut w = w.borrow_mut();
+            if w.as_ref().is_none_or(|w| w.ordinal != dev.ordinal) {
+                *w = None;
+                dev.ctx
+                    .bind_to_thread()
+                    .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+                let stream = dev
+                    .ctx
+                    .new_stream()
+                    .map_err(|e| Error::driver("cuStreamCreate", e))?;
+                *w = Some(Worker {
+                    ordinal: dev.ordinal,
+                    stream,
+                    hardware: None,
+                    engine_failures: 0,
+                    cuda: None,
+                    host: Decoder::new(),
+                    jobs: Jobs::default(),
+                });
+            }
+            let worker = w.as_mut().expect("set just above");
+            run(self, worker, &dev, decoder, transform, inputs, c)
+        })
+    }
+}
+
+/// `bytes` of the device's memory, in the copy stream's order, owned like a tensor's.
+fn device_buffer(dev: &Arc<CudaDevice>, bytes: usize) -> Result<Arc<DeviceBuffer>> {
+    // SAFETY: every byte the kernels or decoders read is written first on the worker's stream
+    // (decoded pictures, tables, filtered rows); the output's every element is written.
+    let slice = unsafe { dev.alloc(bytes.max(1)) }
+        .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
+    Ok(Arc::new(DeviceBuffer::new(slice, dev.clone())))
+}
+
+/// Copies `len` bytes of pinned memory at `src` to device address `dst` on `stream`.
+///
+/// # Safety
+///
+/// 1. `src` is valid for `len` bytes until the stream passes this point.
+/// 2. `dst` addresses `len` bytes of device memory ordered before this point on the stream.
+unsafe fn upload(stream: &CudaStream, dst: u64, src: *const u8, len: usize) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) }
+        .result()
+        .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    batcher: &DeviceImageBatcher,
+    worker: &mut Worker,
+    dev: &Arc<CudaDevice>,
+    decoder: JpegDecoder,
+    transform: &crate::formats::image::Transform,
+    inputs: Inputs,
+    c: &mut Collator,
+) -> Result<(Tensor, Tensor)> {
+    let n = inputs.names.len();
+    dev.ctx
+        .bind_to_thread()
+        .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+    if n > 65535 {
+        return Err(Error::Config {
+            setting: "batch_size",
+            problem: format!("{n} images in a batch; the device path takes at most 65535"),
+        });
+    }
+    let lib = match decoder {
+        JpegDecoder::Cpu => None,
+        _ => Some(
+            Library::get().map_err(|why| nv_error(format!("{decoder} was forced, but {why}")))?,
+        ),
+    };
+    if let Some(lib) = lib {
+        if decoder == JpegDecoder::Hardware && worker.hardware.is_none() {
+            worker.hardware = Some(
+                Backend::open(lib, nvjpeg::BACKEND_HARDWARE)
+                    .map_err(|(m, _)| nv_error(format!("{m}; use JpegDecoder::Cuda or Cpu")))?,
+            );
+        }
+        if worker.cuda.is_none() {
+            worker.cuda =
+                Some(Backend::open(lib, nvjpeg::BACKEND_DEFAULT).map_err(|(m, _)| nv_error(m))?);
+        }
+    }
+    let (input, ranges) = (&inputs.block, &inputs.ranges);
+    // SAFETY: the block is ours, filled above, and only read from here on.
+    let bytes = unsafe { std::slice::from_raw_parts(input.as_ptr(), input.len()) };
+    let file = |i: usize| &bytes[ranges[i].0..][..ranges[i].1];
+
+    // Headers, routes and the plan of every picture.
+    let mut host_px: Vec<u8> = Vec::new();
+    let mut routes = Vec::with_capacity(n);
+    worker.jobs.clear();
+    for pos in 0..n {
+        let name = &inputs.names[pos];
+        let info = probe(file(pos)).filter(|i| {
+            lib.is_some()
+                && i.for_nvjpeg()
+                && i.width.saturating_mul(i.height) <= inputs.max_pixels
+                && !batcher.host_share(pos)
+                && jpeg_looks_whole(file(pos), i.width, i.height)
+                && worker
+                    .cuda
+                    .as_ref()
+                    .is_some_and(|b| b.image_size(file(pos)) == Some((i.width, i.height)))
+        });
+        let rng = c.sample_rng(pos);
+        let route = match info {
+            Some(info) => {
+                let engines = decoder == JpegDecoder::Hardware
+                    && worker.engine_failures < ENGINE_STRIKES
+                    && worker
+                        .hardware
+                        .as_ref()
+                        .is_some_and(|b| b.batched_supported(file(pos)));
+                worker
+                    .jobs
+                    .push(transform, (info.width, info.height), info.orientation, rng)
+                    .map_err(|e| inputs.error(pos, e))?;
+                if engines {
+                    Route::Hardware
+                } else {
+                    Route::Cuda
+                }
+            }
+            None => {
+                worker.host.max_pixels = inputs.max_pixels;
+                let image = worker
+                    .host
+                    .decode(file(pos), name)
+                    .map_err(|e| inputs.error(pos, e))?;
+                let at = host_px.len();
+                host_px.extend_from_slice(image.pixels());
+                worker
+                    .jobs
+                    .push(transform, (image.width(), image.height()), 1, rng)
+                    .map_err(|e| inputs.error(pos, e))?;
+                Route::Host(at)
+            }
+        };
+        routes.push(route);
+    }
+    let labels = c.stack_scalars("labels", inputs.labels.iter().copied())?;
+    let mut collated = c.finish()?;
+    let labels = collated.take(labels)?;
+
+    // Device memory: the decoded pictures, the filtered rows, the tables, the output.
+    let size = transform.shape()[1];
+    let dtype = transform.dtype();
+    let jobs = &mut worker.jobs;
+    let mut src_at = Vec::with_capacity(n);
+    let mut mid_at = Vec::with_capacity(n);
+    let (mut src_total, mut mid_total) = (0usize, 0usize);
+    for j in &jobs.jobs {
+        src_at.push(src_total);
+        src_total += align(j.src_bytes());
+        mid_at.push(mid_total);
+        mid_total += align(j.mid_bytes());
+    }
+    let table = transform.table_bytes();
+    let jobs_bytes = align(n * std::mem::size_of::<Job>());
+    let taps_bytes = align(jobs.taps.len() * 4);
+    let params_total = jobs_bytes + taps_bytes + table.len();
+    let out_bytes = n * 3 * size * size * dtype.size();
+    let decoded = device_buffer(dev, src_total)?;
+    let mid = device_buffer(dev, mid_total)?;
+    let params = device_buffer(dev, params_total)?;
+    let out = device_buffer(dev, out_bytes)?;
+    let stream = worker.stream.clone();
+    dev.record()?.wait_on(&stream)?;
+    for (k, j) in jobs.jobs.iter_mut().enumerate() {
+        j.src = decoded.device_ptr() + src_at[k] as u64;
+        j.mid = mid.device_ptr() + mid_at[k] as u64;
+    }
+
+    // Decoding: the engines' batch first, then one by one, then the host's pictures.
+    let mut keep: Vec<PinnedBlock> = Vec::new();
+    let hw: Vec<usize> = (0..n).filter(|&i| routes[i] == Route::Hardware).collect();
+    if !hw.is_empty() {
+        let b = worker
+            .hardware
+            .as_mut()
+            .expect("opened for the hardware decoder");
+        let mut data: Vec<*const u8> = hw.iter().map(|&i| file(i).as_ptr()).collect();
+        let lengths: Vec<usize> = hw.iter().map(|&i| file(i).len()).collect();
+        let mut descs: Vec<ImageDesc> = hw
+            .iter()
+            .map(|&i| ImageDesc::rgbi(jobs.jobs[i].src, jobs.jobs[i].pitch as usize))
+            .collect();
+        let mut status = nvjpeg::SUCCESS;
+        if b.batch != hw.len() {
+            // SAFETY: the handle and state are live and this thread's.
+            status = unsafe {
+                (b.lib.api.batched_initialize)(
+                    b.handle,
+                    b.state,
+                    hw.len() as c_int,
+                    1,
+                    nvjpeg::OUTPUT_RGBI,
+                )
+            };
+            if status == nvjpeg::SUCCESS {
+                b.batch = hw.len();
+            }
+        }
+        if status == nvjpeg::SUCCESS {
+            // SAFETY: `data` and `lengths` name the files' bytes in the pinned block, which
+            // lives until the stream passes this batch (its fence is recorded below); each
+            // destination is a picture's part of `decoded`, ordered before on `stream`.
+            status = unsafe {
+                (b.lib.api.decode_batched)(
+                    b.handle,
+                    b.state,
+                    data.as_mut_ptr().cast_const(),
+                    lengths.as_ptr(),
+                    descs.as_mut_ptr(),
+                    stream.cu_stream(),
+                )
+            };
+        }
+        if status == nvjpeg::SUCCESS {
+            worker.engine_failures = 0;
+        } else {
+            b.batch = 0;
+            worker.engine_failures += 1;
+            let given_up = worker.engine_failures >= ENGINE_STRIKES;
+            say_engines_failed(&nvjpeg::status_name(status), given_up);
+            for &i in &hw {
+                routes[i] = Route::Cuda;
+            }
+        }
+    }
+    for (i, route) in routes.iter_mut().enumerate() {
+        if *route != Route::Cuda {
+            continue;
+        }
+        let b = worker.cuda.as_mut().expect("opened for nvJPEG decoders");
+        let j = jobs.jobs[i];
+        let mut desc = ImageDesc::rgbi(j.src, j.pitch as usize);
+        let f = file(i);
+        // SAFETY: as for the batched call; one picture.
+        let status = unsafe {
+            (b.lib.api.decode)(
+                b.handle,
+                b.state,
+                f.as_ptr(),
+                f.len(),
+                nvjpeg::OUTPUT_RGBI,
+                &mut desc,
+                stream.cu_stream(),
+            )
+        };
+        if status == nvjpeg::SUCCESS {
+            continue;
+        }
+        // nvJPEG refused it: the host decodes it, or names the file and why.
+        let name = &inputs.names[i];
+        worker.host.max_pixels = inputs.max_pixels;
+        let image = worker
+            .host
+            .decode(f, name)
+            .map_err(|e| inputs.error(i, e))?;
+        let (uw, uh) = if j.orient >= 5 {
+            (j.src_h, j.src_w)
+        } else {
+            (j.src_w, j.src_h)
+        };
+        if (image.width(), image.height()) != (uw as usize, uh as usize) {
+            return Err(inputs.error(
+                i,
+                Error::Image {
+                    path: name.display().to_string(),
+                    problem: format!(
+                        "nvJPEG refused it ({}) and the host decoder makes it {} × {}, not the \
+                         {uw} × {uh} its headers say",
+                        nvjpeg::status_name(status),
+                        image.width(),
+                        image.height()
+                    ),
+                },
+            ));
+        }
+        let at = host_px.len();
+        host_px.extend_from_slice(image.pixels());
+        let j = &mut jobs.jobs[i];
+        (j.src_w, j.src_h, j.pitch, j.orient) = (uw, uh, uw * 3, 1);
+        *route = Route::Host(at);
+    }
+    if !host_px.is_empty() {
+        let staging = c.pool().alloc(host_px.len())?;
+        // SAFETY: the block is ours and at least as long.
+        unsafe { std::ptr::copy_nonoverlapping(host_px.as_ptr(), staging.as_ptr(), host_px.len()) };
+        for (route, j) in routes.iter().zip(&jobs.jobs) {
+            if let Route::Host(at) = *route {
+                // SAFETY: the staging block lives until the stream passes this batch (fence
+                // below); the destination is the picture's part of `decoded`.
+                unsafe { upload(&stream, j.src, staging.as_ptr().add(at), j.src_bytes())? };
+            }
+        }
+        keep.push(staging);
+    }
+
+    // The kernels' tables, then the two launches.
+    let host_params = c.pool().alloc(params_total)?;
+    // SAFETY: the block is ours and `params_total` long; `Job` is plain `repr(C)` data.
+    unsafe {
+        let p = host_params.as_ptr();
+        std::ptr::copy_nonoverlapping(
+            jobs.jobs.as_ptr().cast::<u8>(),
+            p,
+            n * std::mem::size_of::<Job>(),
+        );
+        std::ptr::copy_nonoverlapping(
+            jobs.taps.as_ptr().cast::<u8>(),
+            p.add(jobs_bytes),
+            jobs.taps.len() * 4,
+        );
+        std::ptr::copy_nonoverlapping(table.as_ptr(), p.add(jobs_bytes + taps_bytes), table.len());
+        upload(&stream, params.device_ptr(), p, params_total)?;
+    }
+    keep.push(host_params);
+    let kernels = image_kernels(dev)
+        .map_err(|why| nv_error(format!("the image kernels cannot load: {why}")))?;
+    let mut jobs_ptr = params.device_ptr();
+    let mut taps_ptr = params.device_ptr() + jobs_bytes as u64;
+    let mut table_ptr = taps_ptr + taps_bytes as u64;
+    let mut out_ptr = out.device_ptr();
+    let mut size32 = size as u32;
+    let most_mid = jobs
+        .jobs
+        .iter()
+        .map(|j| j.span_rows * j.ncols)
+        .max()
+        .unwrap_or(0);
+    let blocks = |work: u64| (work.div_ceil(u64::from(BLOCK)) as u32).clamp(1, MAX_BLOCKS);
+    let out_fn = match dtype.size() {
+        1 => kernels.out[0],
+        2 => kernels.out[1],
+        _ => kernels.out[2],
+    };
+    dev.ctx
+        .bind_to_thread()
+        .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+    {
+        let mut args: [*mut c_void; 2] = [(&raw mut jobs_ptr).cast(), (&raw mut taps_ptr).cast()];
+        // SAFETY: the arguments are `image_rows`'s, in order; the jobs point into `decoded`
+        // and `mid`, written or reserved before on this stream, and stay inside them.
+        unsafe {
+            result::launch_kernel(
+                kernels.rows.0,
+                (blocks(u64::from(most_mid)), n as u32, 1),
+                (BLOCK, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|e| Error::driver("cuLaunchKernel(image_rows)", e))?;
+        let mut args: [*mut c_void; 5] = [
+            (&raw mut jobs_ptr).cast(),
+            (&raw mut taps_ptr).cast(),
+            (&raw mut table_ptr).cast(),
+            (&raw mut out_ptr).cast(),
+            (&raw mut size32).cast(),
+        ];
+        // SAFETY: as above; the output holds `n × 3 × size²` elements of the table's size.
+        unsafe {
+            result::launch_kernel(
+                out_fn.0,
+                (blocks((size * size) as u64), n as u32, 1),
+                (BLOCK, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|e| Error::driver("cuLaunchKernel(image_out)", e))?;
+    }
+
+    // Done on the stream: the output's ready event; every buffer freed after it.
+    let (ready, reader) = Event::record_on(dev, &stream)?;
+    let ready = Arc::new(ready);
+    out.add_reader(reader);
+    for b in [&decoded, &mid, &params] {
+        b.add_reader(
+            stream
+                .record_event(None)
+                .map_err(|e| Error::driver("cuEventRecord", e))?,
+        );
+    }
+    input.record_use(ready.clone() as Arc<dyn Fence>);
+    for b in &keep {
+        b.record_use(ready.clone() as Arc<dyn Fence>);
+    }
+    let storage = Storage {
+        data: Data::Device(out),
+        ready: Some(Arc::new(OnceLock::from(ready))),
+    };
+    let images = Tensor::from_storage(storage, dtype, &[n, 3, size, size])?;
+    Ok((images, labels))
+}

@@ -1,0 +1,433 @@
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+
+use super::nvjpeg::{Library, candidates, status_name};
+use super::plan::{Jobs, JpegInfo, model, probe};
+use super::*;
+use crate::dtype::DType;
+use crate::formats::image::{Decoder, IMAGENET_MEAN, IMAGENET_STD, Image, Transform, orient};
+use crate::loader::SplitMix64;
+
+/// A fresh seed each run, printed so that a failure can be replayed.
+fn seed(test: &str) -> u64 {
+    let seed = std::env::var("PINNABLE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("{test}: PINNABLE_SEED={seed}");
+    seed
+}
+
+fn pixels(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// The transforms the device path takes, one of each kind, sized for `w × h` pictures.
+fn transforms(rng: &mut SplitMix64) -> Vec<Transform> {
+    let size = 1 + rng.below(24) as usize;
+    let resize = size + rng.below(16) as usize;
+    vec![
+        Transform::resized_center_crop(resize, size),
+        Transform::center_crop(size),
+        Transform::random_resized_crop(size).flip(0.5),
+        Transform::resized_center_crop(resize, size)
+            .flip(0.5)
+            .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+            .expect("valid normalisation"),
+        Transform::random_resized_crop(size)
+            .normalize(DType::BF16, IMAGENET_MEAN, IMAGENET_STD)
+            .expect("valid normalisation"),
+        Transform::center_crop(size)
+            .normalize(DType::F16, IMAGENET_MEAN, IMAGENET_STD)
+            .expect("valid normalisation"),
+    ]
+}
+
+/// The kernels' model on `stored` (with `orientation`) against the host transform on the
+/// upright picture, element for element: equal, or one step of the 8-bit value apart where
+/// the host filters down first (Pillow's order for pictures shrinking most in height), which
+/// the device never does.
+fn compare<T: Copy + PartialEq + std::fmt::Debug + 'static>(
+    t: &Transform,
+    stored: &Image,
+    orientation: u8,
+    rng: SplitMix64,
+    table: &[T],
+    host: &[T],
+) {
+    let mut upright = stored.clone();
+    orient::apply(orientation, &mut upright, &mut Vec::new());
+    let mut jobs = Jobs::default();
+    let plan = jobs
+        .push(t, (stored.width(), stored.height()), orientation, rng)
+        .expect("plan");
+    let size = t.shape()[1];
+    let mut out = vec![table[0]; 3 * size * size];
+    model(
+        &jobs.jobs[0],
+        &jobs.taps,
+        stored.pixels(),
+        table,
+        size,
+        &mut out,
+    );
+    let vertical_first = plan.resized.1 < plan.crop.h
+        && plan.crop.h - plan.resized.1 > 2 * plan.crop.w.saturating_sub(plan.resized.0);
+    let plane = size * size;
+    // Whether `d` and `h` are the channel's outputs of two 8-bit values at most one apart.
+    let near = |ch: usize, d: &T, h: &T| {
+        let t = &table[ch * 256..][..256];
+        (0..256).any(|a| t[a] == *d && (a.saturating_sub(1)..(a + 2).min(256)).any(|b| t[b] == *h))
+    };
+    for (i, (d, h)) in out.iter().zip(host).enumerate() {
+        if d == h {
+            continue;
+        }
+        assert!(
+            vertical_first && near(i / plane, d, h),
+            "{t:?} on a {}×{} picture, orientation {orientation}, plan {plan:?}: element {i} \
+             is {d:?} on the device's model, {h:?} on the host",
+            stored.width(),
+            stored.height()
+        );
+    }
+}
+
+#[test]
+fn the_kernels_model_makes_the_host_transforms_pixels_for_every_orientation() {
+    let mut rng = SplitMix64::new(seed("model"));
+    for _ in 0..60 {
+        let (w, h) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
+        let stored = Image::from_rgb(w, h, pixels(&mut rng, w * h * 3)).expect("picture");
+        let orientation = 1 + rng.below(8) as u8;
+        for t in transforms(&mut rng) {
+            let draws = SplitMix64::new(rng.next_u64());
+            let mut upright = stored.clone();
+            orient::apply(orientation, &mut upright, &mut Vec::new());
+            let host = t.apply(&upright, draws.clone()).expect("host transform");
+            let table = t.table_bytes();
+            match t.dtype() {
+                DType::U8 => compare(
+                    &t,
+                    &stored,
+                    orientation,
+                    draws.clone(),
+                    &table,
+                    &host.to_vec::<u8>().unwrap(),
+                ),
+                DType::F32 => {
+                    let table: Vec<f32> = table
+                        .chunks(4)
+                        .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+                        .collect();
+                    compare(
+                        &t,
+                        &stored,
+                        orientation,
+                        draws.clone(),
+                        &table,
+                        &host.to_vec::<f32>().unwrap(),
+                    )
+                }
+                DType::F16 => {
+                    let table: Vec<u16> = table
+                        .chunks(2)
+                        .map(|b| u16::from_ne_bytes(b.try_into().unwrap()))
+                        .collect();
+                    let host: Vec<u16> = host
+                        .to_vec::<f16>()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    compare(&t, &stored, orientation, draws.clone(), &table, &host)
+                }
+                DType::BF16 => {
+                    let table: Vec<u16> = table
+                        .chunks(2)
+                        .map(|b| u16::from_ne_bytes(b.try_into().unwrap()))
+                        .collect();
+                    let host: Vec<u16> = host
+                        .to_vec::<bf16>()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    compare(&t, &stored, orientation, draws.clone(), &table, &host)
+                }
+                other => panic!("no such output type: {other}"),
+            }
+        }
+    }
+}
+
+/// A TIFF block recording `orientation`.
+fn exif(orientation: u16) -> Vec<u8> {
+    let mut b = b"MM\0*".to_vec();
+    b.extend(8u32.to_be_bytes());
+    b.extend(1u16.to_be_bytes());
+    b.extend(0x0112u16.to_be_bytes());
+    b.extend(3u16.to_be_bytes());
+    b.extend(1u32.to_be_bytes());
+    b.extend(orientation.to_be_bytes());
+    b.extend([0, 0]);
+    b.extend(0u32.to_be_bytes());
+    b
+}
+
+fn encode(rgb: &[u8], w: usize, h: usize, kind: u64, orientation: u16) -> (Vec<u8>, u8, u8) {
+    let mut out = Vec::new();
+    let mut e = Encoder::new(&mut out, 90);
+    let (sof, comps) = match kind {
+        0 => {
+            e.set_sampling_factor(SamplingFactor::R_4_2_0);
+            (0, 3)
+        }
+        1 => {
+            e.set_sampling_factor(SamplingFactor::R_4_4_4);
+            (0, 3)
+        }
+        2 => {
+            e.set_sampling_factor(SamplingFactor::R_4_2_2);
+            (0, 3)
+        }
+        3 => {
+            e.set_progressive(true);
+            (2, 3)
+        }
+        _ => (0, 1),
+    };
+    if orientation != 0 {
+        e.add_exif_metadata(&exif(orientation)).expect("exif");
+    }
+    let ct = if comps == 1 {
+        ColorType::Luma
+    } else {
+        ColorType::Rgb
+    };
+    let data: Vec<u8> = if comps == 1 {
+        rgb.iter().step_by(3).copied().collect()
+    } else {
+        rgb.to_vec()
+    };
+    e.encode(&data, w as u16, h as u16, ct).expect("encode");
+    (out, sof, comps)
+}
+
+#[test]
+fn headers_give_the_size_kind_and_orientation_the_host_decoder_turns_upright() {
+    let mut rng = SplitMix64::new(seed("headers"));
+    for _ in 0..30 {
+        let (w, h) = (1 + rng.below(70) as usize, 1 + rng.below(70) as usize);
+        let rgb = pixels(&mut rng, w * h * 3);
+        let kind = rng.below(5);
+        let orientation = rng.below(9) as u16;
+        let (file, sof, components) = encode(&rgb, w, h, kind, orientation);
+        let info = probe(&file).expect("a JPEG's headers");
+        assert_eq!(
+            info,
+            JpegInfo {
+                width: w,
+                height: h,
+                components,
+                sof,
+                orientation: orientation.max(1) as u8,
+            }
+        );
+        assert!(info.for_nvjpeg());
+        let mut d = Decoder::new();
+        let image = d.decode(&file, Path::new("x.jpg")).expect("decodes");
+        assert_eq!(info.upright(), (image.width(), image.height()));
+        // The crop box and flip drawn from the headers are the host path's, for any draws.
+        let t = Transform::random_resized_crop(8).flip(0.5);
+        let draws = SplitMix64::new(rng.next_u64());
+        let mut jobs = Jobs::default();
+        let from_headers = jobs
+            .push(
+                &t,
+                (info.width, info.height),
+                info.orientation,
+                draws.clone(),
+            )
+            .expect("plan");
+        let from_pixels = t
+            .plan(image.width(), image.height(), &mut draws.clone())
+            .expect("plan");
+        assert_eq!(from_headers, from_pixels);
+    }
+}
+
+#[test]
+fn headers_of_what_nvjpeg_cannot_take_send_it_to_the_host() {
+    let mut rng = SplitMix64::new(seed("refused"));
+    let (file, ..) = encode(&pixels(&mut rng, 8 * 8 * 3), 8, 8, 0, 0);
+    // Cut inside the headers: no frame header.
+    let sof = file
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC0])
+        .expect("a frame");
+    assert_eq!(probe(&file[..sof + 3]), None);
+    assert_eq!(probe(b"\x89PNG\r\n\x1a\n"), None);
+    // A lossless frame (SOF3) and a four-component one are not for nvJPEG.
+    let mut lossless = file.clone();
+    lossless[sof + 1] = 0xC3;
+    assert!(!probe(&lossless).expect("headers").for_nvjpeg());
+    let mut four = file.clone();
+    four[sof + 9] = 4;
+    assert!(!probe(&four).expect("headers").for_nvjpeg());
+    // Fuzzed headers give an answer, never a panic.
+    for _ in 0..2000 {
+        let mut f = file.clone();
+        let cut = rng.below(f.len() as u64) as usize;
+        f.truncate(cut.max(2));
+        let at = rng.below(f.len() as u64) as usize;
+        f[at] = rng.next_u64() as u8;
+        let _ = probe(&f);
+    }
+}
+
+#[test]
+fn a_missing_override_is_the_answer_and_says_what_to_do() {
+    let missing = std::env::temp_dir().join(format!("no-nvjpeg-{}/libnvjpeg.so", seed("missing")));
+    let m = missing.display().to_string();
+    let env = |k: &str| (k == "PINNABLE_NVJPEG").then(|| m.clone());
+    let err = Library::load(&env).err().expect("nothing at that path");
+    assert!(err.contains(&format!("PINNABLE_NVJPEG={m}")), "{err}");
+    assert!(err.contains("unset it"), "{err}");
+    // A library without nvJPEG's entry points is refused by name.
+    let env = |k: &str| (k == "PINNABLE_NVJPEG").then(|| "libm.so.6".to_string());
+    let err = Library::load(&env).err().expect("libm is not nvJPEG");
+    assert!(err.contains("no symbol nvjpegCreateEx"), "{err}");
+    // Without a library the host decodes, and the reason is the loader's.
+    let choice = choose(&Device::cpu(), Err(err.clone()));
+    assert_eq!(choice.decoder, JpegDecoder::Cpu);
+    assert_eq!(choice.reason, err);
+    assert!(
+        choice.to_string().starts_with("the host decoder ("),
+        "{choice}"
+    );
+    assert_eq!(gpu_decoder(&Device::cpu()).decoder, JpegDecoder::Cpu);
+}
+
+#[test]
+fn the_library_is_looked_for_in_toolkits_and_python_wheels() {
+    let root = std::env::temp_dir().join(format!("pinnable-nvjpeg-{}", seed("candidates")));
+    let venv = root.join("venv");
+    let home = root.join("home");
+    for d in [
+        venv.join("lib/python3.12/site-packages"),
+        home.join(".local/lib/python3.11/site-packages"),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let (v, h, t) = (
+        venv.display().to_string(),
+        home.display().to_string(),
+        root.join("toolkit").display().to_string(),
+    );
+    let env = |k: &str| match k {
+        "VIRTUAL_ENV" => Some(v.clone()),
+        "HOME" => Some(h.clone()),
+        "CUDA_HOME" => Some(t.clone()),
+        _ => None,
+    };
+    let c = candidates(&env);
+    let want: [PathBuf; 5] = [
+        root.join("toolkit/lib64/libnvjpeg.so.13"),
+        venv.join("lib/python3.12/site-packages/nvidia/cu13/lib/libnvjpeg.so.13"),
+        venv.join("lib/python3.12/site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12"),
+        home.join(".local/lib/python3.11/site-packages/nvidia/cu13/lib/libnvjpeg.so.13"),
+        home.join(".local/lib/python3.11/site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12"),
+    ];
+    for w in &want {
+        assert!(c.contains(w), "{} not among {c:?}", w.display());
+    }
+    // The toolkit before the wheels, the virtual environment's wheels before the user's.
+    let at = |p: &PathBuf| c.iter().position(|x| x == p).unwrap();
+    assert!(at(&want[0]) < at(&want[1]) && at(&want[1]) < at(&want[3]));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn statuses_are_named_as_the_header_names_them() {
+    assert_eq!(status_name(7), "NVJPEG_STATUS_ARCH_MISMATCH");
+    assert_eq!(status_name(3), "NVJPEG_STATUS_BAD_JPEG");
+    assert_eq!(status_name(10), "NVJPEG_STATUS_INCOMPLETE_BITSTREAM");
+    assert_eq!(status_name(42), "nvJPEG status 42");
+}
+
+#[test]
+fn the_host_share_takes_the_same_positions_of_every_batch() {
+    let mut rng = SplitMix64::new(seed("share"));
+    let share = (rng.below(1000) as f64) / 1000.0;
+    let b = DeviceImageBatcher::new(&Device::cpu()).cpu_share(share);
+    let n = 64 + rng.below(200) as usize;
+    let taken: Vec<usize> = (0..n).filter(|&p| b.host_share(p)).collect();
+    assert_eq!(
+        taken.len(),
+        (n as f64 * share).floor() as usize,
+        "share {share} of {n}"
+    );
+    assert!(
+        DeviceImageBatcher::new(&Device::cpu())
+            .cpu_share(1.0)
+            .host_share(rng.below(99) as usize)
+    );
+    assert!(
+        !DeviceImageBatcher::new(&Device::cpu())
+            .cpu_share(f64::NAN)
+            .host_share(0)
+    );
+    let forced = DeviceImageBatcher::new(&Device::cpu())
+        .decoder(JpegDecoder::Cuda)
+        .chosen();
+    assert_eq!(forced.decoder, JpegDecoder::Cuda);
+}
+
+#[test]
+fn a_job_is_laid_out_as_the_kernels_read_it() {
+    // `image.cu`'s `Job`: its fields in order, two u64s then eighteen u32s.
+    let cu = include_str!("../../../../kernels/image.cu");
+    let body = &cu[cu.find("struct Job {").expect("struct Job")..];
+    let body = &body[..body.find("};").expect("end of struct Job")];
+    let fields: Vec<(&str, &str)> = body
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let l = l.split("//").next()?.trim().strip_suffix(';')?;
+            l.split_once(' ')
+        })
+        .collect();
+    let rust = [
+        "src",
+        "mid",
+        "src_w",
+        "src_h",
+        "pitch",
+        "orient",
+        "crop_x",
+        "crop_y",
+        "ncols",
+        "nrows",
+        "x0",
+        "y0",
+        "flip",
+        "span0",
+        "span_rows",
+        "ntap_c",
+        "ntap_r",
+        "taps_c",
+        "taps_r",
+        "pad",
+    ];
+    assert_eq!(fields.iter().map(|f| f.1).collect::<Vec<_>>(), rust);
+    assert!(fields[..2].iter().all(|f| f.0 == "u64") && fields[2..].iter().all(|f| f.0 == "u32"));
+    assert_eq!(std::mem::size_of::<super::plan::Job>(), 2 * 8 + 18 * 4);
+    assert_eq!(std::mem::align_of::<super::plan::Job>(), 8);
+}

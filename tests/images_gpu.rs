@@ -1,0 +1,619 @@
+//! JPEGs decoded on the GPU (`DeviceImageBatcher`): every kind of file the host decoder reads,
+//! through each decoder the device has (the JPEG engines, nvJPEG's CUDA backend, the host
+//! decoder feeding the device's kernels), within 40 dB PSNR of the host path on the same files
+//! and the same crop boxes; batches mixing decoders; a corrupt file named, the next batch
+//! whole; nothing left reserved. Each test skips with `skipped: <reason>` without a GPU and
+//! fails under `PINNABLE_REQUIRE_GPU=1`; a missing nvJPEG fails there too, with the reason.
+
+use std::path::{Path, PathBuf};
+
+use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
+use pinnable::formats::image::{
+    DeviceImageBatcher, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder,
+    JpegDecoder, Transform, gpu_decoder,
+};
+use pinnable::loader::{Batcher, Collator, Dataset, Loader};
+use pinnable::{DType, Device, PinnedPool, PoolConfig, Tensor, ToDevice};
+use pinnable_harness::images::{self, Jpeg};
+use pinnable_harness::{assert_drained, cuda_or_skip, gpu_required, rng};
+use rand::Rng;
+use rand::rngs::SmallRng;
+
+/// A folder of its own under the system's temporary folder, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(r: &mut SmallRng, name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "pinnable-{name}-{}-{:x}",
+            std::process::id(),
+            r.random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The decoders to test on `device`: the ones it has, each said; under
+/// `PINNABLE_REQUIRE_GPU=1` a device without nvJPEG fails here, with the reason.
+fn decoders(device: &Device, test: &str) -> Vec<JpegDecoder> {
+    let choice = gpu_decoder(device);
+    eprintln!("{test}: gpu_decoder: {choice}");
+    let mut v = match choice.decoder {
+        JpegDecoder::Hardware => vec![JpegDecoder::Hardware, JpegDecoder::Cuda],
+        JpegDecoder::Cuda => {
+            eprintln!("{test}: skipped decoder hardware: {}", choice.reason);
+            vec![JpegDecoder::Cuda]
+        }
+        JpegDecoder::Cpu => {
+            assert!(
+                !gpu_required(),
+                "{test}: PINNABLE_REQUIRE_GPU=1 but nvJPEG is not usable: {}",
+                choice.reason
+            );
+            eprintln!("skipped: {test}: nvJPEG decoders: {}", choice.reason);
+            vec![]
+        }
+    };
+    v.push(JpegDecoder::Cpu);
+    v
+}
+
+fn encode(rgb: &[u8], w: usize, h: usize, f: impl FnOnce(&mut Encoder<&mut Vec<u8>>)) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut e = Encoder::new(&mut out, 90);
+    f(&mut e);
+    e.encode(rgb, w as u16, h as u16, ColorType::Rgb)
+        .expect("encode");
+    out
+}
+
+/// Every kind of JPEG the host decoder reads, and a PNG and a CMYK JPEG (host only), each as
+/// (kind, file bytes).
+fn kinds(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    let (w, h) = (97 + r.random_range(0..60), 71 + r.random_range(0..60));
+    let pic = images::picture(r, w, h, 6.0);
+    let plain = |kind| images::jpeg(&pic, w, h, 90, kind, None);
+    v.push(("baseline 4:2:0".into(), plain(Jpeg::Baseline)));
+    v.push(("baseline 4:4:4".into(), plain(Jpeg::Full)));
+    v.push((
+        "baseline 4:2:2".into(),
+        encode(&pic, w, h, |e| {
+            e.set_sampling_factor(SamplingFactor::R_4_2_2)
+        }),
+    ));
+    v.push((
+        "baseline 4:4:0".into(),
+        encode(&pic, w, h, |e| {
+            e.set_sampling_factor(SamplingFactor::R_4_4_0)
+        }),
+    ));
+    v.push(("progressive 4:2:0".into(), plain(Jpeg::Progressive)));
+    v.push((
+        "progressive 4:4:4".into(),
+        encode(&pic, w, h, |e| {
+            e.set_progressive(true);
+            e.set_sampling_factor(SamplingFactor::R_4_4_4);
+        }),
+    ));
+    v.push((
+        "restart markers every 2 MCUs".into(),
+        encode(&pic, w, h, |e| {
+            e.set_sampling_factor(SamplingFactor::R_4_2_0);
+            e.set_restart_interval(2);
+        }),
+    ));
+    v.push(("gray".into(), plain(Jpeg::Gray)));
+    for o in 1..=8u16 {
+        let exif = images::exif_orientation(o);
+        v.push((
+            format!("EXIF orientation {o}"),
+            images::jpeg(&pic, w, h, 90, Jpeg::Baseline, Some(&exif)),
+        ));
+    }
+    for s in 1..=16 {
+        let p = images::picture(r, s, s, 6.0);
+        v.push((
+            format!("tiny {s}×{s} 4:2:0"),
+            images::jpeg(&p, s, s, 90, Jpeg::Baseline, None),
+        ));
+    }
+    for (w, h) in [(1, 9), (9, 1), (17, 3), (33, 65), (333, 251), (251, 333)] {
+        let p = images::picture(r, w, h, 6.0);
+        v.push((
+            format!("odd {w}×{h} 4:2:0"),
+            images::jpeg(&p, w, h, 90, Jpeg::Baseline, None),
+        ));
+        v.push((
+            format!("odd {w}×{h} 4:4:4"),
+            images::jpeg(&p, w, h, 90, Jpeg::Full, None),
+        ));
+    }
+    v.push(("CMYK (host)".into(), plain(Jpeg::Cmyk)));
+    v.push((
+        "PNG (host)".into(),
+        images::png(
+            &pic,
+            w,
+            h,
+            png::ColorType::Rgb,
+            png::BitDepth::Eight,
+            None,
+            None,
+            None,
+        ),
+    ));
+    // Files the repository keeps for the image tests, if any.
+    if let Ok(dir) =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/images"))
+    {
+        for e in dir.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x.eq_ignore_ascii_case("jpg")) {
+                v.push((
+                    format!("tests/data {}", p.display()),
+                    std::fs::read(&p).unwrap(),
+                ));
+            }
+        }
+    }
+    v
+}
+
+fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> ImageFolder {
+    let list: Vec<(PathBuf, i64)> = files
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, bytes))| {
+            let ext = if kind.starts_with("PNG") {
+                "png"
+            } else {
+                "jpg"
+            };
+            let p = dir.join(format!("{i:03}.{ext}"));
+            std::fs::write(&p, bytes).unwrap();
+            (p, i as i64)
+        })
+        .collect();
+    ImageFolder::from_list(list)
+}
+
+/// The samples of `folder` at `indices`.
+fn samples(folder: &ImageFolder, indices: impl IntoIterator<Item = usize>) -> Vec<ImageFile> {
+    indices
+        .into_iter()
+        .map(|i| folder.get(i).unwrap())
+        .collect()
+}
+
+/// The batch of `files` made by `batcher`, its images read back to the host as values on the
+/// 0–255 scale (floats mapped back through the normalisation).
+fn run<B: Batcher<ImageFile, Batch = (Tensor, Tensor)>>(
+    batcher: &B,
+    files: Vec<ImageFile>,
+    pool: &PinnedPool,
+) -> pinnable::Result<(Vec<f64>, Vec<i64>)> {
+    let mut c = Collator::new(pool);
+    let (images, labels) = batcher.batch(files, &mut c)?;
+    let images = images.to_cpu(false)?;
+    let labels = labels.to_cpu(false)?.to_vec::<i64>()?;
+    let plane = images.shape()[2] * images.shape()[3];
+    let values = match images.dtype() {
+        DType::U8 => images.to_vec::<u8>()?.into_iter().map(f64::from).collect(),
+        DType::F32 => images
+            .to_vec::<f32>()?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let c = (i / plane) % 3;
+                (f64::from(v) * f64::from(IMAGENET_STD[c]) + f64::from(IMAGENET_MEAN[c])) * 255.0
+            })
+            .collect(),
+        other => panic!("not tested: {other}"),
+    };
+    Ok((values, labels))
+}
+
+/// PSNR in dB of `a` against `b` (values 0–255); infinite when equal.
+fn psnr(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mse = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>() / a.len() as f64;
+    10.0 * (255.0f64.powi(2) / mse).log10()
+}
+
+/// Decodes every kind through each decoder and compares with the host path, image by image.
+fn every_kind(test: &str, transform: Transform) {
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let files = kinds(&mut r);
+    let folder = write_files(&dir.0, &files).transform(transform);
+    let pool = PinnedPool::new(PoolConfig::default());
+    let all = 0..files.len();
+    let (host, host_labels) = run(&ImageBatcher, samples(&folder, all.clone()), &pool).unwrap();
+    let per = host.len() / files.len();
+    let mut failures = Vec::new();
+    for decoder in decoders(&device, test) {
+        let batcher = DeviceImageBatcher::new(&device).decoder(decoder);
+        let (dev, labels) = match run(&batcher, samples(&folder, all.clone()), &pool) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{decoder:?}: the batch failed: {e}"));
+                continue;
+            }
+        };
+        assert_eq!(labels, host_labels);
+        for (i, (kind, _)) in files.iter().enumerate() {
+            let p = psnr(&dev[i * per..][..per], &host[i * per..][..per]);
+            println!("{test}: {decoder:?} {kind}: PSNR {p:.1} dB");
+            if p < 40.0 {
+                failures.push(format!("{decoder:?} {kind}: PSNR {p:.1} dB < 40"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{test}: {failures:#?}");
+    drop(folder);
+    pool.empty_cache();
+    assert_drained(&pool);
+}
+
+#[test]
+fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_u8() {
+    every_kind("every_kind_u8", Transform::resized_center_crop(72, 64));
+}
+
+#[test]
+fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_f32_random_crops() {
+    let t = Transform::random_resized_crop(48)
+        .flip(0.5)
+        .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+        .unwrap();
+    every_kind("every_kind_f32", t);
+}
+
+#[test]
+fn a_batch_mixing_decoders_matches_the_host_batch() {
+    let test = "mixed";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let mut files = Vec::new();
+    for i in 0..40 {
+        let (w, h) = (40 + r.random_range(0..200), 40 + r.random_range(0..200));
+        let pic = images::picture(&mut r, w, h, 6.0);
+        let kind = [
+            Jpeg::Baseline,
+            Jpeg::Progressive,
+            Jpeg::Gray,
+            Jpeg::Cmyk,
+            Jpeg::Full,
+        ][i % 5];
+        files.push((
+            format!("{kind:?} {w}×{h}"),
+            images::jpeg(&pic, w, h, 85, kind, None),
+        ));
+    }
+    let pic = images::picture(&mut r, 50, 60, 6.0);
+    files.push((
+        "PNG (host)".into(),
+        images::png(
+            &pic,
+            50,
+            60,
+            png::ColorType::Rgb,
+            png::BitDepth::Eight,
+            None,
+            None,
+            None,
+        ),
+    ));
+    let folder =
+        write_files(&dir.0, &files).transform(Transform::random_resized_crop(32).flip(0.5));
+    let pool = PinnedPool::new(PoolConfig::default());
+    let order: Vec<usize> = {
+        let mut o: Vec<usize> = (0..files.len()).collect();
+        for i in (1..o.len()).rev() {
+            o.swap(i, r.random_range(0..=i));
+        }
+        o
+    };
+    let (host, host_labels) = run(&ImageBatcher, samples(&folder, order.clone()), &pool).unwrap();
+    let per = host.len() / files.len();
+    for share in [0.0, 0.3] {
+        let batcher = DeviceImageBatcher::new(&device).cpu_share(share);
+        let (dev, labels) = run(&batcher, samples(&folder, order.clone()), &pool).unwrap();
+        assert_eq!(labels, host_labels, "the batch keeps its order");
+        for (pos, &i) in order.iter().enumerate() {
+            let p = psnr(&dev[pos * per..][..per], &host[pos * per..][..per]);
+            assert!(
+                p >= 40.0,
+                "{}, host share {share}: PSNR {p:.1} dB",
+                files[i].0
+            );
+        }
+    }
+    drop(folder);
+    pool.empty_cache();
+    assert_drained(&pool);
+}
+
+/// Twelve good JPEGs, then four broken ones: cut short inside its scan, headers then noise,
+/// empty, and a Huffman table counting more codes than it holds.
+fn corrupt_files(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for _ in 0..12 {
+        let pic = images::picture(r, 120, 90, 6.0);
+        files.push((
+            "good".to_string(),
+            images::jpeg(&pic, 120, 90, 90, Jpeg::Baseline, None),
+        ));
+    }
+    // Cut short inside its scan; headers then noise; empty.
+    let cut = files[0].1.len() * 3 / 5;
+    files.push(("truncated".into(), files[0].1[..cut].to_vec()));
+    let mut noise = files[1].1[..200].to_vec();
+    noise.extend((0..3000).map(|_| r.random::<u8>() & 0x7F));
+    files.push(("headers then noise".into(), noise));
+    files.push(("empty".into(), Vec::new()));
+    // Whole and well framed, but its first Huffman table counts more codes than it holds:
+    // the kind of damage only a decoder sees (nvJPEG's own refusal, then the host's).
+    let mut table = files[2].1.clone();
+    let dht = table
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC4])
+        .expect("a Huffman table");
+    for b in &mut table[dht + 5..dht + 21] {
+        *b = 0xFE;
+    }
+    files.push((
+        "a Huffman table counting more codes than it holds".into(),
+        table,
+    ));
+    files
+}
+
+#[test]
+fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
+    let test = "corrupt";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let files = corrupt_files(&mut r);
+    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
+    let pool = PinnedPool::new(PoolConfig::default());
+    for decoder in decoders(&device, test) {
+        let batcher = DeviceImageBatcher::new(&device).decoder(decoder);
+        for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
+            let batch = [0, 1, bad, 2];
+            let err = run(&batcher, samples(&folder, batch), &pool)
+                .err()
+                .unwrap_or_else(|| panic!("{decoder:?}: {kind} decoded"));
+            let path = folder.path(bad).unwrap().display().to_string();
+            let msg = err.to_string();
+            println!("{test}: {decoder:?} {kind}: {msg}");
+            assert!(msg.contains(&path), "{decoder:?} {kind}: {msg}");
+            // The worker's decoders are not left broken: the next batch is the host's.
+            let next = [3, 4, 5, 6, 7];
+            let (dev, _) = run(&batcher, samples(&folder, next), &pool).unwrap();
+            let (host, _) = run(&ImageBatcher, samples(&folder, next), &pool).unwrap();
+            let p = psnr(&dev, &host);
+            assert!(
+                p >= 40.0,
+                "{decoder:?}: the batch after the error: PSNR {p:.1} dB"
+            );
+        }
+    }
+    drop(folder);
+    pool.empty_cache();
+    assert_drained(&pool);
+}
+
+#[test]
+fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_left_over() {
+    let test = "loader";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    images::write_folder(&mut r, &dir.0, 3, 30, (160, 120));
+    let transform = Transform::random_resized_crop(64).flip(0.5);
+    let folder = ImageFolder::open(&dir.0).unwrap().transform(transform);
+    let seed = r.random::<u64>();
+    let pool = PinnedPool::new(PoolConfig::default());
+    let host_loader = Loader::builder(folder.clone())
+        .batch_size(16)
+        .shuffle(seed)
+        .workers(2)
+        .pool(pool.clone())
+        .build(ImageBatcher)
+        .unwrap();
+    let mut host = Vec::new();
+    for b in &host_loader {
+        let (images, labels) = b.unwrap();
+        host.push((
+            images.to_vec::<u8>().unwrap(),
+            labels.to_vec::<i64>().unwrap(),
+        ));
+    }
+    drop(host_loader);
+    let free_before = device.free_memory().unwrap();
+    for round in 0..2 {
+        let loader = Loader::builder(folder.clone())
+            .batch_size(16)
+            .shuffle(seed)
+            .workers(2)
+            .pool(pool.clone())
+            .device(device.clone())
+            .build(DeviceImageBatcher::new(&device))
+            .unwrap();
+        let mut n = 0;
+        for (k, b) in (&loader).into_iter().enumerate() {
+            let (images, labels) = b.unwrap();
+            assert_eq!(images.device(), device, "made on the device");
+            let labels = labels.to_cpu(false).unwrap().to_vec::<i64>().unwrap();
+            assert_eq!(
+                labels, host[k].1,
+                "round {round}, batch {k}: the host loader's order"
+            );
+            let got: Vec<f64> = images
+                .to_cpu(false)
+                .unwrap()
+                .to_vec::<u8>()
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let want: Vec<f64> = host[k].0.iter().copied().map(f64::from).collect();
+            let p = psnr(&got, &want);
+            assert!(p >= 40.0, "round {round}, batch {k}: PSNR {p:.1} dB");
+            n += 1;
+        }
+        assert_eq!(n, host.len());
+    }
+    device.synchronize().unwrap();
+    device.empty_cache().unwrap();
+    let free_after = device.free_memory().unwrap();
+    println!("{test}: device memory free before {free_before}, after {free_after}");
+    // nvJPEG's per-thread state goes with the loader's threads; the crate's pool is trimmed.
+    assert!(
+        free_after + (64 << 20) >= free_before,
+        "device memory kept: {} MiB",
+        (free_before - free_after) >> 20
+    );
+    pool.empty_cache();
+    assert_drained(&pool);
+}
+
+/// On any machine: the files the device tests use decode on the host, each kind, so a GPU run
+/// only ever fails on the device's side.
+#[test]
+fn the_device_tests_files_decode_on_the_host() {
+    let mut r = rng("host_files");
+    let dir = TempDir::new(&mut r, "host_files");
+    let files = kinds(&mut r);
+    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(72, 64));
+    let pool = PinnedPool::new(PoolConfig::default());
+    let (values, labels) = run(&ImageBatcher, samples(&folder, 0..files.len()), &pool).unwrap();
+    assert_eq!(labels, (0..files.len() as i64).collect::<Vec<_>>());
+    // Every picture has content: no kind decoded to a flat field.
+    let per = values.len() / files.len();
+    for (i, (kind, _)) in files.iter().enumerate() {
+        let v = &values[i * per..][..per];
+        let (lo, hi) = v
+            .iter()
+            .fold((255f64, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        assert!(
+            hi > lo || kind.starts_with("tiny 1×1"),
+            "{kind}: a flat {lo}"
+        );
+    }
+    // The broken files of the corrupt-file test fail on the host too, named.
+    let files = corrupt_files(&mut r);
+    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
+    for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
+        let err = run(&ImageBatcher, samples(&folder, [0, bad]), &pool)
+            .err()
+            .unwrap_or_else(|| panic!("{kind} decoded on the host"));
+        let path = folder.path(bad).unwrap().display().to_string();
+        assert!(err.to_string().contains(&path), "{kind}: {err}");
+    }
+    // A device batcher on the host is refused with the reason, never a panic.
+    let err = run(
+        &DeviceImageBatcher::new(&Device::cpu()),
+        samples(&folder, 0..2),
+        &pool,
+    )
+    .expect_err("the host is not a CUDA device");
+    assert!(err.to_string().contains("DeviceImageBatcher"), "{err}");
+}
+
+#[test]
+fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
+    use pinnable::formats::tar::{TarImageBatcher, TarShards};
+    use pinnable_harness::tar::shard;
+
+    let test = "tar";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let dir = TempDir::new(&mut r, test);
+    let mut files = Vec::new();
+    let mut members = Vec::new();
+    for i in 0..24 {
+        let (w, h) = (r.random_range(40..200), r.random_range(40..200));
+        let pic = images::picture(&mut r, w, h, 6.0);
+        let kind = [Jpeg::Baseline, Jpeg::Progressive, Jpeg::Gray, Jpeg::Cmyk][i % 4];
+        let bytes = images::jpeg(&pic, w, h, 90, kind, None);
+        let label = r.random_range(0..100i64);
+        let path = dir.0.join(format!("{i}.jpg"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push((path, label));
+        members.push((
+            format!("{i:03}"),
+            vec![
+                ("jpg".to_owned(), bytes),
+                ("cls".to_owned(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    let tar = dir.0.join("images.tar");
+    std::fs::write(&tar, shard(&members).0).unwrap();
+    let transform = Transform::random_resized_crop(40).flip(0.5);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let host: Vec<(Tensor, Tensor)> = Loader::builder(folder)
+        .batch_size(8)
+        .workers(2)
+        .build(ImageBatcher)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    let shards = TarShards::open([tar.to_str().unwrap()]).unwrap();
+    let batcher = TarImageBatcher::new(transform).on_device(DeviceImageBatcher::new(&device));
+    let got: Vec<(Tensor, Tensor)> = Loader::builder(shards)
+        .batch_size(8)
+        .workers(2)
+        .build(batcher)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(got.len(), host.len());
+    for (k, ((gx, gy), (hx, hy))) in got.iter().zip(&host).enumerate() {
+        assert_eq!(gx.device(), device);
+        let gy = gy.to_cpu(false).unwrap().to_vec::<i64>().unwrap();
+        assert_eq!(gy, hy.to_vec::<i64>().unwrap(), "batch {k}: labels");
+        let g: Vec<f64> = gx
+            .to_cpu(false)
+            .unwrap()
+            .to_vec::<u8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let h: Vec<f64> = hx
+            .to_vec::<u8>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let p = psnr(&g, &h);
+        println!("{test}: batch {k}: PSNR {p:.1} dB");
+        assert!(p >= 40.0, "batch {k}: PSNR {p:.1} dB");
+    }
+}
