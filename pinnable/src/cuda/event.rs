@@ -57,7 +57,7 @@ struct Open {
 impl Event {
     /// Records `stream`'s current work (a stream of `device`'s context) twice: as an `Event`
     /// for readers to wait on, and as a plain event for a buffer's reader list.
-    #[cfg(feature = "candle-cuda")]
+    #[cfg(any(feature = "candle-cuda", feature = "image"))]
     pub(crate) fn record_on(
         device: &Arc<CudaDevice>,
         stream: &CudaStream,

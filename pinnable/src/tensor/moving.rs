@@ -118,6 +118,14 @@ impl Arena {
         Arena::over(Data::Device(Arc::new(buf)), base, ready)
     }
 
+    /// An arena over a device allocation shared with work still being recorded on it (the
+    /// device image decoder adds its readers after the arena exists); results wait on `ready`.
+    #[cfg(feature = "image")]
+    pub(crate) fn device_shared(buf: Arc<DeviceBuffer>, ready: &Ready) -> Arena {
+        let base = buf.device_ptr();
+        Arena::over(Data::Device(buf), base, ready)
+    }
+
     /// An arena over a pinned block; its results wait on `ready`.
     pub(crate) fn pinned(block: Arc<PinnedBlock>, ready: &Ready) -> Arena {
         let base = block.as_ptr() as u64;

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
 use crate::formats::image::folder::ImageFile;
 use crate::loader::{Batcher, Collator};
-use crate::tensor::{Data, DeviceBuffer, Storage, Tensor};
+use crate::tensor::{Arena, DeviceBuffer, Tensor};
 
 /// Threads a block of the image kernels.
 const BLOCK: u32 = 256;
@@ -625,10 +625,7 @@ fn run(
     for b in &keep {
         b.record_use(ready.clone() as Arc<dyn Fence>);
     }
-    let storage = Storage {
-        data: Data::Device(out),
-        ready: Some(Arc::new(OnceLock::from(ready))),
-    };
-    let images = Tensor::from_storage(storage, dtype, &[n, 3, size, size])?;
+    let arena = Arena::device_shared(out, &Arc::new(OnceLock::from(ready)));
+    let images = arena.tensor(dtype, &[n, 3, size, size], 0)?;
     Ok((images, labels))
 }
