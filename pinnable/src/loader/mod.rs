@@ -86,6 +86,7 @@
 //! ```
 
 pub(crate) mod batcher;
+mod budget;
 mod builder;
 pub(crate) mod collate;
 pub(crate) mod dataset;
@@ -104,6 +105,7 @@ pub(crate) mod stream;
 mod tests;
 
 pub use batcher::{Batcher, Stack};
+pub use budget::{Budget, BudgetOptions, Piece, TokenBudget};
 pub use builder::LoaderBuilder;
 pub use collate::{Collated, Collator};
 pub use dataset::{Dataset, FnDataset, TensorRows};
