@@ -338,7 +338,7 @@ impl TokenBudget {
                 start += take;
             }
         }
-        let mut batches = Vec::new();
+        let mut fill = Fill::default();
         let mut rows = Rows::default();
         for window in pieces.chunks_mut(self.options.sort_window) {
             window.sort_by(|a, b| b.len.cmp(&a.len));
@@ -346,16 +346,18 @@ impl TokenBudget {
                 Budget::Tokens {
                     max_tokens,
                     count_padding,
-                } => fill(window, max_tokens, count_padding, &mut batches),
+                } => fill.add(window, max_tokens, count_padding),
                 Budget::Packed { row_tokens, .. } => {
                     let limit = self.options.max_pieces_per_row.unwrap_or(usize::MAX);
                     rows.best_fit(window, row_tokens, limit)
                 }
             }
         }
-        if let Budget::Packed { rows: per, .. } = self.options.budget {
-            batches = rows.rows.chunks(per).map(|r| r.concat()).collect();
-        }
+        fill.close();
+        let mut batches = match self.options.budget {
+            Budget::Packed { rows: per, .. } => rows.rows.chunks(per).map(|r| r.concat()).collect(),
+            Budget::Tokens { .. } => fill.batches,
+        };
         if let Some(seed) = self.options.seed {
             let mut rng = SplitMix64::for_epoch(seed ^ 0x5851_F42D_4C95_7F2D, epoch);
             for i in (1..batches.len()).rev() {
@@ -367,27 +369,42 @@ impl TokenBudget {
     }
 }
 
-/// Cuts `window` (longest first) into batches of at most `max_tokens`.
-fn fill(window: &[Piece], max_tokens: usize, count_padding: bool, out: &mut Vec<Vec<Piece>>) {
-    let mut batch: Vec<Piece> = Vec::new();
-    let mut sum = 0;
-    for &p in window {
-        let cost = if count_padding {
-            // Longest first: the batch's longest is its first piece.
-            let longest = batch.first().map_or(p.len, |f| f.len.max(p.len));
-            longest * (batch.len() + 1)
-        } else {
-            sum + p.len
-        };
-        if cost > max_tokens && !batch.is_empty() {
-            out.push(std::mem::take(&mut batch));
-            sum = 0;
+/// Batches being filled under a token budget: those closed, and the open one, which stays
+/// open across windows.
+#[derive(Default)]
+struct Fill {
+    batches: Vec<Vec<Piece>>,
+    open: Vec<Piece>,
+    sum: usize,
+    longest: usize,
+}
+
+impl Fill {
+    /// Adds `window`'s pieces (longest first) in order, closing the open batch when the next
+    /// piece would take it over `max_tokens`.
+    fn add(&mut self, window: &[Piece], max_tokens: usize, count_padding: bool) {
+        for &p in window {
+            let longest = self.longest.max(p.len);
+            let cost = if count_padding {
+                longest * (self.open.len() + 1)
+            } else {
+                self.sum + p.len
+            };
+            if cost > max_tokens && !self.open.is_empty() {
+                self.close();
+            }
+            self.sum += p.len;
+            self.longest = self.longest.max(p.len);
+            self.open.push(p);
         }
-        sum += p.len;
-        batch.push(p);
     }
-    if !batch.is_empty() {
-        out.push(batch);
+
+    fn close(&mut self) {
+        if !self.open.is_empty() {
+            self.batches.push(std::mem::take(&mut self.open));
+        }
+        self.sum = 0;
+        self.longest = 0;
     }
 }
 
