@@ -26,6 +26,8 @@
 //! - **Order**: sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
 //!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`.
+//!   Variable-length samples batch under a token budget ([`TokenBudget`]), planned from their
+//!   lengths the same on every rank and dealt, so every rank gets the same number of batches.
 //! - **The pipeline**: batches arrive in sampler order whatever the number of workers; at most
 //!   `prefetch + workers + 1` batches' pinned memory is held; an error in a sample arrives in
 //!   its batch's place, naming the sample, and ends the epoch; a panic becomes an
