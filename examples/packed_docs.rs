@@ -17,7 +17,7 @@ use std::io::Write;
 
 use pinnable::formats::tokens::{IGNORE_INDEX, PackedDocs, Separator, TokenDocs, TokenShards};
 use pinnable::loader::{Budget, Loader, SplitMix64, TokenBudget};
-use pinnable::{DType, Device};
+use pinnable::{DType, Device, ToDevice};
 
 const EOT: u16 = 50256;
 

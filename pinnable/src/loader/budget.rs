@@ -341,7 +341,7 @@ impl TokenBudget {
         let mut fill = Fill::default();
         let mut rows = Rows::default();
         for window in pieces.chunks_mut(self.options.sort_window) {
-            window.sort_by(|a, b| b.len.cmp(&a.len));
+            window.sort_by_key(|p| std::cmp::Reverse(p.len));
             match self.options.budget {
                 Budget::Tokens {
                     max_tokens,
