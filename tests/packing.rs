@@ -349,7 +349,8 @@ fn batches_never_exceed_the_budget() {
 }
 
 /// Worlds of 1 to 8 ranks: every rank gets the same number of batches, exactly what the
-/// loader says; with `drop_last` off the ranks together see every document.
+/// loader says, in every epoch; with `drop_last` off the ranks together see every document of
+/// epoch 0.
 #[test]
 fn every_rank_gets_the_same_number_of_batches() {
     let _s = serial();
@@ -365,8 +366,10 @@ fn every_rank_gets_the_same_number_of_batches() {
         r.random(),
         32,
     );
-    let epoch = r.random_range(0..3);
-    for world in 1..=8 {
+    // Epoch 0's plan sets the count; a later epoch's plan may make a few batches more (dropped,
+    // their documents wait for the next epoch) or fewer (repeated), so every document is seen
+    // in epoch 0 and the counts hold in every epoch.
+    for (world, epoch) in (1..=8).flat_map(|w| [(w, 0), (w, r.random_range(1..4))]) {
         for drop_last in [false, true] {
             let mut counts = Vec::new();
             let mut seen = vec![false; docs.len()];
@@ -668,4 +671,40 @@ fn device_batches_equal_the_host_path() {
             done += 1;
         }
     }
+}
+
+/// Documents that are not 1-D u16/u32 token tensors are errors naming them and saying what to
+/// do; a plan made from other lengths is refused.
+#[test]
+fn bad_documents_are_errors_naming_them() {
+    let _s = serial();
+    let mut r = rng("bad_documents_are_errors_naming_them");
+    let docs = random_docs(&mut r, 20, 50);
+    let bad = r.random_range(1..docs.len());
+    let mut tensors: Vec<Tensor> = docs.iter().map(|d| Tensor::from_vec1(d.clone())).collect();
+    tensors[bad] = Tensor::from_vec(vec![1u16; 6], &[2, 3]).unwrap();
+    let err = TokenDocs::from_dataset(tensors.clone()).unwrap_err();
+    assert!(
+        matches!(err, Error::Sample { index, .. } if index == bad),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1-D"), "{err}");
+    tensors[bad] = Tensor::from_vec1(vec![1i64, 2, 3]);
+    let err = TokenDocs::from_dataset(tensors).unwrap_err();
+    assert!(
+        matches!(err, Error::Sample { index, .. } if index == bad),
+        "{err}"
+    );
+    assert!(err.to_string().contains("convert them"), "{err}");
+
+    let td = token_docs(&docs);
+    let other: Vec<u32> = td.lengths().iter().map(|&l| l + 1).collect();
+    let plan = TokenBudget::options(Budget::Tokens {
+        max_tokens: 100,
+        count_padding: false,
+    })
+    .build(other)
+    .unwrap();
+    let err = PackedDocs::new(td, plan).unwrap_err();
+    assert!(err.to_string().contains("TokenDocs::lengths"), "{err}");
 }
