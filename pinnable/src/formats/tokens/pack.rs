@@ -236,6 +236,9 @@ impl Pinnable for PackedBatch {
     }
 }
 
+/// One epoch's batches, all ranks' together.
+type EpochPlan = Arc<Vec<Vec<Piece>>>;
+
 /// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`]. Every field is written
 /// into the batch's one pinned block by the loader's worker; for a CUDA device `input_ids`
 /// crosses the link as the documents' u16/u32 tokens and is widened there.
@@ -249,8 +252,7 @@ pub struct PackedBatcher {
     seq_idx: bool,
     pad_id: u32,
     /// The plans of the epochs asked for last.
-    #[allow(clippy::type_complexity)]
-    cache: Arc<Mutex<Vec<(u64, Arc<Vec<Vec<Piece>>>)>>>,
+    cache: Arc<Mutex<Vec<(u64, EpochPlan)>>>,
 }
 
 impl PackedBatcher {
@@ -317,7 +319,7 @@ impl PackedBatcher {
         self.batch_of(pieces, c)
     }
 
-    fn epoch_plan(&self, epoch: u64) -> Arc<Vec<Vec<Piece>>> {
+    fn epoch_plan(&self, epoch: u64) -> EpochPlan {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, p)) = cache.iter().find(|(e, _)| *e == epoch) {
             return p.clone();
