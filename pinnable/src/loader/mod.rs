@@ -26,6 +26,8 @@
 //! - **Order**: sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
 //!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`.
+//!   Variable-length samples batch under a token budget ([`TokenBudget`]), planned from their
+//!   lengths the same on every rank and dealt, so every rank gets the same number of batches.
 //! - **Mixtures**: [`Mix`] reads several sources as one, in set proportions — drawn sample by
 //!   sample, or in exact counts per batch — with torchdata's stop rules ([`Stop`]); its plan
 //!   is a pure function of the seed and the epoch, so it resumes exactly.
@@ -92,6 +94,7 @@
 //! ```
 
 pub(crate) mod batcher;
+mod budget;
 mod builder;
 pub(crate) mod collate;
 pub(crate) mod dataset;
@@ -112,6 +115,7 @@ pub(crate) mod stream;
 mod tests;
 
 pub use batcher::{Batcher, Stack};
+pub use budget::{Budget, BudgetOptions, Piece, TokenBudget};
 pub use builder::LoaderBuilder;
 pub use collate::{Collated, Collator};
 pub use dataset::{Dataset, FnDataset, TensorRows};

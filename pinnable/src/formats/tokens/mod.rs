@@ -20,6 +20,13 @@
 //! `DistributedSampler` does); a position ([`Position`](crate::loader::Position)) resumes the run at
 //! the next batch.
 //!
+//! **Documents** ([`TokenDocs`]): shards split at a separator token, or a dataset of 1-D token
+//! tensors, each document a sample, their lengths known up front. A
+//! [`TokenBudget`](crate::loader::TokenBudget) plans batches of them under a token budget, and
+//! [`PackedDocs`] packs them into batches for varlen attention ([`PackedBatch`]: `input_ids`,
+//! `cu_seqlens`, `max_seqlen`, `position_ids`, `labels`, `seq_idx`), the same number on
+//! every rank.
+//!
 //! # Examples
 //!
 //! ```
@@ -54,15 +61,19 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 
+mod docs;
 mod format;
 mod open;
+mod pack;
 mod windows;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use docs::{Separator, TokenDocs};
 pub use format::ShardFormat;
 pub use open::{Residency, ShardOptions};
+pub use pack::{IGNORE_INDEX, PackedBatch, PackedBatcher, PackedDocs};
 pub use windows::{TokenBatch, TokenBatcher, TokenWindows, Window};
 
 use crate::dtype::DType;
