@@ -153,8 +153,8 @@ impl<F, B, G> StreamLoader<F, B, G> {
         )
     }
 
-    /// Where the consumer is, as [`Loader::position`] says; to resume, the source must be
-    /// [`Seekable`].
+    /// Where the consumer is, as [`Loader::position`](super::Loader::position) says; to resume,
+    /// the source must be [`Seekable`].
     pub fn position(&self) -> Position {
         self.run
             .position(|epoch, batch| self.position_at(epoch, batch))
