@@ -6,9 +6,9 @@
 //! from it computes the epoch's order and starts at the batch after the last one received: no
 //! batch is loaded, collated or replayed to get there.
 
+mod text;
+
 use std::collections::BTreeSet;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -35,7 +35,7 @@ const AHEAD: u16 = 8;
 /// Where a loader is: the epoch, how many of its batches the consumer has received, and the
 /// settings those numbers depend on (the seed, the shard, the dataset's length, the batch size,
 /// `drop_last`). Store it in a checkpoint ([`to_bytes`](Self::to_bytes), or the string form of
-/// [`Display`](fmt::Display)) and give it back to [`LoaderBuilder::resume`](super::LoaderBuilder::resume)
+/// [`Display`](std::fmt::Display)) and give it back to [`LoaderBuilder::resume`](super::LoaderBuilder::resume)
 /// after a restart: the first batch the new loader delivers is the one the interrupted run
 /// would have delivered next, whatever the worker counts and prefetch depths of either run.
 ///
@@ -435,130 +435,6 @@ fn check_version(version: u64) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// `pinnable-position/1 epoch=3 batch=17 seed=42 shard=0/8 samples=1000 batch_size=12
-/// drop_last=false` (`seed=none` for sequential order, `samples=stream` for a stream).
-impl fmt::Display for Position {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{PREFIX}{} epoch={} batch={} seed=",
-            self.version(),
-            self.epoch,
-            self.batch
-        )?;
-        match self.seed {
-            Some(s) => write!(f, "{s}")?,
-            None => f.write_str("none")?,
-        }
-        write!(f, " shard={}/{} samples=", self.rank, self.world)?;
-        match self.samples {
-            Some(n) => write!(f, "{n}")?,
-            None => f.write_str("stream")?,
-        }
-        write!(
-            f,
-            " batch_size={} drop_last={}",
-            self.batch_size, self.drop_last
-        )?;
-        if let Some(p) = self.plan {
-            write!(f, " plan={p}")?;
-        }
-        if self.ahead {
-            f.write_str(" ahead=true")?;
-        }
-        Ok(())
-    }
-}
-
-/// Reads the string form that [`Display`](fmt::Display) writes.
-impl FromStr for Position {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Position> {
-        let bad = |problem: String| Error::Position { problem };
-        let mut words = s.split_whitespace();
-        let version = words
-            .next()
-            .and_then(|w| w.strip_prefix(PREFIX))
-            .ok_or_else(|| bad(format!("{s:?} does not start with {PREFIX:?}")))?;
-        let version: u64 = version
-            .parse()
-            .map_err(|_| bad(format!("format version {version:?} is not a number")))?;
-        check_version(version)?;
-        const KEYS: [&str; 9] = [
-            "epoch",
-            "batch",
-            "seed",
-            "shard",
-            "samples",
-            "batch_size",
-            "drop_last",
-            "plan",
-            "ahead",
-        ];
-        let mut values: [Option<&str>; 9] = [None; 9];
-        for word in words {
-            let (key, value) = word
-                .split_once('=')
-                .ok_or_else(|| bad(format!("{word:?} is not key=value")))?;
-            let k = KEYS
-                .iter()
-                .position(|&k| k == key)
-                .ok_or_else(|| bad(format!("unknown key {key:?}")))?;
-            if values[k].replace(value).is_some() {
-                return Err(bad(format!("{key} is given twice")));
-            }
-        }
-        let get = |k: usize| values[k].ok_or_else(|| bad(format!("{} is missing", KEYS[k])));
-        let number = |k: usize, v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| bad(format!("{}={v:?} is not a number", KEYS[k])))
-        };
-        let optional = |k: usize, none: &str| -> Result<Option<u64>> {
-            let v = get(k)?;
-            if v == none {
-                Ok(None)
-            } else {
-                number(k, v).map(Some)
-            }
-        };
-        let (rank, world) = get(3)?
-            .split_once('/')
-            .ok_or_else(|| bad("shard is not rank/world".into()))?;
-        let p = Position {
-            epoch: number(0, get(0)?)?,
-            batch: number(1, get(1)?)?,
-            seed: optional(2, "none")?,
-            rank: number(3, rank)?,
-            world: number(3, world)?,
-            samples: optional(4, "stream")?,
-            batch_size: number(5, get(5)?)?,
-            drop_last: match get(6)? {
-                "true" => true,
-                "false" => false,
-                v => return Err(bad(format!("drop_last={v:?} is not true or false"))),
-            },
-            plan: match (version == u64::from(VERSION_PLAN), values[7]) {
-                (true, Some(v)) => Some(number(7, v)?),
-                (false, None) => None,
-                (true, None) => return Err(bad("plan is missing".into())),
-                (false, Some(_)) => {
-                    return Err(bad(format!(
-                        "plan is not a key of format version {version}"
-                    )));
-                }
-            },
-            ahead: match values[8] {
-                None | Some("false") => false,
-                Some("true") => true,
-                Some(v) => return Err(bad(format!("ahead={v:?} is not true or false"))),
-            },
-        };
-        p.validate()?;
-        Ok(p)
-    }
 }
 
 /// The batches one epoch's consumer has received, for its position.
