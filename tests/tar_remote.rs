@@ -38,7 +38,7 @@ fn labels(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
 }
 
 /// Every sample's key and fields, read in index order.
-fn contents(shards: &TarShards) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
+fn contents(shards: &TarShards) -> Vec<Sample> {
     (0..shards.len())
         .map(|i| {
             let s = shards.get(i).unwrap();
@@ -86,8 +86,8 @@ fn http_shards_yield_the_local_samples_in_the_local_order() {
         .unwrap()
         .shuffle_buffer(32);
     assert_eq!(over_http.len(), local.len());
-    for s in 0..counts.len() {
-        assert_eq!(over_http.shard_len(s), Some(counts[s]), "shard {s}");
+    for (s, &n) in counts.iter().enumerate() {
+        assert_eq!(over_http.shard_len(s), Some(n), "shard {s}");
     }
     assert_eq!(contents(&over_http), contents(&local));
     let want = epoch(&local, 1);

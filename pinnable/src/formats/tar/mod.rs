@@ -33,8 +33,14 @@
 //!   the epoch at the place it was found, delivered as the error of the batch holding it. The
 //!   sample being assembled when it is found is dropped, as webdataset drops it (its members
 //!   may be incomplete).
-//! - **Remote shards** later: a reader of ranged bytes implements [`ShardBytes`] and goes to
+//! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
+//!   through object_store, streamed in ranged chunks with a bounded read-ahead; its module docs
+//!   tell what the index pass and the reads cost. [`TarShards::open`] takes a list of URLs with
+//!   `Remote`'s defaults. Other sources of ranged bytes implement [`ShardBytes`] and go to
 //!   [`TarShards::from_shards`].
+//! - **A resume over other shards** is refused: positions carry a hash of the shards' file
+//!   names in list order (with the shuffle buffer), so the same number of samples from another
+//!   list does not pass for the run that was saved.
 //!
 //! # Examples
 //!
