@@ -9,7 +9,7 @@
 //!    worker count; Python webdataset's twin is `bench/webdataset_twin.py` (same shards).
 //!
 //! 3. **Over HTTP** (with the `remote` feature): the same two figures with the shards served by
-//!    the tests' local web server (tests/support/http.rs) through [`Remote`] (4 MiB chunks, 2
+//!    the tests' local web server (tests/support/http.rs) through [`Remote`] (1 MiB chunks, 2
 //!    read ahead, a 48 MiB cache: smaller than the shards, so every epoch comes over the
 //!    socket, and larger than the shuffle buffer's span of 1024 samples), against the
 //!    local-file rates above; and the bytes served per epoch.
@@ -262,7 +262,7 @@ fn over_http(
 ) {
     let server = Server::start(paths[0].parent().unwrap());
     let pattern = format!("{}/train-{{000000..{:06}}}.tar", server.url(), SHARDS - 1);
-    let remote = Remote::new().cache_bytes(48 << 20);
+    let remote = Remote::new().chunk_size(1 << 20).cache_bytes(48 << 20);
     let t = Instant::now();
     let tar = remote.open([&pattern]).expect("open the shards over HTTP");
     let index = t.elapsed().as_secs_f64();

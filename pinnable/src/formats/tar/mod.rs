@@ -156,6 +156,8 @@ pub(crate) struct Index {
     /// `entries[starts[s]..starts[s + 1]]` are shard `s`'s.
     pub(crate) shard_of: Vec<u32>,
     starts: Vec<usize>,
+    /// Called as each epoch is planned (a remote source restarts its streams).
+    on_plan: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -231,7 +233,7 @@ impl TarShards {
             .map(|(name, bytes)| Shard { name, bytes })
             .collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        TarShards::build(shards, None, threads.clamp(1, 16))
+        TarShards::build(shards, None, threads.clamp(1, 16), None)
     }
 
     /// The index pass over `shards` (through `index_readers` where given: a remote shard reads
@@ -240,6 +242,7 @@ impl TarShards {
         shards: Vec<Shard>,
         index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
         threads: usize,
+        on_plan: Option<Box<dyn Fn() + Send + Sync>>,
     ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
@@ -282,6 +285,7 @@ impl TarShards {
                 entries,
                 shard_of,
                 starts,
+                on_plan,
             }),
             buffer: DEFAULT_BUFFER,
             names,
@@ -331,6 +335,9 @@ impl TarShards {
         drop_last: bool,
     ) -> Vec<usize> {
         let index = &self.index;
+        if let Some(on_plan) = &index.on_plan {
+            on_plan();
+        }
         let total = index.entries.len();
         let world = world.max(1);
         let per = if drop_last || total == 0 {

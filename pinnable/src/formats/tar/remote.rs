@@ -214,7 +214,11 @@ impl Remote {
         }
         // Index reads wait on the network, not the CPU: more threads than cores.
         let threads = shards.len().clamp(1, 32);
-        TarShards::build(shards, Some(index_readers), threads)
+        // Each epoch's plan starts the shards' streams anew: its first read of a shard is the
+        // start of a stream, not a sample left behind by the last epoch's.
+        let restart = io.clone();
+        let on_plan = Box::new(move || lock(&restart.cache).fronts.clear());
+        TarShards::build(shards, Some(index_readers), threads, Some(on_plan))
     }
 
     fn store(&self, url: &Url, name: &str) -> Result<Arc<dyn ObjectStore>> {
@@ -717,16 +721,13 @@ impl ShardBytes for RemoteShard {
             let mut cache = lock(&io.cache);
             cache.tick += 1;
             let tick = cache.tick;
-            let here = |c: u64| cache.chunks.contains_key(&(o.id, c));
-            let present = (first..=last).all(here);
+            let present = (first..=last).all(|c| cache.chunks.contains_key(&(o.id, c)));
             let front = cache.fronts.get(&o.id).copied();
             // A read streams (fetches what it lacks and the chunks ahead of it) when it is
-            // within the read-ahead of the shard's front, or when the front's own chunk is
-            // gone (a new pass over a shard the cache let go: the next epoch). A miss further
-            // behind a live front is a sample the shuffle buffer held after its chunk left the
-            // cache: its own bytes only, no chunk.
-            let new_pass = front.is_some_and(|f| !present && !here(f));
-            let streams = front.is_none_or(|f| last + io.read_ahead > f) || new_pass;
+            // the first of its shard this epoch or within the read-ahead of the shard's
+            // front. A miss further behind the front is a sample the shuffle buffer held
+            // after its chunk left the cache: its own bytes only, no chunk.
+            let streams = front.is_none_or(|f| last + io.read_ahead > f);
             if !present && !streams {
                 None
             } else {
@@ -737,11 +738,7 @@ impl ShardBytes for RemoteShard {
                 };
                 if streams {
                     let f = cache.fronts.entry(o.id).or_insert(ahead_to);
-                    *f = if new_pass {
-                        ahead_to
-                    } else {
-                        (*f).max(ahead_to)
-                    };
+                    *f = (*f).max(ahead_to);
                 }
                 let mut slots = Vec::with_capacity((last - first + 1) as usize);
                 for c in first..=ahead_to {
