@@ -9,10 +9,11 @@
 //!    worker count; Python webdataset's twin is `bench/webdataset_twin.py` (same shards).
 //!
 //! 3. **Over HTTP** (with the `remote` feature): the same two figures with the shards served by
-//!    the tests' local web server (tests/support/http.rs) through [`Remote`] (1 MiB chunks, 2
-//!    read ahead, a 48 MiB cache: smaller than the shards, so every epoch comes over the
-//!    socket, and larger than the shuffle buffer's span of 1024 samples), against the
-//!    local-file rates above; and the bytes served per epoch.
+//!    the tests' local web server (tests/support/http.rs) through [`Remote`], against the
+//!    local-file rates above, and the bytes served per epoch. 1 MiB chunks, a 48 MiB cache
+//!    (smaller than the shards, so every epoch comes over the socket) and a shuffle buffer of
+//!    256 samples (8 MiB), so that the cache holds the span a sample stays in the buffer;
+//!    `PINNABLE_BENCH_READ_AHEAD` sets the chunks read ahead (default 4).
 //!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
 //! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`
@@ -262,13 +263,24 @@ fn over_http(
 ) {
     let server = Server::start(paths[0].parent().unwrap());
     let pattern = format!("{}/train-{{000000..{:06}}}.tar", server.url(), SHARDS - 1);
-    let remote = Remote::new().chunk_size(1 << 20).cache_bytes(48 << 20);
+    let ahead = std::env::var("PINNABLE_BENCH_READ_AHEAD")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(4);
+    let remote = Remote::new()
+        .chunk_size(1 << 20)
+        .cache_bytes(48 << 20)
+        .read_ahead(ahead);
     let t = Instant::now();
-    let tar = remote.open([&pattern]).expect("open the shards over HTTP");
+    let tar = remote
+        .open([&pattern])
+        .expect("open the shards over HTTP")
+        .shuffle_buffer(256);
     let index = t.elapsed().as_secs_f64();
     let indexed = server.served();
     rep.line(&format!(
-        "\n# over HTTP (local server, {} requests for the index pass)\n",
+        "\n# over HTTP (local server; 1 MiB chunks, {ahead} read ahead, 48 MiB cache, shuffle \
+         buffer 256; {} requests for the index pass)\n",
         server.log().len()
     ));
     rep.line(&format!(

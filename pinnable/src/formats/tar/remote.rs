@@ -1,26 +1,6 @@
 //! Shards in object storage and on web servers (feature `remote`): S3 and S3-compatible
 //! stores (`s3://bucket/key`) and plain HTTP(S) (`https://host/path`), read through
-//! `object_store` on a small tokio runtime that the source owns.
-//!
-//! - **Open**: brace ranges expand as for local paths; globs (`*`, `?` within one path
-//!   component) only for `s3://`, whose keys can be listed (a web server gives no listing).
-//!   Every shard's size comes from one `HEAD`; a missing shard (404) or a refused one
-//!   (401/403) is an [`Error::Tar`] naming its URL, before any sample is read.
-//! - **Index pass**: member headers only, each through a ranged `GET` of a small window
-//!   ([`Remote::index_window`], 4 KiB): the headers of a sample's small members (`.cls`,
-//!   `.json`) and of the next sample's first member share one window, so the pass costs about
-//!   one request and 4 KiB per sample whose members are larger than the window (about 12% of
-//!   shards of 33 KiB JPEGs), and reads shards of small members through once.
-//! - **Reads**: ranged `GET`s of [`Remote::chunk_size`] chunks (4 MiB), kept in a cache of
-//!   [`Remote::cache_bytes`] shared by the source; a read fetches the chunks it needs and the
-//!   [`Remote::read_ahead`] chunks after them (2), so each worker's stream through a shard has a
-//!   bounded number of chunks in flight while it decodes. A read behind the stream (a sample
-//!   the shuffle buffer held long after its chunk left the cache) is one ranged `GET` of its
-//!   bytes. Whole shards are never downloaded first.
-//! - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
-//!   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
-//!   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
-//!   403, a shard changed while read) are not retried.
+//! `object_store` on a small tokio runtime that the source owns; see [`Remote`].
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -40,8 +20,32 @@ use url::Url;
 use super::{Shard, ShardBytes, TarShards, list};
 use crate::error::{Error, Result};
 
-/// Opens tar shards in object storage or on web servers: settings for the reads, then
-/// [`open`](Remote::open). See the [module docs](self) for what each setting does.
+/// Opens tar shards in object storage or on web servers (S3 and S3-compatible stores, plain
+/// HTTP(S)) through object_store, on a small tokio runtime (two threads by default) that the
+/// opened source owns and joins when its last clone is dropped: settings for the reads, then
+/// [`open`](Remote::open).
+///
+/// - **Open**: brace ranges expand as for local paths; globs (`*`, `?` within one path
+///   component) only for `s3://`, whose keys can be listed (a web server gives no listing).
+///   Every shard's size comes from one `HEAD`; a missing shard (404) or a refused one
+///   (401/403) is an [`Error::Tar`] naming its URL, before any sample is read.
+/// - **Index pass**: member headers only, each through a ranged `GET` of a small window
+///   ([`Remote::index_window`], 4 KiB): the headers of a sample's small members (`.cls`,
+///   `.json`) and of the next sample's first member share one window, so the pass costs about
+///   one request and 4 KiB per sample whose members are larger than the window (about 12% of
+///   shards of 33 KiB JPEGs), and reads shards of small members through once.
+/// - **Reads**: ranged `GET`s of [`Remote::chunk_size`] chunks (4 MiB), kept in a cache of
+///   [`Remote::cache_bytes`] shared by the source. Each shard read in an epoch is a stream:
+///   its first read, and every read within the read-ahead of the furthest chunk asked for,
+///   fetches the chunks it lacks and the [`Remote::read_ahead`] chunks after it (2), so the
+///   workers reading a shard have a bounded number of chunks in flight ahead of them while
+///   they decode. A read further behind whose chunk has left the cache (a sample the shuffle
+///   buffer held longer than the cache holds its span) is one ranged `GET` of its own bytes.
+///   Whole shards are never downloaded first; each epoch's plan restarts the streams.
+/// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
+///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
+///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
+///   403, a shard changed while read) are not retried.
 ///
 /// # Examples
 ///
