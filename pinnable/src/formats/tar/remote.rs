@@ -744,8 +744,18 @@ impl ShardBytes for RemoteShard {
                     let f = cache.fronts.entry(o.id).or_insert(ahead_to);
                     *f = (*f).max(ahead_to);
                 }
+                // A stream read past its front (a worker on a later batch, a shuffled sample
+                // from the newest part of the buffer) also asks for the chunks between: the
+                // reads behind it will want them. Not across a jump of more than a few
+                // read-aheads (a rank's run starting further on).
+                let from = match front {
+                    Some(f) if streams && f < first && first - f <= 4 * io.read_ahead.max(1) => {
+                        f + 1
+                    }
+                    _ => first,
+                };
                 let mut slots = Vec::with_capacity((last - first + 1) as usize);
-                for c in first..=ahead_to {
+                for c in from..=ahead_to {
                     let slot = match cache.chunks.get_mut(&(o.id, c)) {
                         Some((slot, used)) => {
                             *used = tick;
@@ -758,7 +768,7 @@ impl ShardBytes for RemoteShard {
                             slot
                         }
                     };
-                    if c <= last {
+                    if (first..=last).contains(&c) {
                         slots.push((c, slot));
                     }
                 }
