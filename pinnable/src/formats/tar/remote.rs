@@ -745,13 +745,14 @@ impl ShardBytes for RemoteShard {
                     *f = (*f).max(ahead_to);
                 }
                 // A stream read past its front (a worker on a later batch, a shuffled sample
-                // from the newest part of the buffer) also asks for the chunks between: the
-                // reads behind it will want them. Not across a jump of more than a few
-                // read-aheads (a rank's run starting further on).
+                // from the newest part of the buffer) also asks for the chunks between, and a
+                // shard's first read near its start for the chunks before it: the reads of the
+                // samples there will want them. Not across more than a few read-aheads (a
+                // rank's run starting further on).
+                let near = 4 * io.read_ahead.max(1);
                 let from = match front {
-                    Some(f) if streams && f < first && first - f <= 4 * io.read_ahead.max(1) => {
-                        f + 1
-                    }
+                    Some(f) if streams && f < first && first - f <= near => f + 1,
+                    None if first <= near => 0,
                     _ => first,
                 };
                 let mut slots = Vec::with_capacity((last - first + 1) as usize);
