@@ -36,8 +36,9 @@ use crate::error::{Error, Result};
 ///   shards of 33 KiB JPEGs), and reads shards of small members through once.
 /// - **Reads**: ranged `GET`s of [`Remote::chunk_size`] chunks (4 MiB), kept in a cache of
 ///   [`Remote::cache_bytes`] shared by the source. Each shard read in an epoch is a stream:
-///   its first read, and every read within the read-ahead of the furthest chunk asked for,
-///   fetches the chunks it lacks and the [`Remote::read_ahead`] chunks after it (2), so the
+///   its first read (with the chunks before it, near the shard's start), and every read
+///   within the read-ahead of the furthest chunk asked for (with the chunks between), fetches
+///   the chunks it lacks and the [`Remote::read_ahead`] chunks after it (2), so the
 ///   workers reading a shard have a bounded number of chunks in flight ahead of them while
 ///   they decode. A read further behind whose chunk has left the cache (a sample the shuffle
 ///   buffer held longer than the cache holds its span) is one ranged `GET` of its own bytes.
