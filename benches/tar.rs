@@ -8,6 +8,13 @@
 //!    against [`ImageFolder`] + [`ImageBatcher`] on the same files with the same transform and
 //!    worker count; Python webdataset's twin is `bench/webdataset_twin.py` (same shards).
 //!
+//! 3. **Over HTTP** (with the `remote` feature): the same two figures with the shards served by
+//!    the tests' local web server (tests/support/http.rs) through [`Remote`], against the
+//!    local-file rates above, and the bytes served per epoch. 1 MiB chunks, a 48 MiB cache
+//!    (smaller than the shards, so every epoch comes over the socket) and a shuffle buffer of
+//!    256 samples (8 MiB), so that the cache holds the span a sample stays in the buffer;
+//!    `PINNABLE_BENCH_READ_AHEAD` sets the chunks read ahead (default 4).
+//!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
 //! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`
 //! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14`). Writes
@@ -24,6 +31,11 @@ use pinnable::{Result, Tensor};
 use pinnable_harness::bench::{Report, median};
 use pinnable_harness::tar::shard;
 use pinnable_harness::{images, rng};
+
+#[cfg(feature = "remote")]
+use pinnable::formats::tar::Remote;
+#[cfg(feature = "remote")]
+use pinnable_harness::http::Server;
 
 const BATCH: usize = 64;
 const SHARDS: usize = 16;
@@ -183,6 +195,7 @@ fn main() {
         n as f64 / t.elapsed().as_secs_f64(),
         t.elapsed().as_secs_f64() * 1e3
     ));
+    let mut local_rates = Vec::new();
     for &w in &worker_counts() {
         let loader = Loader::builder(tar.clone())
             .batch_size(BATCH)
@@ -191,6 +204,7 @@ fn main() {
             .build(FieldsOnly)
             .unwrap();
         let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        local_rates.push((w, n as f64 / s, 0.0));
         rep.line(&format!(
             "| fields only, {w} workers | {:.0} | {:.2} | {:.2}× |",
             n as f64 / s,
@@ -220,6 +234,9 @@ fn main() {
             .build(ImageBatcher)
             .unwrap();
         let f = seconds(|| theirs.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        if let Some(r) = local_rates.iter_mut().find(|r| r.0 == w) {
+            r.2 = n as f64 / s;
+        }
         rep.line(&format!(
             "| tar shards, {w} workers | {:.0} | {:.0} | {:.2}× |",
             n as f64 / s,
@@ -227,5 +244,84 @@ fn main() {
             f / s
         ));
     }
+    #[cfg(feature = "remote")]
+    over_http(&mut rep, &paths, n, bytes, &local_rates);
+    #[cfg(not(feature = "remote"))]
+    let _ = local_rates;
     rep.save("tar.md");
+}
+
+/// Section 3: the shards from the local web server; `local` holds (workers, fields-only
+/// samples/s, decoded images/s) from the local files.
+#[cfg(feature = "remote")]
+fn over_http(
+    rep: &mut Report,
+    paths: &[PathBuf],
+    n: usize,
+    bytes: u64,
+    local: &[(usize, f64, f64)],
+) {
+    let server = Server::start(paths[0].parent().unwrap());
+    let pattern = format!("{}/train-{{000000..{:06}}}.tar", server.url(), SHARDS - 1);
+    let ahead = std::env::var("PINNABLE_BENCH_READ_AHEAD")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(4);
+    let remote = Remote::new()
+        .chunk_size(1 << 20)
+        .cache_bytes(48 << 20)
+        .read_ahead(ahead);
+    let t = Instant::now();
+    let tar = remote
+        .open([&pattern])
+        .expect("open the shards over HTTP")
+        .shuffle_buffer(256);
+    let index = t.elapsed().as_secs_f64();
+    let indexed = server.served();
+    rep.line(&format!(
+        "\n# over HTTP (local server; 1 MiB chunks, {ahead} read ahead, 48 MiB cache, shuffle \
+         buffer 256; {} requests for the index pass)\n",
+        server.log().len()
+    ));
+    rep.line(&format!(
+        "index pass: {:.1} ms, {:.1} MiB read ({:.1}% of the shards)\n",
+        index * 1e3,
+        indexed as f64 / (1 << 20) as f64,
+        100.0 * indexed as f64 / bytes as f64
+    ));
+    rep.line(
+        "| figure | items/s over HTTP | items/s from local files | ratio | bytes read an epoch |",
+    );
+    rep.line("| --- | --- | --- | --- | --- |");
+    let transform = Transform::resized_center_crop(256, 224);
+    for &(w, fields, decoded) in local {
+        let loader = Loader::builder(tar.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(FieldsOnly)
+            .unwrap();
+        let before = server.served();
+        let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
+        rep.line(&format!(
+            "| fields only, {w} workers | {:.0} | {fields:.0} | {:.2}× | {per_epoch:.2}× the shards |",
+            n as f64 / s,
+            n as f64 / s / fields
+        ));
+        let loader = Loader::builder(tar.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(TarImageBatcher::new(transform.clone()))
+            .unwrap();
+        let before = server.served();
+        let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
+        rep.line(&format!(
+            "| images decoded, {w} workers | {:.0} | {decoded:.0} | {:.2}× | {per_epoch:.2}× the shards |",
+            n as f64 / s,
+            n as f64 / s / decoded
+        ));
+    }
 }

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # burn and candle are left out: their dependency trees take minutes to check, for three items.
-features=image,ndarray,dlpack
+features=image,ndarray,dlpack,remote
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target-nightly}"
 cargo +nightly rustdoc -q -p pinnable --lib --features "$features" -- \
     -Z unstable-options --output-format json -A warnings

@@ -517,3 +517,48 @@ fn batches_moved_to_the_gpu_equal_the_host_batches() {
     assert_eq!(run(device), host);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_position_saved_over_other_shards_of_the_same_length_is_refused() {
+    let mut r = rng("a_position_saved_over_other_shards");
+    let dir = folder("resume-list");
+    // Two lists of the same number of samples: the same shards, listed in another order.
+    let n = r.random_range(5..40);
+    let (pattern, _) = random_shards(&dir, &mut r, &[n, n]);
+    let reversed = pattern.replace("{000..001}", "{001..000}");
+    let build = |pattern: &str| {
+        Loader::builder(TarShards::open([pattern]).unwrap())
+            .batch_size(3)
+            .shuffle(4)
+    };
+    let loader = build(&pattern).build_with(labels).unwrap();
+    let mut epoch = loader.iter();
+    epoch.next().unwrap().unwrap();
+    let saved = epoch.position().to_string();
+    drop(epoch);
+    // The same list resumes; the other one is refused, naming the shard list.
+    build(&pattern)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap();
+    let err = build(&reversed)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Resume { setting, .. } if setting.contains("shard-list")),
+        "{err}"
+    );
+    // The same files in another folder still resume: the hash is of file names.
+    let moved = folder("resume-list-moved");
+    for s in 0..2 {
+        let name = format!("train-{s:03}.tar");
+        std::fs::copy(dir.join(&name), moved.join(&name)).unwrap();
+    }
+    build(&pattern.replace(&dir.display().to_string(), &moved.display().to_string()))
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&moved).unwrap();
+}

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod hostile;
+pub mod http;
 #[cfg(feature = "image")]
 pub mod images;
 pub mod kernels;

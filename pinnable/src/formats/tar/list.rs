@@ -80,7 +80,7 @@ fn brace_choices(body: &str) -> std::result::Result<Vec<String>, String> {
 }
 
 /// Whether `name` matches the glob `pattern` (`*` any run, `?` one character).
-fn glob_match(pattern: &[char], name: &[char]) -> bool {
+pub(crate) fn glob_match(pattern: &[char], name: &[char]) -> bool {
     let (mut p, mut n) = (0, 0);
     let (mut star, mut mark) = (None, 0);
     while n < name.len() {

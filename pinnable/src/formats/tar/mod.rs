@@ -33,8 +33,14 @@
 //!   the epoch at the place it was found, delivered as the error of the batch holding it. The
 //!   sample being assembled when it is found is dropped, as webdataset drops it (its members
 //!   may be incomplete).
-//! - **Remote shards** later: a reader of ranged bytes implements [`ShardBytes`] and goes to
+//! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
+//!   through object_store, streamed in ranged chunks with a bounded read-ahead; its module docs
+//!   tell what the index pass and the reads cost. [`TarShards::open`] takes a list of URLs with
+//!   `Remote`'s defaults. Other sources of ranged bytes implement [`ShardBytes`] and go to
 //!   [`TarShards::from_shards`].
+//! - **A resume over other shards** is refused: positions carry a hash of the shards' file
+//!   names in list order (with the shuffle buffer), so the same number of samples from another
+//!   list does not pass for the run that was saved.
 //!
 //! # Examples
 //!
@@ -90,6 +96,8 @@ mod group;
 mod images;
 mod list;
 mod reader;
+#[cfg(feature = "remote")]
+mod remote;
 mod sample;
 
 use std::borrow::Cow;
@@ -101,6 +109,8 @@ pub use group::{Field, Group};
 pub use images::TarImageBatcher;
 pub use list::{expand, expand_braces};
 pub use reader::{Kind, Member, Members, ShardBytes, members};
+#[cfg(feature = "remote")]
+pub use remote::Remote;
 pub use sample::{TarNpyBatcher, TarSample};
 
 use crate::error::{Error, Result};
@@ -146,6 +156,8 @@ pub(crate) struct Index {
     /// `entries[starts[s]..starts[s + 1]]` are shard `s`'s.
     pub(crate) shard_of: Vec<u32>,
     starts: Vec<usize>,
+    /// Called as each epoch is planned (a remote source restarts its streams).
+    on_plan: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -155,6 +167,8 @@ pub(crate) struct Index {
 pub struct TarShards {
     index: Arc<Index>,
     buffer: usize,
+    /// A hash of the shards' file names in list order, carried by positions.
+    names: u32,
 }
 
 impl std::fmt::Debug for TarShards {
@@ -171,13 +185,32 @@ impl std::fmt::Debug for TarShards {
 
 impl TarShards {
     /// Opens local shards named by `patterns` (paths, brace ranges, globs; see [`expand`]),
-    /// maps them and runs the index pass (headers only).
+    /// maps them and runs the index pass (headers only). With the `remote` feature, a list of
+    /// URLs (`s3://`, `http://`, `https://`) opens through [`Remote`]'s defaults.
     ///
     /// # Errors
     ///
     /// [`Error::Tar`] naming a pattern that expands to nothing or a shard that cannot be
-    /// opened. Damage inside a shard is not an error here: see the [module docs](self).
+    /// opened, or a URL in the list (without the `remote` feature, or among local paths).
+    /// Damage inside a shard is not an error here: see the [module docs](self).
     pub fn open<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<TarShards> {
+        let patterns: Vec<S> = patterns.into_iter().collect();
+        let is_url = |p: &S| p.as_ref().contains("://");
+        if let Some(url) = patterns.iter().find(|p| is_url(p)) {
+            #[cfg(feature = "remote")]
+            if patterns.iter().all(is_url) {
+                return Remote::new().open(patterns);
+            }
+            return Err(Error::Tar {
+                shard: url.as_ref().to_owned(),
+                offset: 0,
+                problem: if cfg!(feature = "remote") {
+                    "a URL among local paths: open local and remote shards as two lists".into()
+                } else {
+                    "a URL: build pinnable with its `remote` feature to read remote shards".into()
+                },
+            });
+        }
         let paths = expand(patterns)?;
         let shards = paths
             .iter()
@@ -199,6 +232,18 @@ impl TarShards {
             .into_iter()
             .map(|(name, bytes)| Shard { name, bytes })
             .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        TarShards::build(shards, None, threads.clamp(1, 16), None)
+    }
+
+    /// The index pass over `shards` (through `index_readers` where given: a remote shard reads
+    /// headers through small windows, not its streaming chunks) on up to `threads` threads.
+    pub(crate) fn build(
+        shards: Vec<Shard>,
+        index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
+        threads: usize,
+        on_plan: Option<Box<dyn Fn() + Send + Sync>>,
+    ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
                 shard: "(no shard)".into(),
@@ -209,7 +254,27 @@ impl TarShards {
         let mut entries = Vec::new();
         let mut shard_of = Vec::new();
         let mut starts = vec![0];
-        for (s, found) in index_shards(&shards).into_iter().enumerate() {
+        let readers: Vec<Shard> = match index_readers {
+            Some(readers) => shards
+                .iter()
+                .zip(readers)
+                .map(|(s, bytes)| Shard {
+                    name: s.name.clone(),
+                    bytes,
+                })
+                .collect(),
+            None => shards
+                .iter()
+                .map(|s| Shard {
+                    name: s.name.clone(),
+                    bytes: s.bytes.clone(),
+                })
+                .collect(),
+        };
+        let found = index_shards(&readers, threads);
+        drop(readers);
+        let names = names_hash(shards.iter().map(|s| s.name.as_str()));
+        for (s, found) in found.into_iter().enumerate() {
             entries.extend(found);
             shard_of.resize(entries.len(), s as u32);
             starts.push(entries.len());
@@ -220,8 +285,10 @@ impl TarShards {
                 entries,
                 shard_of,
                 starts,
+                on_plan,
             }),
             buffer: DEFAULT_BUFFER,
+            names,
         })
     }
 
@@ -268,6 +335,9 @@ impl TarShards {
         drop_last: bool,
     ) -> Vec<usize> {
         let index = &self.index;
+        if let Some(on_plan) = &index.on_plan {
+            on_plan();
+        }
         let total = index.entries.len();
         let world = world.max(1);
         let per = if drop_last || total == 0 {
@@ -341,13 +411,24 @@ fn open_file(path: &Path) -> Result<(String, Arc<dyn ShardBytes>)> {
     Ok((name, Arc::new(MappedShard(mapping))))
 }
 
-/// The index pass over every shard, on up to 16 threads (shards are independent; a thread
-/// reads its shards' headers in file order); the entries of each shard, in list order.
-fn index_shards(shards: &[Shard]) -> Vec<Vec<Entry>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 16)
-        .min(shards.len().max(1));
+/// A hash (FNV-1a, folded to 32 bits) of the shards' file names — the last component of each
+/// path or URL — in list order: a resume with another shard list of the same length is
+/// refused, while the same files moved to another folder or a bucket still resume.
+fn names_hash<'a>(names: impl Iterator<Item = &'a str>) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for name in names {
+        let file = name.rsplit(['/', '\\']).next().unwrap_or(name);
+        for &b in file.as_bytes().iter().chain(&[0]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    (h ^ (h >> 32)) as u32
+}
+
+/// The index pass over every shard, on up to `threads` threads (shards are independent; a
+/// thread reads its shards' headers in file order); the entries of each shard, in list order.
+fn index_shards(shards: &[Shard], threads: usize) -> Vec<Vec<Entry>> {
+    let threads = threads.clamp(1, shards.len().max(1));
     let mut found: Vec<Vec<Entry>> = (0..shards.len()).map(|_| Vec::new()).collect();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
@@ -463,7 +544,12 @@ impl Dataset for TarShards {
         Some(self.plan(epoch, seed, shard, drop_last))
     }
 
+    /// The shuffle buffer (low 32 bits) and a hash of the shards' file names in list order
+    /// (high 32 bits): a position saved over other shards, or with another buffer, is refused.
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        Some(("shuffle buffer", self.buffer as u64))
+        Some((
+            "shuffle buffer (low 32 bits) and shard-list hash (high 32 bits)",
+            (u64::from(self.names) << 32) | self.buffer.min(u32::MAX as usize) as u64,
+        ))
     }
 }

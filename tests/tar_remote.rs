@@ -1,0 +1,437 @@
+//! Remote tar shards (feature `remote`) against servers the tests start: a local HTTP server
+//! (tests/support/http.rs) serving the same shard files as the local source reads, with its
+//! faults, and an S3-compatible server (moto) when one can be started.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pinnable::Error;
+use pinnable::formats::tar::{Remote, TarSample, TarShards};
+use pinnable::loader::{Collator, Dataset, Loader};
+use pinnable::{Result, Tensor};
+use pinnable_harness::http::{Fault, Server};
+use pinnable_harness::rng;
+use pinnable_harness::tar::{Sample, folder, random_shards, shard};
+use rand::Rng;
+
+/// Settings that fail fast: small chunks (several per shard), short timeouts, few retries.
+fn remote() -> Remote {
+    Remote::new()
+        .chunk_size(64 << 10)
+        .read_ahead(2)
+        .timeout(Duration::from_secs(5))
+        .retries(3)
+}
+
+fn labels(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
+    let y = c.stack_scalars(
+        "labels",
+        samples
+            .iter()
+            .map(|s| s.class("cls"))
+            .collect::<Result<Vec<_>>>()?,
+    )?;
+    c.finish()?.take(y)
+}
+
+/// Every sample's key and fields, read in index order.
+fn contents(shards: &TarShards) -> Vec<Sample> {
+    (0..shards.len())
+        .map(|i| {
+            let s = shards.get(i).unwrap();
+            let fields = s
+                .fields()
+                .iter()
+                .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
+                .collect();
+            (s.key().to_owned(), fields)
+        })
+        .collect()
+}
+
+/// One epoch's batches of labels: shuffled, a shuffle buffer, rank 1 of 2.
+fn epoch(shards: &TarShards, workers: usize) -> Vec<Vec<i64>> {
+    Loader::builder(shards.clone())
+        .batch_size(6)
+        .shuffle(5)
+        .shard(1, 2)
+        .workers(workers)
+        .build_with(labels)
+        .unwrap()
+        .run_epoch(3)
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect()
+}
+
+/// The same pattern over the server: `train-{000..N}.tar` under its root.
+fn url_pattern(server: &Server, shards: usize) -> String {
+    format!("{}/train-{{000..{:03}}}.tar", server.url(), shards - 1)
+}
+
+#[test]
+fn http_shards_yield_the_local_samples_in_the_local_order() {
+    let mut r = rng("http_shards_yield_the_local_samples_in_the_local_order");
+    let dir = folder("http-same");
+    let counts: Vec<usize> = (0..r.random_range(2..6))
+        .map(|_| r.random_range(20..400))
+        .collect();
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    let server = Server::start(&dir);
+    let local = TarShards::open([&pattern]).unwrap().shuffle_buffer(32);
+    let over_http = remote()
+        .open([url_pattern(&server, counts.len())])
+        .unwrap()
+        .shuffle_buffer(32);
+    assert_eq!(over_http.len(), local.len());
+    for (s, &n) in counts.iter().enumerate() {
+        assert_eq!(over_http.shard_len(s), Some(n), "shard {s}");
+    }
+    assert_eq!(contents(&over_http), contents(&local));
+    let want = epoch(&local, 1);
+    assert!(!want.is_empty());
+    assert_eq!(
+        epoch(&over_http, 3),
+        want,
+        "the local order, with 3 workers"
+    );
+    // Plain `TarShards::open` takes URLs too.
+    let opened = TarShards::open([url_pattern(&server, counts.len())]).unwrap();
+    assert_eq!(opened.len(), local.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Shards of samples with one large member each (`.bin`, 40 to 120 KiB) and a `.cls`.
+fn large_shards(dir: &Path, r: &mut impl Rng, counts: &[usize]) -> (u64, Vec<Vec<Sample>>) {
+    let mut total = 0;
+    let mut all = Vec::new();
+    for (s, &n) in counts.iter().enumerate() {
+        let samples: Vec<Sample> = (0..n)
+            .map(|i| {
+                let len = r.random_range(40 << 10..120 << 10);
+                let bin: Vec<u8> = (0..len).map(|_| r.random()).collect();
+                let class = r.random_range(0..1000i64).to_string().into_bytes();
+                (
+                    format!("{s}-{i:04}"),
+                    vec![("bin".into(), bin), ("cls".into(), class)],
+                )
+            })
+            .collect();
+        let bytes = shard(&samples).0;
+        total += bytes.len() as u64;
+        std::fs::write(dir.join(format!("train-{s:03}.tar")), bytes).unwrap();
+        all.push(samples);
+    }
+    (total, all)
+}
+
+#[test]
+fn the_index_pass_reads_headers_only_and_an_epoch_reads_each_byte_about_once() {
+    let mut r = rng("the_index_pass_reads_headers_only");
+    let dir = folder("http-bytes");
+    let counts: Vec<usize> = (0..3).map(|_| r.random_range(20..60)).collect();
+    let (total, samples) = large_shards(&dir, &mut r, &counts);
+    let server = Server::start(&dir);
+    // A cache of 32 chunks: two workers' batches (10 chunks each) and their read-ahead, less
+    // than the shards: each epoch comes over the socket.
+    let shards = remote()
+        .cache_bytes(2 << 20)
+        .open([url_pattern(&server, 3)])
+        .unwrap();
+    let indexed = server.served();
+    // One 4 KiB window a sample, against 40 to 120 KiB of member data.
+    assert!(
+        (indexed as f64) < 0.15 * total as f64,
+        "the index pass read {indexed} of {total} bytes"
+    );
+    // Epochs in stream order (no shuffle) stream each chunk once.
+    let loader = Loader::builder(shards.clone())
+        .batch_size(8)
+        .workers(2)
+        .build_with(|s: Vec<TarSample>, c: &mut Collator| {
+            let sum: u64 = s
+                .iter()
+                .map(|s| {
+                    s.bytes("bin")
+                        .map(|b| b.iter().map(|&x| u64::from(x)).sum::<u64>())
+                })
+                .sum::<Result<u64>>()?;
+            let y = c.stack_scalars("sum", vec![sum as i64])?;
+            c.finish()?.take(y)
+        })
+        .unwrap();
+    let want: u64 = samples
+        .iter()
+        .flatten()
+        .map(|(_, f)| f[0].1.iter().map(|&x| u64::from(x)).sum::<u64>())
+        .sum();
+    for epoch in 0..2 {
+        let before = server.served();
+        let got: i64 = loader
+            .iter()
+            .map(|b| b.unwrap().to_vec::<i64>().unwrap()[0])
+            .sum();
+        assert_eq!(got as u64, want, "every byte of every .bin, epoch {epoch}");
+        let streamed = server.served() - before;
+        // The second epoch's first read of each shard is its own request (a new stream).
+        assert!(
+            streamed >= total - 2048 && (streamed as f64) < 1.15 * total as f64,
+            "epoch {epoch} read {streamed} of {total} bytes"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_connection_dropped_midway_is_resumed_where_it_stopped() {
+    let mut r = rng("a_connection_dropped_midway_is_resumed");
+    let dir = folder("http-drop");
+    let counts: Vec<usize> = (0..3).map(|_| r.random_range(200..500)).collect();
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    let server = Server::start(&dir);
+    let local = TarShards::open([&pattern]).unwrap();
+    let over_http = remote().open([url_pattern(&server, 3)]).unwrap();
+    // Dropped during the epoch's reads (the index pass is over).
+    let victim = format!("train-{:03}.tar", r.random_range(0..3));
+    server.fault(&victim, Fault::DropOnce);
+    let before = server.log().len();
+    assert_eq!(contents(&over_http), contents(&local));
+    // A request after the drop asked for the rest of a range, not all of it again.
+    let gets: Vec<(u64, u64)> = server.log()[before..]
+        .iter()
+        .filter(|l| l.path == victim && l.method == "GET")
+        .filter_map(|l| l.range)
+        .collect();
+    let resumed = gets
+        .iter()
+        .any(|a| gets.iter().any(|b| b.0 > a.0 && b.0 < a.1 && b.1 == a.1));
+    assert!(
+        resumed,
+        "no request resumed inside the dropped range: {gets:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_or_refused_shard_is_an_error_naming_its_url_and_a_500_is_retried() {
+    let mut r = rng("a_missing_or_refused_shard");
+    let dir = folder("http-404");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(5..30)).collect();
+    let (_, _) = random_shards(&dir, &mut r, &counts);
+    let server = Server::start(&dir);
+    let s = r.random_range(0..4);
+    let name = format!("train-{s:03}.tar");
+    let url = format!("{}/{name}", server.url());
+    for (fault, code) in [(Fault::NotFound, "404"), (Fault::Forbidden, "403")] {
+        server.fault(&name, fault);
+        let started = Instant::now();
+        let err = remote().open([url_pattern(&server, 4)]).unwrap_err();
+        match &err {
+            Error::Tar { shard, .. } => assert_eq!(shard, &url),
+            other => panic!("not a tar error: {other}"),
+        }
+        assert!(err.to_string().contains(code), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "not retried");
+    }
+    // A 500, then a good answer: opened as if nothing happened.
+    server.fault(&name, Fault::ErrorOnce);
+    let shards = remote().open([url_pattern(&server, 4)]).unwrap();
+    assert_eq!(shards.shard_len(s), Some(counts[s]));
+    assert!(server.log().iter().any(|l| l.status == 500));
+    // A shard that exists on no server: its URL named.
+    let missing = format!("{}/nothing-here.tar", server.url());
+    let err = remote().open([&missing]).unwrap_err();
+    assert!(err.to_string().contains(&missing), "{err}");
+    // A glob needs a listing, which a web server does not give.
+    let err = remote()
+        .open([format!("{}/train-*.tar", server.url())])
+        .unwrap_err();
+    assert!(err.to_string().contains("brace range"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn resume_over_http_continues_the_run_and_other_shards_are_refused() {
+    let mut r = rng("resume_over_http_continues_the_run");
+    let dir = folder("http-resume");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(10..60)).collect();
+    let (_, _) = random_shards(&dir, &mut r, &counts);
+    let server = Server::start(&dir);
+    let shards = remote()
+        .open([url_pattern(&server, 4)])
+        .unwrap()
+        .shuffle_buffer(12);
+    let build = |shards: &TarShards, workers| {
+        Loader::builder(shards.clone())
+            .batch_size(4)
+            .shuffle(8)
+            .workers(workers)
+    };
+    let loader = build(&shards, 3).build_with(labels).unwrap();
+    loader.set_epoch(2);
+    let all: Vec<Vec<i64>> = loader
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    let stop = r.random_range(0..all.len());
+    loader.set_epoch(2);
+    let mut epoch = loader.iter();
+    for _ in 0..stop {
+        epoch.next().unwrap().unwrap();
+    }
+    let saved = epoch.position().to_string();
+    drop(epoch);
+    let rest: Vec<Vec<i64>> = build(&shards, 1)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(rest, all[stop..], "stopped after {stop} batches");
+    // The same number of samples in other shards: the list is listed in another order.
+    let reordered = remote()
+        .open([format!("{}/train-{{003..000}}.tar", server.url())])
+        .unwrap()
+        .shuffle_buffer(12);
+    assert_eq!(reordered.len(), shards.len());
+    let err = build(&reordered, 1)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Resume { setting, .. } if setting.contains("shard-list")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An S3-compatible server (moto's), stopped on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    /// Starts `python3 -m moto.server` on an unused port and waits (20 s at most) until it
+    /// answers; the reason when it cannot.
+    fn start() -> std::result::Result<Moto, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run python3: {e}"))?;
+        let mut moto = Moto { child, port };
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                return Err(format!(
+                    "python3 -m moto.server exited ({status}); install it with \
+                     `pip install 'moto[server]'`"
+                ));
+            }
+            if moto.request("GET", "/", &[]).is_ok() {
+                return Ok(moto);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err("moto's server did not answer within 20 s".into())
+    }
+
+    /// One unsigned request (moto does not check signatures); its status.
+    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<u16> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            self.port,
+            body.len()
+        )?;
+        s.write_all(body)?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer)?;
+        let text = String::from_utf8_lossy(&answer);
+        text.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status in {text:?}")))
+    }
+}
+
+#[test]
+fn s3_shards_through_an_s3_compatible_server() {
+    let mut moto = match Moto::start() {
+        Ok(m) => m,
+        Err(reason) => {
+            println!("skipped: no S3-compatible server: {reason}");
+            return;
+        }
+    };
+    let mut r = rng("s3_shards_through_an_s3_compatible_server");
+    let dir = folder("s3");
+    let counts: Vec<usize> = (0..3).map(|_| r.random_range(20..200)).collect();
+    let (pattern, _) = random_shards(&dir, &mut r, &counts);
+    assert_eq!(moto.request("PUT", "/shards", &[]).unwrap(), 200);
+    for s in 0..3 {
+        let bytes = std::fs::read(dir.join(format!("train-{s:03}.tar"))).unwrap();
+        let status = moto
+            .request("PUT", &format!("/shards/data/train-{s:03}.tar"), &bytes)
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+    let s3 = |patterns: &[&str]| {
+        remote()
+            .option("aws_endpoint", format!("http://127.0.0.1:{}", moto.port))
+            .option("aws_allow_http", "true")
+            .option("aws_access_key_id", "test")
+            .option("aws_secret_access_key", "test")
+            .option("aws_region", "us-east-1")
+            .open(patterns)
+    };
+    let local = TarShards::open([&pattern]).unwrap().shuffle_buffer(32);
+    let braces = s3(&["s3://shards/data/train-{000..002}.tar"])
+        .unwrap()
+        .shuffle_buffer(32);
+    assert_eq!(contents(&braces), contents(&local));
+    assert_eq!(epoch(&braces, 2), epoch(&local, 1));
+    // A glob, through the bucket's listing: the same shards in the same order.
+    let globbed = s3(&["s3://shards/data/train-*.tar"]).unwrap();
+    let names: Vec<&str> = globbed.shard_names().collect();
+    assert_eq!(
+        names,
+        (0..3)
+            .map(|s| format!("s3://shards/data/train-{s:03}.tar"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(contents(&globbed), contents(&local));
+    let err = s3(&["s3://shards/data/train-009.tar"]).unwrap_err();
+    assert!(
+        err.to_string().contains("s3://shards/data/train-009.tar")
+            && err.to_string().contains("404"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
