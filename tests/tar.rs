@@ -371,22 +371,28 @@ fn npy_members_land_in_their_rows_with_their_labels() {
         })
         .collect();
     std::fs::write(dir.join("a.tar"), shard(&samples).0).unwrap();
-    let shards = TarShards::open([format!("{}/*.tar", dir.display())]).unwrap();
-    let loader = Loader::builder(shards)
-        .batch_size(3)
-        .workers(2)
-        .build(TarNpyBatcher::new("npy").label("cls"))
-        .unwrap();
-    let mut seen = 0;
-    for batch in &loader {
-        let (x, y) = batch.unwrap();
-        let y = y.unwrap().to_vec::<i64>().unwrap();
-        assert_eq!(x.shape(), &[y.len(), 2, 3]);
-        let want: Vec<u16> = y.iter().flat_map(|&i| rows[i as usize].clone()).collect();
-        assert_eq!(x.to_vec::<u16>().unwrap(), want);
-        seen += y.len();
+    let pattern = format!("{}/*.tar", dir.display());
+    // Read (each member copied by a positioned read) and mapped (members viewed in place):
+    // the same rows and labels.
+    // SAFETY: the shard is written above and not changed while it is read.
+    let mapped = unsafe { TarShards::open_mapped([&pattern]) }.unwrap();
+    for shards in [TarShards::open([&pattern]).unwrap(), mapped] {
+        let loader = Loader::builder(shards)
+            .batch_size(3)
+            .workers(2)
+            .build(TarNpyBatcher::new("npy").label("cls"))
+            .unwrap();
+        let mut seen = 0;
+        for batch in &loader {
+            let (x, y) = batch.unwrap();
+            let y = y.unwrap().to_vec::<i64>().unwrap();
+            assert_eq!(x.shape(), &[y.len(), 2, 3]);
+            let want: Vec<u16> = y.iter().flat_map(|&i| rows[i as usize].clone()).collect();
+            assert_eq!(x.to_vec::<u16>().unwrap(), want);
+            seen += y.len();
+        }
+        assert_eq!(seen, 7);
     }
-    assert_eq!(seen, 7);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

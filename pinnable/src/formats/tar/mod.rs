@@ -101,6 +101,8 @@ mod remote;
 mod sample;
 
 use std::borrow::Cow;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -121,7 +123,30 @@ use crate::tensor::HostBytes;
 /// The default shuffle buffer: samples held and drawn from at random when the loader shuffles.
 pub const DEFAULT_BUFFER: usize = 1024;
 
-/// A local shard file, mapped read-only.
+/// A local shard file read with positioned reads (`pread`): each read copies its bytes, so
+/// nothing is lost if another process rewrites or truncates the file (a short read is an
+/// error naming the shard and offset, as for a truncated shard).
+struct FileShard {
+    file: File,
+    len: u64,
+}
+
+impl ShardBytes for FileShard {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(len)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e))?;
+        buf.resize(len, 0);
+        self.file.read_exact_at(&mut buf, offset)?;
+        Ok(Cow::Owned(buf))
+    }
+}
+
+/// A local shard file, mapped read-only ([`TarShards::open_mapped`]).
 struct MappedShard(Mapping);
 
 impl ShardBytes for MappedShard {
@@ -185,7 +210,9 @@ impl std::fmt::Debug for TarShards {
 
 impl TarShards {
     /// Opens local shards named by `patterns` (paths, brace ranges, globs; see [`expand`]),
-    /// maps them and runs the index pass (headers only). With the `remote` feature, a list of
+    /// and runs the index pass (headers only). Members are read with positioned reads (each
+    /// a copy, whatever happens to the files meanwhile); [`open_mapped`](Self::open_mapped)
+    /// maps them instead, for zero-copy `.npy` members. With the `remote` feature, a list of
     /// URLs (`s3://`, `http://`, `https://`) opens through [`Remote`]'s defaults.
     ///
     /// # Errors
@@ -214,7 +241,31 @@ impl TarShards {
         let paths = expand(patterns)?;
         let shards = paths
             .iter()
-            .map(|p| open_file(p))
+            .map(|p| open_file(p, false))
+            .collect::<Result<Vec<_>>>()?;
+        TarShards::from_shards(shards)
+    }
+
+    /// Opens local shards as [`open`](Self::open) does, but memory-mapped: `.npy` members
+    /// become tensors that view the mapping (no copy) and reads cost no system call.
+    ///
+    /// # Safety
+    ///
+    /// Nothing (this process or another) writes to or truncates the files while the shards,
+    /// or any tensor viewing them, live: the mapped bytes are read as immutable memory, and
+    /// a truncated mapping faults when read. Shards written once and then only read (the
+    /// usual case for a dataset) meet this; [`open`](Self::open) is the safe choice otherwise.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open) for local paths; a URL in the list is an error.
+    pub unsafe fn open_mapped<S: AsRef<str>>(
+        patterns: impl IntoIterator<Item = S>,
+    ) -> Result<TarShards> {
+        let paths = expand(patterns)?;
+        let shards = paths
+            .iter()
+            .map(|p| open_file(p, true))
             .collect::<Result<Vec<_>>>()?;
         TarShards::from_shards(shards)
     }
@@ -401,14 +452,24 @@ fn shuffle_buffer(
     out
 }
 
-fn open_file(path: &Path) -> Result<(String, Arc<dyn ShardBytes>)> {
+fn open_file(path: &Path, mapped: bool) -> Result<(String, Arc<dyn ShardBytes>)> {
     let name = path.display().to_string();
-    let mapping = Mapping::open(path).map_err(|problem| Error::Tar {
+    let cannot = |problem: String| Error::Tar {
         shard: name.clone(),
         offset: 0,
         problem: format!("cannot open it: {problem}"),
-    })?;
-    Ok((name, Arc::new(MappedShard(mapping))))
+    };
+    let bytes: Arc<dyn ShardBytes> = if mapped {
+        Arc::new(MappedShard(Mapping::open(path).map_err(cannot)?))
+    } else {
+        let file = File::open(path).map_err(|e| cannot(e.to_string()))?;
+        let len = file.metadata().map_err(|e| cannot(e.to_string()))?.len();
+        if len == 0 {
+            return Err(cannot("the file is empty".into()));
+        }
+        Arc::new(FileShard { file, len })
+    };
+    Ok((name, bytes))
 }
 
 /// A hash (FNV-1a, folded to 32 bits) of the shards' file names — the last component of each
