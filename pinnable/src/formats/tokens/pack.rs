@@ -20,6 +20,9 @@ use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
 use crate::transfer::{MoveContext, ToDevice};
 
+#[path = "pack_device.rs"]
+mod device;
+
 /// The label of a token whose target crosses a document boundary, and of padding: what
 /// PyTorch's cross-entropy ignores.
 pub const IGNORE_INDEX: i64 = -100;
@@ -133,6 +136,7 @@ impl PackedDocs {
             fixed_shape: false,
             seq_idx: true,
             pad_id: 0,
+            built_on: None,
             cache: Arc::new(Mutex::new(Vec::new())),
         })
     }
@@ -241,7 +245,9 @@ type EpochPlan = Arc<Vec<Vec<Piece>>>;
 
 /// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`]. Every field is written
 /// into the batch's one pinned block by the loader's worker; for a CUDA device `input_ids`
-/// crosses the link as the documents' u16/u32 tokens and is widened there.
+/// crosses the link as the documents' u16/u32 tokens and is widened there. With
+/// [`on_device`](Self::on_device) only the tokens and `cu_seqlens` cross, and the device
+/// writes every field.
 #[derive(Clone, Debug)]
 pub struct PackedBatcher {
     docs: Arc<TokenDocs>,
@@ -251,6 +257,8 @@ pub struct PackedBatcher {
     fixed_shape: bool,
     seq_idx: bool,
     pad_id: u32,
+    /// Where batches are built, when not on the host ([`on_device`](Self::on_device)).
+    built_on: Option<Device>,
     /// The plans of the epochs asked for last.
     cache: Arc<Mutex<Vec<(u64, EpochPlan)>>>,
 }
@@ -410,6 +418,9 @@ impl PackedBatcher {
             cu.push(cu[cu.len() - 1] + p.len as i32);
         }
         cu.resize(n_cu, real as i32);
+        if let Some(device) = &self.built_on {
+            return self.build_on_device(device, pieces, cu, total, c);
+        }
         let max_seqlen = pieces.iter().map(|p| p.len).max().unwrap_or(0);
         let shape = [1, total];
         let tokens = if self.on_device {
@@ -420,16 +431,10 @@ impl PackedBatcher {
         let labels = c.empty("labels", self.dtype, &shape)?;
         let positions = c.empty("position_ids", self.dtype, &shape)?;
         let cu_slot = c.empty("cu_seqlens", DType::I32, &[n_cu])?;
-        let seq = if self.seq_idx {
-            Some(c.empty("seq_idx", DType::I32, &shape)?)
-        } else {
-            None
-        };
-        let mask = if self.fixed_shape {
-            Some(c.empty("padding_mask", DType::U8, &shape)?)
-        } else {
-            None
-        };
+        let seq = (self.seq_idx.then(|| c.empty("seq_idx", DType::I32, &shape))).transpose()?;
+        let mask = (self.fixed_shape)
+            .then(|| c.empty("padding_mask", DType::U8, &shape))
+            .transpose()?;
         let mut out = c.finish()?;
         // Every token, widened to u32 (padding included): the host reads each document once.
         let mut compact = vec![self.pad_id; total];
