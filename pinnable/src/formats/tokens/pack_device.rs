@@ -78,10 +78,13 @@ impl PackedBatcher {
         total: usize,
         c: &mut Collator,
     ) -> Result<PackedBatch> {
-        if self.dtype == DType::I32 && self.pad_id > i32::MAX as u32 {
+        if self.fixed_shape && self.dtype == DType::I32 && self.pad_id > i32::MAX as u32 {
             return Err(Error::Config {
                 setting: "pad_id",
-                problem: format!("{} does not fit an i32 batch; ask for i64", self.pad_id),
+                problem: format!(
+                    "{} does not fit an i32 batch: take a smaller pad id or i64 batches",
+                    self.pad_id
+                ),
             });
         }
         let dev = device.cuda_device("PackedBatcher::on_device")?.clone();
@@ -90,8 +93,7 @@ impl PackedBatcher {
         let layout = Layout::of(self, total, cu.len(), real);
         let stream = STREAM.with(|s| -> Result<Arc<CudaStream>> {
             let mut s = s.borrow_mut();
-            if let Some((ordinal, stream)) = s.as_ref().filter(|(o, _)| *o == dev.ordinal) {
-                debug_assert_eq!(*ordinal, dev.ordinal);
+            if let Some((_, stream)) = s.as_ref().filter(|(o, _)| *o == dev.ordinal) {
                 return Ok(stream.clone());
             }
             dev.ctx
