@@ -246,8 +246,7 @@ type EpochPlan = Arc<Vec<Vec<Piece>>>;
 /// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`]. Every field is written
 /// into the batch's one pinned block by the loader's worker; for a CUDA device `input_ids`
 /// crosses the link as the documents' u16/u32 tokens and is widened there. With
-/// [`on_device`](Self::on_device) only the tokens and `cu_seqlens` cross, and the device
-/// writes every field.
+/// [`on_device`](Self::on_device) only they and `cu_seqlens` cross; the device writes the rest.
 #[derive(Clone, Debug)]
 pub struct PackedBatcher {
     docs: Arc<TokenDocs>,
@@ -453,13 +452,10 @@ impl PackedBatcher {
             // Compact over the link: the GPU widens them.
             let mut v = out.view_mut(tokens)?;
             match self.docs.dtype() {
-                DType::U16 => {
-                    let dst = v.as_mut_slice::<u16>()?;
-                    // Every value came from a u16 (or is a pad id checked to fit one).
-                    dst.iter_mut()
-                        .zip(&compact)
-                        .for_each(|(d, &t)| *d = t as u16);
-                }
+                // Every value came from a u16 (or is a pad id checked to fit one).
+                DType::U16 => (v.as_mut_slice::<u16>()?.iter_mut())
+                    .zip(&compact)
+                    .for_each(|(d, &t)| *d = t as u16),
                 _ => v.as_mut_slice::<u32>()?.copy_from_slice(&compact),
             }
         }
@@ -575,13 +571,11 @@ impl Fields<'_> {
     /// The document of the token at `at`.
     fn sample_at(&self, at: usize) -> usize {
         let mut end = 0;
-        for p in self.pieces {
+        let p = self.pieces.iter().find(|p| {
             end += p.len;
-            if at < end {
-                return p.sample;
-            }
-        }
-        self.pieces.last().map_or(0, |p| p.sample)
+            at < end
+        });
+        p.or(self.pieces.last()).map_or(0, |p| p.sample)
     }
 }
 
