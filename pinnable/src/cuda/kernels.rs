@@ -235,3 +235,59 @@ pub(crate) fn image_kernels(dev: &CudaDevice) -> std::result::Result<Arc<ImageKe
     })
     .clone()
 }
+
+/// The PTX of `pinnable/kernels/pack.cu`, built by `scripts/ptx.sh`.
+const PACK_PTX: &str = concat!(include_str!("../../kernels/pack.ptx"), "\0");
+
+/// The packing kernels of one device (`formats::tokens::PackedBatcher::on_device`), loaded
+/// like the gather kernels: `pack_{u16,u32}_{i32,i64}`, by token type then output dtype.
+pub(crate) struct PackKernels {
+    pub(crate) pack: [[Function; 2]; 2],
+}
+
+type LoadedPack = Arc<OnceLock<std::result::Result<Arc<PackKernels>, String>>>;
+static LOADED_PACK: Mutex<Vec<LoadedPack>> = Mutex::new(Vec::new());
+
+/// The packing kernels of `dev`, loaded on first use, or why they cannot be.
+pub(crate) fn pack_kernels(dev: &CudaDevice) -> std::result::Result<Arc<PackKernels>, String> {
+    let slot = {
+        let mut loaded = LOADED_PACK.lock().unwrap_or_else(|e| e.into_inner());
+        if loaded.len() <= dev.ordinal {
+            loaded.resize_with(dev.ordinal + 1, Default::default);
+        }
+        loaded[dev.ordinal].clone()
+    };
+    slot.get_or_init(|| {
+        dev.ctx
+            .bind_to_thread()
+            .map_err(|e| format!("cuCtxSetCurrent failed with {}", result_name(e.0)))?;
+        // SAFETY: the PTX is NUL-terminated and lives for the process; a context is current.
+        let module =
+            unsafe { result::module::load_data(PACK_PTX.as_ptr().cast()) }.map_err(|e| {
+                format!(
+                    "cuModuleLoadData(pack.ptx) failed with {}",
+                    result_name(e.0)
+                )
+            })?;
+        let function = |name: &CStr| -> std::result::Result<Function, String> {
+            let mut f = std::ptr::null_mut();
+            // SAFETY: the module was just loaded and is never unloaded; the name is a C string.
+            let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                Ok(Function(f))
+            } else {
+                Err(format!(
+                    "cuModuleGetFunction({name:?}) failed with {}",
+                    result_name(r)
+                ))
+            }
+        };
+        Ok(Arc::new(PackKernels {
+            pack: [
+                [function(c"pack_u16_i32")?, function(c"pack_u16_i64")?],
+                [function(c"pack_u32_i32")?, function(c"pack_u32_i64")?],
+            ],
+        }))
+    })
+    .clone()
+}

@@ -19,7 +19,7 @@ pub use event::Event;
 pub(crate) use kernels::gather_kernels;
 #[cfg(feature = "image")]
 pub(crate) use kernels::image_kernels;
-pub(crate) use kernels::{Function, Kernels, kernels};
+pub(crate) use kernels::{Function, Kernels, kernels, pack_kernels};
 
 /// The outcome of probing the driver: the device count, or why there is no CUDA.
 static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();

@@ -20,6 +20,9 @@ use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
 use crate::transfer::{MoveContext, ToDevice};
 
+#[path = "pack_device.rs"]
+mod device;
+
 /// The label of a token whose target crosses a document boundary, and of padding: what
 /// PyTorch's cross-entropy ignores.
 pub const IGNORE_INDEX: i64 = -100;
@@ -133,6 +136,7 @@ impl PackedDocs {
             fixed_shape: false,
             seq_idx: true,
             pad_id: 0,
+            built_on: None,
             cache: Arc::new(Mutex::new(Vec::new())),
         })
     }
@@ -241,7 +245,8 @@ type EpochPlan = Arc<Vec<Vec<Piece>>>;
 
 /// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`]. Every field is written
 /// into the batch's one pinned block by the loader's worker; for a CUDA device `input_ids`
-/// crosses the link as the documents' u16/u32 tokens and is widened there.
+/// crosses the link as the documents' u16/u32 tokens and is widened there. With
+/// [`on_device`](Self::on_device) only they and `cu_seqlens` cross; the device writes the rest.
 #[derive(Clone, Debug)]
 pub struct PackedBatcher {
     docs: Arc<TokenDocs>,
@@ -251,6 +256,8 @@ pub struct PackedBatcher {
     fixed_shape: bool,
     seq_idx: bool,
     pad_id: u32,
+    /// Where batches are built, when not on the host ([`on_device`](Self::on_device)).
+    built_on: Option<Device>,
     /// The plans of the epochs asked for last.
     cache: Arc<Mutex<Vec<(u64, EpochPlan)>>>,
 }
@@ -410,6 +417,9 @@ impl PackedBatcher {
             cu.push(cu[cu.len() - 1] + p.len as i32);
         }
         cu.resize(n_cu, real as i32);
+        if let Some(device) = &self.built_on {
+            return self.build_on_device(device, pieces, cu, total, c);
+        }
         let max_seqlen = pieces.iter().map(|p| p.len).max().unwrap_or(0);
         let shape = [1, total];
         let tokens = if self.on_device {
@@ -420,16 +430,10 @@ impl PackedBatcher {
         let labels = c.empty("labels", self.dtype, &shape)?;
         let positions = c.empty("position_ids", self.dtype, &shape)?;
         let cu_slot = c.empty("cu_seqlens", DType::I32, &[n_cu])?;
-        let seq = if self.seq_idx {
-            Some(c.empty("seq_idx", DType::I32, &shape)?)
-        } else {
-            None
-        };
-        let mask = if self.fixed_shape {
-            Some(c.empty("padding_mask", DType::U8, &shape)?)
-        } else {
-            None
-        };
+        let seq = (self.seq_idx.then(|| c.empty("seq_idx", DType::I32, &shape))).transpose()?;
+        let mask = (self.fixed_shape)
+            .then(|| c.empty("padding_mask", DType::U8, &shape))
+            .transpose()?;
         let mut out = c.finish()?;
         // Every token, widened to u32 (padding included): the host reads each document once.
         let mut compact = vec![self.pad_id; total];
@@ -448,13 +452,10 @@ impl PackedBatcher {
             // Compact over the link: the GPU widens them.
             let mut v = out.view_mut(tokens)?;
             match self.docs.dtype() {
-                DType::U16 => {
-                    let dst = v.as_mut_slice::<u16>()?;
-                    // Every value came from a u16 (or is a pad id checked to fit one).
-                    dst.iter_mut()
-                        .zip(&compact)
-                        .for_each(|(d, &t)| *d = t as u16);
-                }
+                // Every value came from a u16 (or is a pad id checked to fit one).
+                DType::U16 => (v.as_mut_slice::<u16>()?.iter_mut())
+                    .zip(&compact)
+                    .for_each(|(d, &t)| *d = t as u16),
                 _ => v.as_mut_slice::<u32>()?.copy_from_slice(&compact),
             }
         }
@@ -570,13 +571,11 @@ impl Fields<'_> {
     /// The document of the token at `at`.
     fn sample_at(&self, at: usize) -> usize {
         let mut end = 0;
-        for p in self.pieces {
+        let p = self.pieces.iter().find(|p| {
             end += p.len;
-            if at < end {
-                return p.sample;
-            }
-        }
-        self.pieces.last().map_or(0, |p| p.sample)
+            at < end
+        });
+        p.or(self.pieces.last()).map_or(0, |p| p.sample)
     }
 }
 

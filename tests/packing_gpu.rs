@@ -1,0 +1,185 @@
+//! Packed batches built on the GPU (`PackedBatcher::on_device`): equal to the host path field
+//! by field, on random documents and plans, directly and through the loader; nothing left
+//! reserved in the pinned pool. Each test skips with `skipped: <reason>` without a GPU and
+//! fails under `PINNABLE_REQUIRE_GPU=1`.
+
+use pinnable::formats::tokens::{PackedBatch, PackedDocs, TokenDocs};
+use pinnable::loader::{Budget, Collator, Dataset, Loader, TokenBudget};
+use pinnable::{DType, Device, PinnedPool, PoolConfig, Tensor, ToDevice};
+use pinnable_harness::{assert_drained, cuda_or_skip, rng};
+use rand::Rng;
+use rand::rngs::SmallRng;
+
+/// Every field of a batch on the host, integers widened to i64.
+#[derive(Debug, PartialEq)]
+struct Fields {
+    dtype: DType,
+    shapes: Vec<Vec<usize>>,
+    input_ids: Vec<i64>,
+    labels: Vec<i64>,
+    position_ids: Vec<i64>,
+    cu_seqlens: Vec<i32>,
+    cu_seqlens_host: Vec<i32>,
+    max_seqlen: usize,
+    seq_idx: Option<Vec<i32>>,
+    padding_mask: Option<Vec<u8>>,
+    real_tokens: usize,
+}
+
+fn ints(t: &Tensor) -> Vec<i64> {
+    let t = t.to_cpu(false).unwrap();
+    match t.dtype() {
+        DType::I64 => t.to_vec::<i64>().unwrap(),
+        DType::I32 => t
+            .to_vec::<i32>()
+            .unwrap()
+            .into_iter()
+            .map(i64::from)
+            .collect(),
+        other => panic!("unexpected dtype {other}"),
+    }
+}
+
+fn fields(b: &PackedBatch, on: &Device) -> Fields {
+    let ids = b.input_ids.tensor().unwrap();
+    for t in [&ids, &b.labels, &b.position_ids, &b.cu_seqlens] {
+        assert_eq!(t.device().ordinal(), on.ordinal(), "a field is not on {on}");
+    }
+    Fields {
+        dtype: ids.dtype(),
+        shapes: [&ids, &b.labels, &b.position_ids, &b.cu_seqlens]
+            .iter()
+            .map(|t| t.shape().to_vec())
+            .chain(b.seq_idx.iter().map(|t| t.shape().to_vec()))
+            .chain(b.padding_mask.iter().map(|t| t.shape().to_vec()))
+            .collect(),
+        input_ids: ints(&ids),
+        labels: ints(&b.labels),
+        position_ids: ints(&b.position_ids),
+        cu_seqlens: b.cu_seqlens.to_cpu(false).unwrap().to_vec().unwrap(),
+        cu_seqlens_host: b.cu_seqlens_host.to_vec(),
+        max_seqlen: b.max_seqlen,
+        seq_idx: b
+            .seq_idx
+            .as_ref()
+            .map(|t| t.to_cpu(false).unwrap().to_vec().unwrap()),
+        padding_mask: b
+            .padding_mask
+            .as_ref()
+            .map(|t| t.to_cpu(false).unwrap().to_vec().unwrap()),
+        real_tokens: b.real_tokens,
+    }
+}
+
+/// Random long-tailed documents of u16 or (`wide`) u32 tokens, packed by a random plan.
+fn random_packed(r: &mut SmallRng, wide: bool) -> PackedDocs {
+    let n = r.random_range(20..200);
+    let docs: Vec<Tensor> = (0..n)
+        .map(|_| {
+            let len = if r.random_bool(0.1) {
+                r.random_range(1000..6000)
+            } else {
+                r.random_range(1..400)
+            };
+            if wide {
+                let v: Vec<u32> = (0..len).map(|_| r.random_range(0..1u32 << 31)).collect();
+                Tensor::from_vec1(v)
+            } else {
+                Tensor::from_vec1((0..len).map(|_| r.random::<u16>()).collect::<Vec<_>>())
+            }
+        })
+        .collect();
+    let docs = TokenDocs::from_dataset(docs).unwrap();
+    let budget = Budget::Packed {
+        row_tokens: r.random_range(2000..9000),
+        rows: r.random_range(1..9),
+    };
+    let plan = TokenBudget::options(budget)
+        .split_long(true)
+        .shuffle(r.random())
+        .build(docs.lengths().clone())
+        .unwrap();
+    PackedDocs::new(docs, plan).unwrap()
+}
+
+/// 200 random packed batches built on the device (u16 and u32 tokens, i64 and i32, fixed shape
+/// or not, with and without `seq_idx`, random pad ids) equal the host path's field by field,
+/// shapes and dtypes included, every tensor on the device; then every pinned block the
+/// workers staged goes back to the pool.
+#[test]
+fn device_built_batches_equal_the_host_path() {
+    let test = "device_built_batches_equal_the_host_path";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let pool = PinnedPool::new(PoolConfig::default());
+    let mut done = 0;
+    let mut modes = [[false; 2]; 2];
+    while done < 200 {
+        // i32 batches of u32 tokens need a vocabulary check, which datasets do not carry.
+        let wide = r.random_bool(0.3);
+        let p = random_packed(&mut r, wide);
+        let dtype = if !wide && r.random_bool(0.5) {
+            DType::I32
+        } else {
+            DType::I64
+        };
+        let (fixed, seq) = (r.random_bool(0.4), r.random_bool(0.7));
+        modes[usize::from(fixed)][usize::from(seq)] = true;
+        let pad = if wide {
+            r.random_range(0..1u32 << 31)
+        } else {
+            u32::from(r.random::<u16>())
+        };
+        let host = p.batcher(dtype, &Device::cpu()).unwrap();
+        let host = host.fixed_shape(fixed).seq_idx(seq).pad_id(pad).unwrap();
+        let on = host.clone().on_device(&device).unwrap();
+        let epoch = r.random_range(0..3);
+        for slot in 0..p.len().min(200 - done) {
+            let a = host
+                .batch_at(epoch, slot, &mut Collator::new(&pool))
+                .unwrap();
+            let b = on.batch_at(epoch, slot, &mut Collator::new(&pool)).unwrap();
+            assert!(!b.input_ids.is_pending(), "built, not waiting for a move");
+            let (a, b) = (fields(&a, &Device::cpu()), fields(&b, &device));
+            assert_eq!(b.dtype, dtype);
+            assert_eq!(a, b, "slot {slot} of epoch {epoch}");
+            done += 1;
+        }
+    }
+    assert!(modes.iter().flatten().filter(|&&m| m).count() >= 3);
+    device.synchronize().unwrap();
+    pool.empty_cache();
+    assert_drained(&pool);
+}
+
+/// Through the loader (4 workers, each on its own stream), a device-built epoch equals the
+/// host path's, batch for batch.
+#[test]
+fn device_built_batches_through_the_loader() {
+    let test = "device_built_batches_through_the_loader";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut r = rng(test);
+    let p = random_packed(&mut r, false);
+    let host = p.batcher(DType::I64, &Device::cpu()).unwrap();
+    let host = host.fixed_shape(true);
+    let on = host.clone().on_device(&device).unwrap();
+    let run = |batcher, to: &Device| -> Vec<Fields> {
+        let loader = Loader::builder(p.clone())
+            .workers(4)
+            .device(to.clone())
+            .build(batcher)
+            .unwrap();
+        loader
+            .iter()
+            .map(|b| fields(&b.unwrap(), to))
+            .collect::<Vec<_>>()
+    };
+    let want = run(host, &Device::cpu());
+    let got = run(on, &device);
+    assert_eq!(want.len(), p.len());
+    assert_eq!(got, want);
+}
