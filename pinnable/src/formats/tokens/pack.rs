@@ -16,6 +16,7 @@ use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
 use crate::loader::{Piece, TokenBudget};
 use crate::path::Walk;
+use crate::pieces::GatherRoute;
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
 use crate::transfer::{MoveContext, ToDevice};
@@ -490,7 +491,11 @@ impl PackedBatcher {
         }
         let input_ids = if self.on_device {
             let staged = out.take(tokens)?;
-            Gather::windows(&staged, [0], total)?.convert(Convert::cast(self.dtype))?
+            // The host route: read in place by the gather kernels beside the batch's other
+            // fields (same pinned block), they arrive wrong (tests/packing_gpu.rs).
+            Gather::windows(&staged, [0], total)?
+                .convert(Convert::cast(self.dtype))?
+                .route(GatherRoute::Host)
         } else {
             Gather::from(out.take(tokens)?)
         };
