@@ -188,11 +188,10 @@ fn device_built_batches_through_the_loader() {
 /// widened by the gather on the way) arrive equal to the tokens whether moved alone or with the
 /// rest of the batch, by every gather route.
 ///
-/// Known to fail on an H100 (2026-11-25) for the routes that read in place (`Auto`, `Kernel`,
-/// `Direct`) with the batch: the widened tokens arrive as other bytes of the arena, while alone
-/// and by `Host` they are right. `PackedBatcher` takes the `Host` route until it is fixed.
+/// A move whose first launch (the mirrors' copies, after the reservation) ran SM work skipped
+/// a later launch of as many SM jobs, so the widened tokens were never written when they moved
+/// with the batch; this test found it.
 #[test]
-#[ignore = "a known bug of in-place gathers moved beside tensors of their source's block"]
 fn staged_input_ids_arrive_whole_alone_with_the_batch_and_by_every_route() {
     use pinnable::GatherRoute;
     let Some(device) = cuda_or_skip("staged_input_ids_arrive_whole") else {

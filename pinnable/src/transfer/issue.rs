@@ -38,7 +38,8 @@ pub(super) struct Copies {
     pub(super) keep: Vec<Arc<Storage>>,
     /// Pinned blocks the copies read or write: each gets the ready event.
     pub(super) blocks: Vec<Arc<PinnedBlock>>,
-    /// How many of `direct`, `sm` and `waits` are already issued.
+    /// How many of `direct` and `waits` are already issued, and how many SM jobs were
+    /// launched (`sm` itself holds only those not launched yet).
     pub(super) direct_issued: usize,
     pub(super) sm_issued: usize,
     pub(super) waits_issued: usize,
@@ -80,10 +81,11 @@ impl MoveContext<'_> {
     /// walk places the tensors.
     pub(super) fn launch(&mut self) -> Result<()> {
         let c = &self.copies;
-        if c.direct_issued == c.direct.len()
-            && c.sm_issued == c.sm.len()
-            && c.waits_issued == c.waits.len()
-        {
+        // `sm` holds the jobs not yet launched (each launch takes them): compare with nothing,
+        // not with `sm_issued`, which counts every launch of the move. (Compared with it, a
+        // move whose first launch ran SM work skipped a later launch of as many jobs: a
+        // gather read in place beside a mirrored batch was never written.)
+        if c.direct_issued == c.direct.len() && c.sm.is_empty() && c.waits_issued == c.waits.len() {
             return Ok(());
         }
         let Some(dev) = self.stream_device()? else {

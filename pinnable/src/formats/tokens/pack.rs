@@ -491,11 +491,7 @@ impl PackedBatcher {
         }
         let input_ids = if self.on_device {
             let staged = out.take(tokens)?;
-            // The host route: read in place by the gather kernels beside the batch's other
-            // fields (same pinned block), they arrive wrong (tests/packing_gpu.rs).
-            Gather::windows(&staged, [0], total)?
-                .convert(Convert::cast(self.dtype))?
-                .route(GatherRoute::Host)
+            Gather::windows(&staged, [0], total)?.convert(Convert::cast(self.dtype))?
         } else {
             Gather::from(out.take(tokens)?)
         };
