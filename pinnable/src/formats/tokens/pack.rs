@@ -16,7 +16,6 @@ use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
 use crate::loader::{Piece, TokenBudget};
 use crate::path::Walk;
-use crate::pieces::GatherRoute;
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
 use crate::transfer::{MoveContext, ToDevice};
