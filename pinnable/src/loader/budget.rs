@@ -192,8 +192,27 @@ impl BudgetOptions {
     }
 }
 
-/// Batches of variable-length samples under a token budget, planned from their lengths: see
-/// the [module docs](self) for the rules, and [`BudgetOptions`] for an example.
+/// Batches of variable-length samples under a token budget, planned from their lengths alone,
+/// before anything is loaded, the same on every rank, then dealt ([`BudgetOptions`] has an
+/// example).
+///
+/// Two kinds of plan ([`Budget`]): a **token budget** (whole samples up to `max_tokens` a
+/// batch, counting the padding to the batch's longest sample or not — fairseq's
+/// `batch_by_size`) and **packed rows** (samples packed into rows of `row_tokens` by best fit,
+/// `rows` rows a batch — what varlen attention takes, flattened).
+///
+/// An epoch's plan: the samples in the order of that epoch (shuffled from the seed, or
+/// sequential), cut into windows of `sort_window`; each window sorted by length (longest first,
+/// ties in the shuffled order) and filled into batches or rows; the batches then shuffled again
+/// (so long and short batches alternate). Zero-length samples are skipped. A sample longer than
+/// the longest piece a batch can hold is an error naming its index, or is cut into pieces of
+/// that length when [`split_long`](BudgetOptions::split_long) says so.
+///
+/// **Equal steps.** Every epoch has exactly as many batches as epoch 0's plan
+/// ([`len`](Self::len)): an epoch whose plan makes more drops its last batches (their samples
+/// wait for the next epoch's shuffle), one that makes fewer repeats its first ones. Rank `r` of
+/// `world` takes batches `r, r + world, r + 2·world, …` of that list: `len / world` of them with
+/// `drop_last`, else `⌈len / world⌉`, wrapping to the list's start — every rank the same number.
 #[derive(Clone, Debug)]
 pub struct TokenBudget {
     lengths: Arc<[u32]>,
@@ -289,7 +308,7 @@ impl TokenBudget {
     }
 
     /// Which of an epoch's batches rank `rank` of `world` takes, in order: `r, r + world, …`
-    /// (see the [module docs](self) for the tail).
+    /// (see [`TokenBudget`] for the tail).
     pub fn rank_slots(&self, rank: usize, world: usize, drop_last: bool) -> Vec<usize> {
         let world = world.max(1);
         let per = if drop_last {
