@@ -599,4 +599,4 @@ fn frame_blocks(frame: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -169,7 +169,7 @@ fn seed_files() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-const JPEG_TOKENS: &[&[u8]] = &[
+pub(crate) const JPEG_TOKENS: &[&[u8]] = &[
     b"\xFF\xC0\x00\x11\x08",
     b"\xFF\xC2",
     b"\xFF\xC4",

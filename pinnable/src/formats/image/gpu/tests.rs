@@ -432,3 +432,43 @@ fn a_job_is_laid_out_as_the_kernels_read_it() {
     assert_eq!(std::mem::size_of::<super::plan::Job>(), 2 * 8 + 18 * 4);
     assert_eq!(std::mem::align_of::<super::plan::Job>(), 8);
 }
+
+/// Hostile bytes: the header probe that routes a file to nvJPEG never panics, reads only what
+/// is there, and what it reports of a frame is what the frame header says (sizes of 16 bits,
+/// an EXIF orientation from 1 to 8); whatever it accepts for nvJPEG is a Huffman-coded frame of
+/// one or three components with a size.
+#[test]
+fn fuzzed_headers_probe_within_their_bytes() {
+    let mut rng = SplitMix64::new(seed("probe_fuzz"));
+    let seeds: Vec<Vec<u8>> = (0..6)
+        .map(|k| {
+            let (w, h) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
+            let rgb = pixels(&mut rng, w * h * 3);
+            encode(&rgb, w, h, k % 5, (k % 9) as u16).0
+        })
+        .collect();
+    crate::fuzz::Fuzz::new("jpeg_probe")
+        .seeds(seeds)
+        .tokens(crate::formats::image::decode::tests::JPEG_TOKENS)
+        .run(|bytes| {
+            let Some(info) = probe(bytes) else {
+                return Ok(());
+            };
+            if info.width > 65535 || info.height > 65535 || !(1..=8).contains(&info.orientation)
+            {
+                return Err(format!("{info:?}"));
+            }
+            if !bytes.starts_with(&[0xFF, 0xD8]) {
+                return Err(format!("{info:?} from bytes that are not a JPEG"));
+            }
+            if info.for_nvjpeg()
+                && (info.sof > 2
+                    || !matches!(info.components, 1 | 3)
+                    || info.width == 0
+                    || info.height == 0)
+            {
+                return Err(format!("{info:?} accepted for nvJPEG"));
+            }
+            Ok(())
+        });
+}
