@@ -4,10 +4,12 @@ use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, result};
 
 use super::backend::Backend;
 use super::inputs::{Inputs, read_files};
+use super::memory::{device_buffer, upload};
+use super::notice::{ENGINE_STRIKES, nv_error, say_engines_failed, say_forced};
 use super::nvjpeg::{self, ImageDesc, Library};
 use super::plan::{Job, Jobs, probe};
 use super::{DecoderChoice, JpegDecoder, gpu_decoder};
@@ -17,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
 use crate::formats::image::folder::ImageFile;
 use crate::loader::{Batcher, Collator};
-use crate::tensor::{Arena, DeviceBuffer, Tensor};
+use crate::tensor::{Arena, Tensor};
 
 /// Threads a block of the image kernels.
 const BLOCK: u32 = 256;
@@ -140,49 +142,8 @@ enum Route {
     Host(usize),
 }
 
-fn nv_error(msg: String) -> Error {
-    Error::Interop {
-        library: "nvJPEG",
-        message: msg,
-    }
-}
-
 fn align(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
-}
-
-/// Says once per device and decoder that a forced decoder runs.
-fn say_forced(ordinal: usize, decoder: JpegDecoder) {
-    static SAID: std::sync::Mutex<Vec<(usize, JpegDecoder)>> = std::sync::Mutex::new(Vec::new());
-    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
-    if !said.contains(&(ordinal, decoder)) {
-        said.push((ordinal, decoder));
-        eprintln!("pinnable: JPEGs for cuda:{ordinal} are decoded by {decoder} (forced)");
-    }
-}
-
-/// Batches in a row the engines may fail before a worker stops giving them any.
-const ENGINE_STRIKES: u32 = 3;
-
-/// Says once on standard error that the engines refused a batch, and once that a worker gave
-/// up on them.
-fn say_engines_failed(why: &str, given_up: bool) {
-    static SAID: OnceLock<()> = OnceLock::new();
-    static GIVEN_UP: OnceLock<()> = OnceLock::new();
-    SAID.get_or_init(|| {
-        eprintln!(
-            "pinnable: the JPEG engines failed a batch ({why}); its pictures are decoded by \
-             nvJPEG's CUDA backend, one by one"
-        );
-    });
-    if given_up {
-        GIVEN_UP.get_or_init(|| {
-            eprintln!(
-                "pinnable: the JPEG engines failed {ENGINE_STRIKES} batches in a row ({why}); \
-                 this worker decodes with nvJPEG's CUDA backend from now on"
-            );
-        });
-    }
 }
 
 impl Batcher<ImageFile> for DeviceImageBatcher {
@@ -250,31 +211,6 @@ impl DeviceImageBatcher {
             run(self, worker, &dev, decoder, transform, inputs, c)
         })
     }
-}
-
-/// `bytes` of the device's memory, in the copy stream's order, owned like a tensor's.
-fn device_buffer(dev: &Arc<CudaDevice>, bytes: usize) -> Result<Arc<DeviceBuffer>> {
-    // SAFETY: every byte the kernels or decoders read is written first on the worker's stream
-    // (decoded pictures, tables, filtered rows); the output's every element is written.
-    let slice = unsafe { dev.alloc(bytes.max(1)) }
-        .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
-    Ok(Arc::new(DeviceBuffer::new(slice, dev.clone())))
-}
-
-/// Copies `len` bytes of pinned memory at `src` to device address `dst` on `stream`.
-///
-/// # Safety
-///
-/// 1. `src` is valid for `len` bytes until the stream passes this point.
-/// 2. `dst` addresses `len` bytes of device memory ordered before this point on the stream.
-unsafe fn upload(stream: &CudaStream, dst: u64, src: *const u8, len: usize) -> Result<()> {
-    if len == 0 {
-        return Ok(());
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) }
-        .result()
-        .map_err(|e| Error::driver("cuMemcpyHtoDAsync", e))
 }
 
 #[allow(clippy::too_many_arguments)]

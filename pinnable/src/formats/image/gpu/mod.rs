@@ -27,6 +27,8 @@
 mod backend;
 pub(crate) mod batch;
 pub(crate) mod inputs;
+mod memory;
+mod notice;
 pub(crate) mod nvjpeg;
 pub(crate) mod plan;
 

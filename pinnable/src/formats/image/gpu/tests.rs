@@ -454,8 +454,7 @@ fn fuzzed_headers_probe_within_their_bytes() {
             let Some(info) = probe(bytes) else {
                 return Ok(());
             };
-            if info.width > 65535 || info.height > 65535 || !(1..=8).contains(&info.orientation)
-            {
+            if info.width > 65535 || info.height > 65535 || !(1..=8).contains(&info.orientation) {
                 return Err(format!("{info:?}"));
             }
             if !bytes.starts_with(&[0xFF, 0xD8]) {
