@@ -161,7 +161,9 @@ fn every_rank_gets_the_same_number_of_batches() {
                 counts.iter().all(|&n| n == counts[0]),
                 "world {world}: {counts:?}"
             );
-            assert!(counts[0] > 0);
+            // With drop_last a rank's share can be smaller than one batch: zero batches, on
+            // every rank alike.
+            assert!(counts[0] > 0 || drop_last, "world {world}: no batch");
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
