@@ -27,7 +27,9 @@
 //! holds none, this bench writes its own (jpeg-encoder) and says so. Writes the tables to
 //! `$PINNABLE_BENCH_OUT/images.md`. Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,16`),
 //! `PINNABLE_BENCH_BATCHES` (batches in the measured window), `PINNABLE_BENCH_FLOOR_BATCHES`
-//! (batches each floor thread makes, default 4).
+//! (batches each floor thread makes, default 4), `PINNABLE_BENCH_ONLY=device` (only the
+//! device-decode table) or `device-quick` (only its u8 rows, for `PINNABLE_BENCH_WORKERS`
+//! workers), `PINNABLE_BENCH_PREFETCH` (the device-decode loader's prefetch, default 2).
 
 #[path = "images/device.rs"]
 mod device;
@@ -431,6 +433,31 @@ fn main() {
         files.len(),
         cores()
     ));
+    // `PINNABLE_BENCH_ONLY=device`: only the device-decode table (the one-core stages, the
+    // floors and the host loader's rows are skipped).
+    if std::env::var("PINNABLE_BENCH_ONLY").is_ok_and(|v| v.starts_with("device")) {
+        if let Some(dev) = gpu {
+            let eval = Transform::resized_center_crop(256, 224);
+            let norm = eval
+                .clone()
+                .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+                .expect("normalize");
+            let consumer = Consumer::new(&dev);
+            let read = reader(&consumer);
+            device::table(
+                &dev,
+                &files,
+                batches,
+                (&eval, &norm),
+                &torch,
+                cores(),
+                &read,
+                &mut rep,
+            );
+        }
+        rep.save("images.md");
+        return;
+    }
     let stages = one_core(&files, &torch, &mut rep);
     let eval = Transform::resized_center_crop(256, 224);
     let floors = floor_table(
@@ -480,29 +507,16 @@ fn main() {
     rep.save("images.md");
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gpu_part(
-    dev: &Device,
-    files: &[PathBuf],
-    workers: &[usize],
-    batches: usize,
-    best: Option<(&str, f64)>,
-    (eval, u8_cost): (&Transform, f64),
-    (norm, f32_cost): (&Transform, f64),
-    floors: &[(usize, f64)],
-    torch: &HashMap<String, f64>,
-    rep: &mut Report,
-) {
-    let consumer = Consumer::new(dev);
+/// The consumer: one kernel reads every byte of the batch after its copy, then a sync of the
+/// compute stream, as the twin's `x.sum()` and synchronize do.
+fn reader(consumer: &Consumer) -> impl Fn(&Tensor) + '_ {
     let (kernels, compute, sum_ptr) = (
         &consumer.kernels,
         consumer.stream.clone(),
         consumer.sum_ptr(),
     );
-    // The consumer: one kernel reads every byte of the batch after its copy, then a sync of
-    // the compute stream, as the twin's `x.sum()` and synchronize do.
-    let read = |x: &Tensor| {
-        match &kernels {
+    move |x: &Tensor| {
+        match kernels {
             Some(k) => {
                 // The view orders the compute stream after the batch's copy; it lives until
                 // the kernel reading through it is queued.
@@ -522,7 +536,25 @@ fn gpu_part(
             }
         }
         compute.synchronize().expect("sync");
-    };
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_part(
+    dev: &Device,
+    files: &[PathBuf],
+    workers: &[usize],
+    batches: usize,
+    best: Option<(&str, f64)>,
+    (eval, u8_cost): (&Transform, f64),
+    (norm, f32_cost): (&Transform, f64),
+    floors: &[(usize, f64)],
+    torch: &HashMap<String, f64>,
+    rep: &mut Report,
+) {
+    let consumer = Consumer::new(dev);
+    let kernels = &consumer.kernels;
+    let read = &reader(&consumer);
     rep.line(&format!(
         "\n## {} ({}): batches moved to the device and read there by {}\n",
         dev.name(),

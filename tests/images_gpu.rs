@@ -20,6 +20,13 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 
 /// A folder of its own under the system's temporary folder, removed when dropped.
+/// One test at a time: the leak check reads the device's free memory, which the other tests'
+/// decoders (each thread keeps its nvJPEG state and scratch while it lives) would move.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -268,11 +275,13 @@ fn every_kind(test: &str, transform: Transform) {
 
 #[test]
 fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_u8() {
+    let _serial = one_at_a_time();
     every_kind("every_kind_u8", Transform::resized_center_crop(72, 64));
 }
 
 #[test]
 fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_f32_random_crops() {
+    let _serial = one_at_a_time();
     let t = Transform::random_resized_crop(48)
         .flip(0.5)
         .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
@@ -282,6 +291,7 @@ fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_f32_random_cro
 
 #[test]
 fn a_batch_mixing_decoders_matches_the_host_batch() {
+    let _serial = one_at_a_time();
     let test = "mixed";
     let Some(device) = cuda_or_skip(test) else {
         return;
@@ -385,6 +395,7 @@ fn corrupt_files(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
+    let _serial = one_at_a_time();
     let test = "corrupt";
     let Some(device) = cuda_or_skip(test) else {
         return;
@@ -423,6 +434,7 @@ fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
 
 #[test]
 fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_left_over() {
+    let _serial = one_at_a_time();
     let test = "loader";
     let Some(device) = cuda_or_skip(test) else {
         return;
@@ -502,6 +514,7 @@ fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_lef
 /// only ever fails on the device's side.
 #[test]
 fn the_device_tests_files_decode_on_the_host() {
+    let _serial = one_at_a_time();
     let mut r = rng("host_files");
     let dir = TempDir::new(&mut r, "host_files");
     let files = kinds(&mut r);
@@ -543,6 +556,7 @@ fn the_device_tests_files_decode_on_the_host() {
 
 #[test]
 fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
+    let _serial = one_at_a_time();
     use pinnable::formats::tar::{TarImageBatcher, TarShards};
     use pinnable_harness::tar::shard;
 

@@ -56,7 +56,12 @@ pub fn measure(
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
         .workers(workers)
-        .prefetch(2)
+        .prefetch(
+            std::env::var("PINNABLE_BENCH_PREFETCH")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(2),
+        )
         .device(dev.clone())
         .build(batcher)?;
     let mut epoch = loader.run_epoch(0);
@@ -107,6 +112,53 @@ pub fn table(
     rep.line("| output | decoder | workers | host share | images/s | cores busy (process CPU / wall) | vs torchvision decode alone | vs torchvision decode + resize |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let ratio = |v: f64, of: Option<f64>| of.map_or("—".into(), |o| format!("{:.2}×", v / o));
+    if std::env::var("PINNABLE_BENCH_ONLY").is_ok_and(|v| v == "device-quick") {
+        let workers: Vec<usize> = std::env::var("PINNABLE_BENCH_WORKERS")
+            .unwrap_or_else(|_| "1,2,4".into())
+            .split(',')
+            .filter_map(|w| w.trim().parse().ok())
+            .collect();
+        for w in workers {
+            match measure(
+                files,
+                eval,
+                DeviceImageBatcher::new(dev),
+                w,
+                batches,
+                dev,
+                consume,
+            ) {
+                Ok(r) => rep.line(&format!(
+                    "| u8 | quick | {w} | 0% | {:.0} | {:.2} | {} | {} |",
+                    r.images_per_s,
+                    r.cores,
+                    ratio(r.images_per_s, decode),
+                    ratio(r.images_per_s, pipeline)
+                )),
+                Err(e) => rep.line(&format!("- {w} workers: error: {e}")),
+            }
+        }
+        return;
+    }
+    rep.line("\nthe loader with a consumer that takes batches and reads nothing:\n");
+    for w in [2, 4] {
+        match measure(
+            files,
+            eval,
+            DeviceImageBatcher::new(dev),
+            w,
+            batches,
+            dev,
+            &|_| {},
+        ) {
+            Ok(r) => rep.line(&format!(
+                "- {w} workers: {:.0} images/s, {:.2} cores",
+                r.images_per_s, r.cores
+            )),
+            Err(e) => rep.line(&format!("- {w} workers: error: {e}")),
+        }
+    }
+    rep.line("");
     let mut configs: Vec<(&str, &Transform, Option<JpegDecoder>, usize, f64)> = Vec::new();
     for w in [1, 2, 4] {
         configs.push(("u8", eval, None, w, 0.0));

@@ -23,7 +23,7 @@ typedef unsigned char u8;
 struct Job {
     u64 src;      // the decoded picture, stored orientation
     u64 mid;      // `span_rows × ncols × 3` bytes: the rows filtered across
-    u32 src_w;    // stored width, height and bytes a row
+    u32 src_w;    // stored width, height and bytes a row (of a plane, when planar)
     u32 src_h;
     u32 pitch;
     u32 orient;   // EXIF orientation, 1 to 8
@@ -40,7 +40,7 @@ struct Job {
     u32 ntap_r;
     u32 taps_c;   // where the column taps start in `taps`: ncols firsts, then the weights
     u32 taps_r;   // the same for the rows
-    u32 pad;
+    u32 plane;    // 0: interleaved RGB; else planar, each channel's plane this many bytes on
 };
 
 #define PRECISION 22
@@ -65,7 +65,7 @@ __device__ __forceinline__ u64 stored(const Job& j, u32 x, u32 y) {
         case 8: sx = w - 1 - y; sy = x; break;
         default: sx = x; sy = y; break;
     }
-    return (u64)sy * j.pitch + (u64)sx * 3;
+    return (u64)sy * j.pitch + (u64)sx * (j.plane ? 1 : 3);
 }
 
 extern "C" __global__ void image_rows(const Job* jobs, const int* taps) {
@@ -81,13 +81,14 @@ extern "C" __global__ void image_rows(const Job* jobs, const int* taps) {
         const u32 y = j.crop_y + j.span0 + m;
         const u32 x = j.crop_x + (u32)firsts[o];
         const int* k = weights + (u64)o * j.ntap_c;
+        const u64 step = j.plane ? (u64)j.plane : 1;
         int r = HALF, g = HALF, b = HALF;
         for (u32 i = 0; i < j.ntap_c; ++i) {
             const u8* p = src + stored(j, x + i, y);
             const int w = k[i];
             r += (int)p[0] * w;
-            g += (int)p[1] * w;
-            b += (int)p[2] * w;
+            g += (int)p[step] * w;
+            b += (int)p[2 * step] * w;
         }
         u8* d = mid + (u64)t * 3;
         d[0] = (u8)clip8(r);

@@ -261,9 +261,11 @@ impl Device {
     /// [`Error::Driver`] if the driver refuses; [`Error::WrongPlacement`] for the host.
     pub fn empty_cache(&self) -> Result<()> {
         let dev = self.cuda_device("empty_cache")?;
-        dev.copy_stream
+        // Batches are freed in the order of the stream that made them (the copy stream, or a
+        // device decoder's): wait for every stream of the context, so that those frees are done.
+        dev.ctx
             .synchronize()
-            .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+            .map_err(|e| Error::driver("cuCtxSynchronize", e))?;
         if let Some(pool) = dev.mem_pool() {
             // SAFETY: the pool belongs to this device and outlives the call.
             unsafe { result::mem_pool::trim_to(pool, 0) }
@@ -378,6 +380,28 @@ impl CudaDevice {
             }
             // SAFETY: forwarded.
             None => unsafe { self.copy_stream.alloc::<u8>(bytes) },
+        }
+    }
+
+    /// `bytes` of device memory allocated, and later freed, in `stream`'s order (a stream of
+    /// this device's context that is not the copy stream: work that owns its own order), from
+    /// the crate's pool or the default pool.
+    ///
+    /// # Safety
+    ///
+    /// 1. `stream` belongs to this device's context.
+    /// 2. The memory is uninitialised: nothing reads it before something writes it.
+    pub(crate) unsafe fn alloc_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+    ) -> std::result::Result<CudaSlice<u8>, DriverError> {
+        self.ctx.bind_to_thread()?;
+        match &self.pool {
+            // SAFETY: the context is current and the stream is its (caller); forwarded.
+            Some(pool) => unsafe { pool.alloc(stream, bytes) },
+            // SAFETY: forwarded.
+            None => unsafe { stream.alloc::<u8>(bytes) },
         }
     }
 

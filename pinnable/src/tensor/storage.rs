@@ -437,11 +437,13 @@ impl Drop for DeviceBuffer {
             drop(owner);
             return;
         }
-        // The buffer is freed on the copy stream (stream-ordered); make that stream wait for
-        // every consumer that read it on another stream first.
+        // The buffer is freed in the order of the stream it was allocated on (the copy stream,
+        // or a device decoder's own); make that stream wait for every consumer that read it on
+        // another stream first.
         let readers = std::mem::take(&mut self.lock_readers().recorded);
+        let stream = self.slice.stream().clone();
         for r in &readers {
-            let _ = self.device.copy_stream.wait(r);
+            let _ = stream.wait(r);
         }
         // SAFETY: dropped exactly once, here.
         unsafe { ManuallyDrop::drop(&mut self.slice) };

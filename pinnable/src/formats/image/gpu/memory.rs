@@ -3,19 +3,56 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
 
 use crate::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::tensor::DeviceBuffer;
 
-/// `bytes` of the device's memory, in the copy stream's order, owned like a tensor's.
-pub(super) fn device_buffer(dev: &Arc<CudaDevice>, bytes: usize) -> Result<Arc<DeviceBuffer>> {
-    // SAFETY: every byte the kernels or decoders read is written first on the worker's stream
-    // (decoded pictures, tables, filtered rows); the output's every element is written.
-    let slice = unsafe { dev.alloc(bytes.max(1)) }
+/// `bytes` of the device's memory for a batch's output, allocated in `stream`'s order (the
+/// worker's: nothing ties it to other workers' batches) and freed in it once every reader
+/// recorded on the buffer is done; owned like a tensor's.
+pub(super) fn device_buffer(
+    dev: &Arc<CudaDevice>,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+) -> Result<Arc<DeviceBuffer>> {
+    // SAFETY: the stream is the worker's, of this device's context; every element of the
+    // output is written by the kernels before anything reads it.
+    let slice = unsafe { dev.alloc_on(stream, bytes.max(1)) }
         .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
     Ok(Arc::new(DeviceBuffer::new(slice, dev.clone())))
+}
+
+/// Device memory a worker reuses from batch to batch on its own stream (decoded pictures,
+/// filtered rows, the kernels' tables): one batch's use is ordered after the last one's on
+/// that stream, so it needs no events; it grows when a batch needs more.
+#[derive(Default)]
+pub(super) struct Scratch {
+    slice: Option<CudaSlice<u8>>,
+}
+
+impl Scratch {
+    /// The device address of at least `bytes` bytes, in `stream`'s order.
+    pub(super) fn get(
+        &mut self,
+        dev: &Arc<CudaDevice>,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+    ) -> Result<u64> {
+        if self.slice.as_ref().is_none_or(|s| s.len() < bytes) {
+            // The old one is freed in the stream's order, after the batches that used it.
+            self.slice = None;
+            let grown = bytes.max(1).saturating_add(bytes / 4);
+            // SAFETY: the stream is the worker's, of this device's context; everything read
+            // from the scratch is written first on the same stream.
+            let slice = unsafe { dev.alloc_on(stream, grown) }
+                .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
+            self.slice = Some(slice);
+        }
+        let slice = self.slice.as_ref().expect("allocated just above");
+        Ok(slice.device_ptr(stream).0)
+    }
 }
 
 /// Copies `len` bytes of pinned memory at `src` to device address `dst` on `stream`.

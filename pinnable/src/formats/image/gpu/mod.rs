@@ -20,9 +20,11 @@
 //! nvJPEG's own scratch memory (its device buffers and pinned staging, per thread, kept from
 //! batch to batch) comes from its default allocators: `nvjpegCreateEx`'s callbacks carry no
 //! device or stream, and the crate's device pool hands out stream-ordered memory whose owner
-//! must know both. What the crate allocates per batch — the files' bytes (pinned, from the
-//! loader's pool), the decoded pictures, the kernels' tables and the output (device, from the
-//! device's pool) — comes from the crate's pools.
+//! must know both. The crate's own memory: the files' bytes, pinned, from the loader's pool;
+//! the decoded pictures, the filtered rows and the kernels' tables in device memory each
+//! decoding thread keeps from batch to batch (grown when a batch needs more, freed when the
+//! thread ends, like nvJPEG's state); the output from the device's pool. A thread's decoding
+//! work goes on a stream of its own, so one thread's batches never wait for another's.
 
 mod backend;
 pub(crate) mod batch;

@@ -34,8 +34,9 @@ pub(crate) const BACKEND_HARDWARE: c_int = 3;
 /// and zune-jpeg's "fancy" upsampling) rather than by repetition; libraries older than the flag
 /// refuse it, and are then opened without it.
 pub(crate) const FLAGS_UPSAMPLING_WITH_INTERPOLATION: c_uint = 1 << 5;
-/// `nvjpegOutputFormat_t::NVJPEG_OUTPUT_RGBI`: interleaved RGB in `channel[0]`.
-pub(crate) const OUTPUT_RGBI: c_int = 5;
+/// `nvjpegOutputFormat_t::NVJPEG_OUTPUT_RGB`: planar RGB, one channel in each of
+/// `channel[0..3]`.
+pub(crate) const OUTPUT_RGB: c_int = 3;
 /// `NVJPEG_MAX_COMPONENT`.
 pub(crate) const MAX_COMPONENT: usize = 4;
 
@@ -48,14 +49,17 @@ pub(crate) struct ImageDesc {
 }
 
 impl ImageDesc {
-    /// Interleaved RGB at device address `ptr`, `pitch` bytes a row.
-    pub(crate) fn rgbi(ptr: u64, pitch: usize) -> ImageDesc {
+    /// Planar RGB from device address `ptr`: three planes of `width × height` bytes, one
+    /// after the other.
+    pub(crate) fn rgb_planes(ptr: u64, width: usize, height: usize) -> ImageDesc {
         let mut d = ImageDesc {
             channel: [std::ptr::null_mut(); MAX_COMPONENT],
             pitch: [0; MAX_COMPONENT],
         };
-        d.channel[0] = ptr as *mut c_uchar;
-        d.pitch[0] = pitch;
+        for c in 0..3 {
+            d.channel[c] = (ptr + (c * width * height) as u64) as *mut c_uchar;
+            d.pitch[c] = width;
+        }
         d
     }
 }

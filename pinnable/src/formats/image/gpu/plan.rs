@@ -135,7 +135,9 @@ pub(crate) struct Job {
     pub(crate) ntap_r: u32,
     pub(crate) taps_c: u32,
     pub(crate) taps_r: u32,
-    pub(crate) pad: u32,
+    /// 0: the decoded picture is interleaved RGB, `pitch` bytes a row; else planar, each
+    /// channel's plane `plane` bytes on from the last, `pitch` bytes a row of it.
+    pub(crate) plane: u32,
 }
 
 /// The jobs of a batch and the taps they index, built picture by picture.
@@ -143,8 +145,56 @@ pub(crate) struct Job {
 pub(crate) struct Jobs {
     pub(crate) jobs: Vec<Job>,
     pub(crate) taps: Vec<i32>,
-    cols: Taps,
-    rows: Taps,
+    cols: Axis,
+    rows: Axis,
+}
+
+/// One axis's taps: the last computed, and those already in the batch's table, by what they
+/// are a function of (pictures of one size under one centre crop share theirs: computed once
+/// a batch, stored once).
+#[derive(Default)]
+struct Axis {
+    taps: Taps,
+    /// (input length, resized length, first output, end output) → where the taps start in the
+    /// table, taps an output, and the span of inputs they read (start, length).
+    seen: Vec<(TapsKey, Placed)>,
+}
+
+/// What an axis's taps are a function of: input length, resized length, first and end output.
+type TapsKey = (usize, usize, usize, usize);
+/// Where an axis's taps start in the table, taps an output, and the inputs they read (start,
+/// length).
+type Placed = (u32, u32, (usize, usize));
+
+impl Axis {
+    /// The table offset, taps an output and input span of `outs` when `len` inputs are resized
+    /// to `out`, appended to `table` unless the batch has them already.
+    fn place(
+        &mut self,
+        table: &mut Vec<i32>,
+        len: usize,
+        out: usize,
+        outs: Range<usize>,
+    ) -> Placed {
+        let key = (len, out, outs.start, outs.end);
+        if let Some(&(_, found)) = self.seen.iter().find(|(k, _)| *k == key) {
+            return found;
+        }
+        let count = outs.len();
+        self.taps.compute(len, out, outs);
+        let span = self.taps.span();
+        let found = (
+            table.len() as u32,
+            self.taps.n() as u32,
+            (span.start, span.len()),
+        );
+        append(table, &self.taps, count);
+        // A batch holds a few sizes at most; a long list only costs its search.
+        if self.seen.len() < 64 {
+            self.seen.push((key, found));
+        }
+        found
+    }
 }
 
 /// The part of the output window inside the resized picture, in resized coordinates, and where
@@ -159,6 +209,8 @@ impl Jobs {
     pub(crate) fn clear(&mut self) {
         self.jobs.clear();
         self.taps.clear();
+        self.cols.seen.clear();
+        self.rows.seen.clear();
     }
 
     /// Adds a picture stored `stored` (width, height) with EXIF orientation `orientation`
@@ -198,21 +250,22 @@ impl Jobs {
             ..Job::default()
         };
         if ncols > 0 && nrows > 0 {
-            self.cols.compute(plan.crop.w, plan.resized.0, cols);
-            self.rows.compute(plan.crop.h, plan.resized.1, rows);
-            let span = self.rows.span();
+            let (taps_c, ntap_c, _) =
+                self.cols
+                    .place(&mut self.taps, plan.crop.w, plan.resized.0, cols);
+            let (taps_r, ntap_r, span) =
+                self.rows
+                    .place(&mut self.taps, plan.crop.h, plan.resized.1, rows);
             job.ncols = ncols as u32;
             job.nrows = nrows as u32;
             job.x0 = x0 as u32;
             job.y0 = y0 as u32;
-            job.span0 = span.start as u32;
-            job.span_rows = span.len() as u32;
-            job.ntap_c = self.cols.n() as u32;
-            job.ntap_r = self.rows.n() as u32;
-            job.taps_c = self.taps.len() as u32;
-            append(&mut self.taps, &self.cols, ncols);
-            job.taps_r = self.taps.len() as u32;
-            append(&mut self.taps, &self.rows, nrows);
+            job.span0 = span.0 as u32;
+            job.span_rows = span.1 as u32;
+            job.ntap_c = ntap_c;
+            job.ntap_r = ntap_r;
+            job.taps_c = taps_c;
+            job.taps_r = taps_r;
         }
         self.jobs.push(job);
         Ok(plan)
@@ -235,7 +288,20 @@ impl Job {
 
     /// Bytes of the decoded picture.
     pub(crate) fn src_bytes(&self) -> usize {
-        self.pitch as usize * self.src_h as usize
+        let rows = self.pitch as usize * self.src_h as usize;
+        if self.plane == 0 { rows } else { 3 * rows }
+    }
+
+    /// Has the picture decoded as three planes (`pitch` = its width) rather than interleaved.
+    pub(crate) fn set_planar(&mut self) {
+        self.pitch = self.src_w;
+        self.plane = self.src_w * self.src_h;
+    }
+
+    /// Has the picture decoded interleaved, `3 × width` bytes a row.
+    pub(crate) fn set_interleaved(&mut self) {
+        self.pitch = self.src_w * 3;
+        self.plane = 0;
     }
 }
 
@@ -271,7 +337,12 @@ pub(crate) fn model<T: Copy>(
             8 => (w - 1 - y, x),
             _ => (x, y),
         };
-        sy * job.pitch as usize + sx * 3
+        sy * job.pitch as usize + sx * if job.plane == 0 { 3 } else { 1 }
+    };
+    let step = if job.plane == 0 {
+        1
+    } else {
+        job.plane as usize
     };
     let (ncols, nrows) = (job.ncols as usize, job.nrows as usize);
     let mut mid = vec![0u8; job.mid_bytes()];
@@ -284,9 +355,9 @@ pub(crate) fn model<T: Copy>(
             let k = &weights[o * job.ntap_c as usize..][..job.ntap_c as usize];
             let mut acc = [HALF; 3];
             for (i, &wt) in k.iter().enumerate() {
-                let p = &src[stored(x + i, y)..][..3];
+                let p = &src[stored(x + i, y)..];
                 for c in 0..3 {
-                    acc[c] += i32::from(p[c]) * wt;
+                    acc[c] += i32::from(p[c * step]) * wt;
                 }
             }
             for c in 0..3 {

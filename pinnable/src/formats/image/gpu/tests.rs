@@ -77,6 +77,23 @@ fn compare<T: Copy + PartialEq + std::fmt::Debug + 'static>(
         size,
         &mut out,
     );
+    // The same picture stored as three planes (as nvJPEG's planar output leaves it) makes
+    // the same output.
+    let (w, h) = (stored.width(), stored.height());
+    let mut planar = vec![0u8; 3 * w * h];
+    for (i, px) in stored.pixels().chunks(3).enumerate() {
+        for c in 0..3 {
+            planar[c * w * h + i] = px[c];
+        }
+    }
+    let mut job = jobs.jobs[0];
+    job.set_planar();
+    assert_eq!(job.src_bytes(), planar.len());
+    let mut from_planes = vec![table[0]; 3 * size * size];
+    model(&job, &jobs.taps, &planar, table, size, &mut from_planes);
+    assert!(out == from_planes, "{t:?}: planar input made other output");
+    job.set_interleaved();
+    assert_eq!(job, jobs.jobs[0]);
     let vertical_first = plan.resized.1 < plan.crop.h
         && plan.crop.h - plan.resized.1 > 2 * plan.crop.w.saturating_sub(plan.resized.0);
     let plane = size * size;
@@ -425,7 +442,7 @@ fn a_job_is_laid_out_as_the_kernels_read_it() {
         "ntap_r",
         "taps_c",
         "taps_r",
-        "pad",
+        "plane",
     ];
     assert_eq!(fields.iter().map(|f| f.1).collect::<Vec<_>>(), rust);
     assert!(fields[..2].iter().all(|f| f.0 == "u64") && fields[2..].iter().all(|f| f.0 == "u32"));
@@ -470,4 +487,46 @@ fn fuzzed_headers_probe_within_their_bytes() {
             }
             Ok(())
         });
+}
+
+/// Pictures that share an axis's taps (one size under one centre crop) share them in the
+/// batch's table, and the jobs read the taps a batch of one would.
+#[test]
+fn jobs_of_one_size_share_their_taps() {
+    let mut rng = SplitMix64::new(seed("shared_taps"));
+    let (w, h) = (20 + rng.below(300) as usize, 20 + rng.below(300) as usize);
+    let t = Transform::resized_center_crop(16 + rng.below(8) as usize, 16);
+    let alone = |size: (usize, usize)| {
+        let mut one = Jobs::default();
+        one.push(&t, size, 1, SplitMix64::new(1)).expect("plan");
+        one
+    };
+    let mut jobs = Jobs::default();
+    let sizes = [(w, h), (w, h), (w + 1, h), (w, h)];
+    for (k, &size) in sizes.iter().enumerate() {
+        jobs.push(&t, size, 1, SplitMix64::new(k as u64))
+            .expect("plan");
+    }
+    let taps = |j: &crate::formats::image::gpu::plan::Job, table: &[i32]| {
+        let c = &table[j.taps_c as usize..][..j.ncols as usize * (1 + j.ntap_c as usize)];
+        let r = &table[j.taps_r as usize..][..j.nrows as usize * (1 + j.ntap_r as usize)];
+        (c.to_vec(), r.to_vec(), j.span0, j.span_rows)
+    };
+    for (k, &size) in sizes.iter().enumerate() {
+        let one = alone(size);
+        assert_eq!(
+            taps(&jobs.jobs[k], &jobs.taps),
+            taps(&one.jobs[0], &one.taps),
+            "job {k}"
+        );
+    }
+    assert_eq!(jobs.jobs[0].taps_c, jobs.jobs[1].taps_c);
+    assert_eq!(jobs.jobs[0].taps_r, jobs.jobs[3].taps_r);
+    assert_ne!(jobs.jobs[0].taps_c, jobs.jobs[2].taps_c);
+    // Two sizes' worth of columns, one of rows: the table holds nothing twice.
+    let one = alone((w, h));
+    assert!(jobs.taps.len() < 3 * one.taps.len());
+    jobs.clear();
+    jobs.push(&t, (w, h), 1, SplitMix64::new(0)).expect("plan");
+    assert_eq!(jobs.taps, one.taps);
 }
