@@ -254,7 +254,8 @@ impl Device {
     }
 
     /// Returns device memory that freed batches left cached in the device's memory pool to the
-    /// driver (like `torch.cuda.empty_cache()`); memory still in use is untouched.
+    /// driver (like `torch.cuda.empty_cache()`); memory still in use is untouched. Waits for
+    /// the context's work first (batches are freed in the order of the stream that made them).
     ///
     /// # Errors
     ///
