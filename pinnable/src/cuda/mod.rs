@@ -392,6 +392,7 @@ impl CudaDevice {
     ///
     /// 1. `stream` belongs to this device's context.
     /// 2. The memory is uninitialised: nothing reads it before something writes it.
+    #[cfg(feature = "image")]
     pub(crate) unsafe fn alloc_on(
         &self,
         stream: &Arc<CudaStream>,
