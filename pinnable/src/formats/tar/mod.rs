@@ -137,8 +137,37 @@ pub(crate) struct Index {
     /// `entries[starts[s]..starts[s + 1]]` are shard `s`'s.
     pub(crate) shard_of: Vec<u32>,
     starts: Vec<usize>,
-    /// Called as each epoch is planned (a remote source restarts its streams).
-    on_plan: Option<Box<dyn Fn() + Send + Sync>>,
+    /// A source that streams each epoch's samples ahead of the workers (remote shards).
+    streams: Option<Arc<dyn Streams>>,
+}
+
+/// One sample of an epoch's run, as a streaming source is told it: where its bytes lie and
+/// where the shuffle buffer yields it.
+pub(crate) struct Planned {
+    /// Its index in the dataset.
+    pub(crate) index: usize,
+    /// Its shard.
+    pub(crate) shard: usize,
+    /// Its bytes in the shard: the first member's header to the last member's data end.
+    pub(crate) span: std::ops::Range<u64>,
+    /// Its place in the epoch's output (after the shuffle buffer).
+    pub(crate) out: usize,
+}
+
+/// A source that reads each epoch's run in stream order ahead of the workers and keeps each
+/// sample's bytes until the sample is taken (remote shards).
+pub(crate) trait Streams: Send + Sync {
+    /// The next epoch's run of this rank, in stream order (damaged entries left out), out of
+    /// `total` samples.
+    fn plan(&self, run: Vec<Planned>, total: usize);
+
+    /// The bytes of sample `index`'s span in shard `shard`.
+    fn take(
+        &self,
+        index: usize,
+        shard: usize,
+        span: std::ops::Range<u64>,
+    ) -> std::io::Result<Arc<Vec<u8>>>;
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -249,7 +278,7 @@ impl TarShards {
         shards: Vec<Shard>,
         index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
         threads: usize,
-        on_plan: Option<Box<dyn Fn() + Send + Sync>>,
+        streams: Option<Arc<dyn Streams>>,
     ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
@@ -292,7 +321,7 @@ impl TarShards {
                 entries,
                 shard_of,
                 starts,
-                on_plan,
+                streams,
             }),
             buffer: DEFAULT_BUFFER,
             names,
@@ -341,10 +370,20 @@ impl TarShards {
         (rank, world): (usize, usize),
         drop_last: bool,
     ) -> Vec<usize> {
+        let (run, out) = self.run_and_output(epoch, seed, (rank, world), drop_last);
+        out.into_iter().map(|p| run[p]).collect()
+    }
+
+    /// The plan of [`plan`](Self::plan) in two parts: the run in stream order (the shards'
+    /// samples in shard order), and the output as positions in the run.
+    fn run_and_output(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        (rank, world): (usize, usize),
+        drop_last: bool,
+    ) -> (Vec<usize>, Vec<usize>) {
         let index = &self.index;
-        if let Some(on_plan) = &index.on_plan {
-            on_plan();
-        }
         let total = index.entries.len();
         let world = world.max(1);
         let per = if drop_last || total == 0 {
@@ -370,17 +409,43 @@ impl TarShards {
             let before = if k == 0 { 0 } else { ends[k - 1] };
             index.starts[order[k]] + (i - before)
         };
-        let run = (rank * per..(rank + 1) * per).map(at);
-        match seed {
+        let run: Vec<usize> = (rank * per..(rank + 1) * per).map(at).collect();
+        // The buffer shuffles positions in the run: the same draws as shuffling the indices.
+        let out = match seed {
             Some(seed) if self.buffer > 1 => {
                 let mut rng = SplitMix64::for_epoch(
                     SplitMix64::for_epoch(seed, epoch).next_u64(),
                     rank as u64 ^ 0x7A12_5EED,
                 );
-                shuffle_buffer(run, self.buffer, &mut rng)
+                shuffle_buffer(0..run.len(), self.buffer, &mut rng)
             }
-            _ => run.collect(),
+            _ => (0..run.len()).collect(),
+        };
+        (run, out)
+    }
+
+    /// Tells a streaming source the epoch's run: each sample, where its bytes lie, and where
+    /// the output has it.
+    fn stream(&self, streams: &dyn Streams, run: &[usize], out: &[usize]) {
+        let mut place = vec![0; run.len()];
+        for (o, &p) in out.iter().enumerate() {
+            place[p] = o;
         }
+        let index = &self.index;
+        let planned = run
+            .iter()
+            .zip(place)
+            .filter_map(|(&i, out)| match &index.entries[i] {
+                Entry::Sample(g) => Some(Planned {
+                    index: i,
+                    shard: index.shard_of[i] as usize,
+                    span: g.offset..g.fields.last().map_or(g.offset, |f| f.offset + f.size),
+                    out,
+                }),
+                Entry::Broken { .. } => None,
+            })
+            .collect();
+        streams.plan(planned, index.entries.len());
     }
 }
 
@@ -527,7 +592,22 @@ impl Dataset for TarShards {
                 offset: *offset,
                 problem: problem.clone(),
             }),
-            Some(Entry::Sample(_)) => Ok(TarSample::new(self.index.clone(), index)),
+            Some(Entry::Sample(g)) => {
+                let sample = TarSample::new(self.index.clone(), index);
+                let Some(streams) = &self.index.streams else {
+                    return Ok(sample);
+                };
+                let end = g.fields.last().map_or(g.offset, |f| f.offset + f.size);
+                let shard = self.index.shard_of[index] as usize;
+                let bytes = streams
+                    .take(index, shard, g.offset..end)
+                    .map_err(|e| Error::Tar {
+                        shard: self.index.shards[shard].name.clone(),
+                        offset: g.offset,
+                        problem: format!("reading sample `{}`: {e}", g.key),
+                    })?;
+                Ok(sample.holding(bytes, g.offset))
+            }
         }
     }
 
@@ -538,7 +618,12 @@ impl Dataset for TarShards {
         shard: (usize, usize),
         drop_last: bool,
     ) -> Option<Vec<usize>> {
-        Some(self.plan(epoch, seed, shard, drop_last))
+        let (run, out) = self.run_and_output(epoch, seed, shard, drop_last);
+        // The loader runs this plan: a streaming source starts its streams for it.
+        if let Some(streams) = &self.index.streams {
+            self.stream(&**streams, &run, &out);
+        }
+        Some(out.into_iter().map(|p| run[p]).collect())
     }
 
     /// The shuffle buffer (low 32 bits) and a hash of the shards' file names in list order

@@ -1,0 +1,310 @@
+//! Each epoch's run streamed in order: the run (this rank's samples in shard order, before the
+//! shuffle buffer) cut into chunks of whole samples, each fetched once by one ranged `GET`
+//! whose body is split into the samples' own buffers as it arrives; a sample's bytes are kept
+//! until a worker takes it, which is when the shuffle buffer yields it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Instant;
+
+use super::super::{Planned, Streams};
+use super::io::{Io, Object, fetch_into, io_error, lock};
+
+/// Samples whose place in the output is this far before the first one taken are not kept:
+/// a resumed epoch skips them (the loader never asks), while the batches a fresh epoch's
+/// workers start together lie within it.
+const LATE: usize = 4096;
+
+/// What became of a chunk's fetch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    Idle,
+    Running,
+    Done,
+    /// It failed (its samples are asked for one by one, which reports the error), or every
+    /// sample in it lies before the first one taken.
+    Gone,
+}
+
+/// A chunk: consecutive samples of the run that lie back to back in one shard.
+struct Chunk {
+    shard: usize,
+    bytes: Range<u64>,
+    /// Its samples' positions in the run.
+    runs: Range<usize>,
+    /// The latest place in the output among its samples.
+    last_out: usize,
+    fetch: Fetch,
+}
+
+/// The epoch being streamed.
+#[derive(Default)]
+struct Run {
+    /// Bumped by each plan: fetches of an earlier plan are dropped when they land.
+    generation: u64,
+    /// Sample index → its position in `run` (`usize::MAX`: not in this rank's run).
+    at: Vec<usize>,
+    run: Vec<Planned>,
+    /// Run position → its chunk.
+    chunk_of: Vec<usize>,
+    chunks: Vec<Chunk>,
+    /// Chunks before it have been started (or passed over).
+    next: usize,
+    /// Chunks before it hold a sample a worker asked for.
+    demand: usize,
+    /// Arrived samples not yet taken, by run position.
+    held: HashMap<usize, Arc<Vec<u8>>>,
+    held_bytes: u64,
+    /// The earliest place in the output taken so far.
+    least: usize,
+}
+
+impl Run {
+    fn floor(&self) -> usize {
+        self.least.saturating_sub(LATE)
+    }
+
+    fn arrive(&mut self, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+        let floor = self.floor();
+        let c = &mut self.chunks[chunk];
+        let Some(parts) = parts else {
+            c.fetch = Fetch::Gone;
+            return;
+        };
+        c.fetch = Fetch::Done;
+        for (q, part) in c.runs.clone().zip(parts) {
+            if self.run[q].out >= floor {
+                self.held_bytes += part.len() as u64;
+                self.held.insert(q, Arc::new(part));
+            }
+        }
+    }
+}
+
+struct Shared {
+    run: Mutex<Run>,
+    arrived: Condvar,
+}
+
+/// The streams of one opened source (see the [module docs](self)).
+pub(super) struct Streamer {
+    io: Arc<Io>,
+    objects: Vec<Arc<Object>>,
+    shared: Arc<Shared>,
+    chunk: u64,
+    read_ahead: usize,
+    /// Read-ahead stops while the samples held reach it.
+    cap: u64,
+}
+
+impl Streamer {
+    pub(super) fn new(
+        io: Arc<Io>,
+        objects: Vec<Arc<Object>>,
+        chunk: usize,
+        read_ahead: usize,
+        cap: usize,
+    ) -> Streamer {
+        Streamer {
+            io,
+            objects,
+            shared: Arc::new(Shared {
+                run: Mutex::new(Run::default()),
+                arrived: Condvar::new(),
+            }),
+            chunk: chunk as u64,
+            read_ahead,
+            cap: cap as u64,
+        }
+    }
+
+    /// Starts the chunks workers wait on and those within the read-ahead after them (the
+    /// read-ahead only while the samples held are under the cap).
+    fn start(&self, run: &mut Run) {
+        let ahead = if run.held_bytes < self.cap {
+            self.read_ahead
+        } else {
+            0
+        };
+        let to = (run.demand + ahead).min(run.chunks.len());
+        let floor = run.floor();
+        while run.next < to {
+            let c = run.next;
+            run.next += 1;
+            let chunk = &mut run.chunks[c];
+            if chunk.last_out < floor {
+                chunk.fetch = Fetch::Gone;
+                continue;
+            }
+            chunk.fetch = Fetch::Running;
+            let spans: Vec<Range<u64>> = run.run[chunk.runs.clone()]
+                .iter()
+                .map(|p| p.span.clone())
+                .collect();
+            let object = self.objects[chunk.shard].clone();
+            let range = chunk.bytes.clone();
+            let (retries, timeout) = (self.io.retries, self.io.timeout);
+            let (shared, generation) = (Arc::downgrade(&self.shared), run.generation);
+            self.io.handle.spawn(async move {
+                let mut split = Split::new(range.start, spans);
+                let fetched =
+                    fetch_into(&*object.store, &object.path, range, retries, timeout, |b| {
+                        split.put(b)
+                    })
+                    .await;
+                land(&shared, generation, c, fetched.ok().map(|()| split.parts));
+            });
+        }
+    }
+}
+
+/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began).
+fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let mut run = lock(&shared.run);
+    if run.generation == generation {
+        run.arrive(chunk, parts);
+    }
+    drop(run);
+    shared.arrived.notify_all();
+}
+
+impl Streams for Streamer {
+    fn plan(&self, planned: Vec<Planned>, total: usize) {
+        let mut at = vec![usize::MAX; total];
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut chunk_of = Vec::with_capacity(planned.len());
+        for (q, p) in planned.iter().enumerate() {
+            at[p.index] = q;
+            let joins = chunks.last().is_some_and(|c| {
+                let prev = &planned[c.runs.end - 1];
+                c.shard == p.shard
+                    && prev.index + 1 == p.index
+                    && c.bytes.end <= p.span.start
+                    && c.bytes.end - c.bytes.start < self.chunk
+            });
+            match chunks.last_mut() {
+                Some(c) if joins => {
+                    c.bytes.end = p.span.end;
+                    c.runs.end = q + 1;
+                    c.last_out = c.last_out.max(p.out);
+                }
+                _ => chunks.push(Chunk {
+                    shard: p.shard,
+                    bytes: p.span.clone(),
+                    runs: q..q + 1,
+                    last_out: p.out,
+                    fetch: Fetch::Idle,
+                }),
+            }
+            chunk_of.push(chunks.len() - 1);
+        }
+        let mut run = lock(&self.shared.run);
+        *run = Run {
+            generation: run.generation + 1,
+            at,
+            run: planned,
+            chunk_of,
+            chunks,
+            least: usize::MAX,
+            ..Run::default()
+        };
+        drop(run);
+        // Workers of an earlier plan still waiting ask for their samples themselves.
+        self.shared.arrived.notify_all();
+    }
+
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>> {
+        let object = &self.objects[shard];
+        let deadline = self.io.deadline();
+        let mut run = lock(&self.shared.run);
+        let q = run
+            .at
+            .get(index)
+            .copied()
+            .filter(|&q| q != usize::MAX && run.run[q].span == span);
+        if let Some(q) = q {
+            let generation = run.generation;
+            run.least = run.least.min(run.run[q].out);
+            let c = run.chunk_of[q];
+            run.demand = run.demand.max(c + 1);
+            self.start(&mut run);
+            loop {
+                if let Some(bytes) = run.held.remove(&q) {
+                    run.held_bytes -= bytes.len() as u64;
+                    self.start(&mut run);
+                    return Ok(bytes);
+                }
+                let now = Instant::now();
+                if run.generation != generation
+                    || run.chunks[c].fetch != Fetch::Running
+                    || now >= deadline
+                {
+                    break;
+                }
+                run = match self.shared.arrived.wait_timeout(run, deadline - now) {
+                    Ok((r, _)) => r,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
+        }
+        drop(run);
+        // Not in the stream (another plan, taken before, or its chunk failed): its own request.
+        self.io
+            .fetch(object, span)
+            .wait(self.io.deadline())
+            .map_err(|p| io_error(object, p))
+    }
+}
+
+/// Cuts a chunk's body, arriving in pieces, into its samples' buffers (the bytes between
+/// samples, if any, are passed over).
+struct Split {
+    /// The object offset of the next byte to arrive.
+    at: u64,
+    spans: Vec<Range<u64>>,
+    parts: Vec<Vec<u8>>,
+    /// The span being filled.
+    next: usize,
+}
+
+impl Split {
+    fn new(start: u64, spans: Vec<Range<u64>>) -> Split {
+        let parts = spans
+            .iter()
+            .map(|s| Vec::with_capacity((s.end - s.start) as usize))
+            .collect();
+        Split {
+            at: start,
+            spans,
+            parts,
+            next: 0,
+        }
+    }
+
+    fn put(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let Some(span) = self.spans.get(self.next) else {
+                return;
+            };
+            if self.at >= span.end {
+                self.next += 1;
+                continue;
+            }
+            let (n, copy) = if self.at < span.start {
+                (span.start - self.at, false)
+            } else {
+                (span.end - self.at, true)
+            };
+            let n = n.min(bytes.len() as u64) as usize;
+            if copy {
+                self.parts[self.next].extend_from_slice(&bytes[..n]);
+            }
+            self.at += n as u64;
+            bytes = &bytes[n..];
+        }
+    }
+}
