@@ -104,6 +104,63 @@ impl Server {
     pub fn log(&self) -> Vec<Logged> {
         self.state.log.lock().unwrap().clone()
     }
+
+    /// Fetches the files `names` whole by plain `GET`s on `connections` keep-alive
+    /// connections at once (file `i` on connection `i % connections`), reading each body into
+    /// one reused buffer and discarding it: the rate any client of this server can reach.
+    /// Returns the body bytes read.
+    ///
+    /// # Panics
+    ///
+    /// When a request fails or an answer is not `200` with a `Content-Length`.
+    pub fn get_whole(&self, names: &[String], connections: usize) -> u64 {
+        let connections = connections.clamp(1, names.len().max(1));
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..connections)
+                .map(|c| {
+                    scope.spawn(move || {
+                        let stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+                        let _ = stream.set_nodelay(true);
+                        let mut out = stream.try_clone().expect("clone the stream");
+                        let mut reader = BufReader::with_capacity(256 << 10, stream);
+                        let mut buf = vec![0u8; 256 << 10];
+                        let mut read = 0;
+                        for name in names.iter().skip(c).step_by(connections) {
+                            let ask = format!("GET /{name} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+                            out.write_all(ask.as_bytes()).expect("send a request");
+                            let mut len = None;
+                            let mut line = String::new();
+                            reader.read_line(&mut line).expect("status line");
+                            assert!(line.contains(" 200 "), "{name}: {line}");
+                            loop {
+                                line.clear();
+                                reader.read_line(&mut line).expect("a header");
+                                let h = line.trim_end();
+                                if h.is_empty() {
+                                    break;
+                                }
+                                if let Some((k, v)) = h.split_once(':')
+                                    && k.eq_ignore_ascii_case("content-length")
+                                {
+                                    len = v.trim().parse::<u64>().ok();
+                                }
+                            }
+                            let mut left = len.expect("a Content-Length");
+                            while left > 0 {
+                                let n = (left as usize).min(buf.len());
+                                let got = reader.read(&mut buf[..n]).expect("the body");
+                                assert!(got > 0, "{name}: the body ended early");
+                                left -= got as u64;
+                                read += got as u64;
+                            }
+                        }
+                        read
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        })
+    }
 }
 
 impl Drop for Server {
