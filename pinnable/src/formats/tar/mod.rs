@@ -100,6 +100,8 @@ mod reader;
 #[cfg(feature = "remote")]
 mod remote;
 mod sample;
+#[cfg(feature = "remote")]
+mod streams;
 
 use std::sync::Arc;
 
@@ -138,36 +140,8 @@ pub(crate) struct Index {
     pub(crate) shard_of: Vec<u32>,
     starts: Vec<usize>,
     /// A source that streams each epoch's samples ahead of the workers (remote shards).
-    streams: Option<Arc<dyn Streams>>,
-}
-
-/// One sample of an epoch's run, as a streaming source is told it: where its bytes lie and
-/// where the shuffle buffer yields it.
-pub(crate) struct Planned {
-    /// Its index in the dataset.
-    pub(crate) index: usize,
-    /// Its shard.
-    pub(crate) shard: usize,
-    /// Its bytes in the shard: the first member's header to the last member's data end.
-    pub(crate) span: std::ops::Range<u64>,
-    /// Its place in the epoch's output (after the shuffle buffer).
-    pub(crate) out: usize,
-}
-
-/// A source that reads each epoch's run in stream order ahead of the workers and keeps each
-/// sample's bytes until the sample is taken (remote shards).
-pub(crate) trait Streams: Send + Sync {
-    /// The next epoch's run of this rank, in stream order (damaged entries left out), out of
-    /// `total` samples.
-    fn plan(&self, run: Vec<Planned>, total: usize);
-
-    /// The bytes of sample `index`'s span in shard `shard`.
-    fn take(
-        &self,
-        index: usize,
-        shard: usize,
-        span: std::ops::Range<u64>,
-    ) -> std::io::Result<Arc<Vec<u8>>>;
+    #[cfg(feature = "remote")]
+    streams: Option<Arc<dyn streams::Streams>>,
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -269,7 +243,7 @@ impl TarShards {
             .map(|(name, bytes)| Shard { name, bytes })
             .collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        TarShards::build(shards, None, threads.clamp(1, 16), None)
+        TarShards::build(shards, None, threads.clamp(1, 16))
     }
 
     /// The index pass over `shards` (through `index_readers` where given: a remote shard reads
@@ -278,7 +252,6 @@ impl TarShards {
         shards: Vec<Shard>,
         index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
         threads: usize,
-        streams: Option<Arc<dyn Streams>>,
     ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
@@ -321,7 +294,8 @@ impl TarShards {
                 entries,
                 shard_of,
                 starts,
-                streams,
+                #[cfg(feature = "remote")]
+                streams: None,
             }),
             buffer: DEFAULT_BUFFER,
             names,
@@ -422,30 +396,6 @@ impl TarShards {
             _ => (0..run.len()).collect(),
         };
         (run, out)
-    }
-
-    /// Tells a streaming source the epoch's run: each sample, where its bytes lie, and where
-    /// the output has it.
-    fn stream(&self, streams: &dyn Streams, run: &[usize], out: &[usize]) {
-        let mut place = vec![0; run.len()];
-        for (o, &p) in out.iter().enumerate() {
-            place[p] = o;
-        }
-        let index = &self.index;
-        let planned = run
-            .iter()
-            .zip(place)
-            .filter_map(|(&i, out)| match &index.entries[i] {
-                Entry::Sample(g) => Some(Planned {
-                    index: i,
-                    shard: index.shard_of[i] as usize,
-                    span: g.offset..g.fields.last().map_or(g.offset, |f| f.offset + f.size),
-                    out,
-                }),
-                Entry::Broken { .. } => None,
-            })
-            .collect();
-        streams.plan(planned, index.entries.len());
     }
 }
 
@@ -592,22 +542,10 @@ impl Dataset for TarShards {
                 offset: *offset,
                 problem: problem.clone(),
             }),
-            Some(Entry::Sample(g)) => {
-                let sample = TarSample::new(self.index.clone(), index);
-                let Some(streams) = &self.index.streams else {
-                    return Ok(sample);
-                };
-                let end = g.fields.last().map_or(g.offset, |f| f.offset + f.size);
-                let shard = self.index.shard_of[index] as usize;
-                let bytes = streams
-                    .take(index, shard, g.offset..end)
-                    .map_err(|e| Error::Tar {
-                        shard: self.index.shards[shard].name.clone(),
-                        offset: g.offset,
-                        problem: format!("reading sample `{}`: {e}", g.key),
-                    })?;
-                Ok(sample.holding(bytes, g.offset))
-            }
+            #[cfg(feature = "remote")]
+            Some(Entry::Sample(g)) => self.streamed(index, g),
+            #[cfg(not(feature = "remote"))]
+            Some(Entry::Sample(_)) => Ok(TarSample::new(self.index.clone(), index)),
         }
     }
 
@@ -620,9 +558,8 @@ impl Dataset for TarShards {
     ) -> Option<Vec<usize>> {
         let (run, out) = self.run_and_output(epoch, seed, shard, drop_last);
         // The loader runs this plan: a streaming source starts its streams for it.
-        if let Some(streams) = &self.index.streams {
-            self.stream(&**streams, &run, &out);
-        }
+        #[cfg(feature = "remote")]
+        self.stream(&run, &out);
         Some(out.into_iter().map(|p| run[p]).collect())
     }
 

@@ -227,12 +227,7 @@ impl Remote {
         // Index reads wait on the network, not the CPU: more threads than cores.
         let threads = shards.len().clamp(1, 32);
         let streams = Streamer::new(io, objects, self.chunk, self.read_ahead, self.cache);
-        TarShards::build(
-            shards,
-            Some(index_readers),
-            threads,
-            Some(Arc::new(streams)),
-        )
+        Ok(TarShards::build(shards, Some(index_readers), threads)?.with_streams(Arc::new(streams)))
     }
 
     fn store(&self, url: &Url, name: &str) -> Result<Arc<dyn ObjectStore>> {

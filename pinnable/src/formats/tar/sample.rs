@@ -68,6 +68,7 @@ impl TarSample {
     }
 
     /// The sample with its bytes, which begin at shard offset `start`.
+    #[cfg(feature = "remote")]
     pub(crate) fn holding(mut self, bytes: Arc<Vec<u8>>, start: u64) -> TarSample {
         self.held = Some((bytes, start));
         self

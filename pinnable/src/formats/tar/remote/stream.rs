@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
-use super::super::{Planned, Streams};
+use super::super::streams::{Planned, Streams};
 use super::io::{Io, Object, fetch_into, io_error, lock};
 
 /// Samples whose place in the output is this far before the first one taken are not kept:
