@@ -44,11 +44,13 @@ use stream::Streamer;
 ///   asks for one of its samples, and the [`Remote::read_ahead`] chunks after the furthest
 ///   asked for (2) go with it, so fetches run ahead of the workers while they decode; the
 ///   read-ahead pauses while the samples held reach [`Remote::cache_bytes`] (256 MiB).
-///   Every byte of the run is read once an epoch; the bytes held are the samples the shuffle
-///   buffer spans, those of the batches in flight and the read-ahead's chunks (at most
-///   `cache_bytes` plus what the workers wait on). A sample read outside the loader's epoch
-///   (`get` by hand, a second loader on the same source) is one ranged `GET` of its own
-///   bytes. Whole shards are never downloaded first.
+///   Every byte of the run is read once an epoch. **Memory**: a sample is held from its
+///   chunk's arrival until a worker takes it, so the samples held are those in the shuffle
+///   buffer (its size), those of the batches in flight and the rest of the chunk being read
+///   (all of which the workers wait on), plus the read-ahead's chunks while the total is
+///   under `cache_bytes`; a resumed epoch may hold up to 4096 samples the loader skips. A
+///   sample read outside the loader's epoch (`get` by hand, a second loader on the same
+///   source) is one ranged `GET` of its own bytes. Whole shards are never downloaded first.
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,

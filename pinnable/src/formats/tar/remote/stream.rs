@@ -308,3 +308,43 @@ impl Split {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Split;
+    use crate::loader::SplitMix64;
+
+    /// Spans with gaps between them, a body cut into pieces at random: each part is its span.
+    #[test]
+    fn split_cuts_any_pieces_into_the_spans() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        println!("split_cuts_any_pieces_into_the_spans: seed {seed}");
+        let mut rng = SplitMix64::for_epoch(seed, 0);
+        for _ in 0..50 {
+            let start = rng.below(10_000);
+            let mut at = start;
+            let mut spans = Vec::new();
+            for _ in 0..1 + rng.below(12) {
+                at += rng.below(3) * rng.below(700);
+                let len = 1 + rng.below(3000);
+                spans.push(at..at + len);
+                at += len;
+            }
+            let body: Vec<u8> = (start..at).map(|_| rng.next_u64() as u8).collect();
+            let mut split = Split::new(start, spans.clone());
+            let mut rest = &body[..];
+            while !rest.is_empty() {
+                let n = (1 + rng.below(4000) as usize).min(rest.len());
+                split.put(&rest[..n]);
+                rest = &rest[n..];
+            }
+            for (span, part) in spans.iter().zip(&split.parts) {
+                let from = (span.start - start) as usize;
+                assert_eq!(part.len() as u64, span.end - span.start, "span {span:?}");
+                assert_eq!(part[..], body[from..from + part.len()], "span {span:?}");
+            }
+        }
+    }
+}
