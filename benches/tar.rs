@@ -120,6 +120,23 @@ fn shards(folder: &ImageFolder) -> Vec<PathBuf> {
     paths
 }
 
+/// Labels only: the `.cls` read, the `.jpg` left alone (over HTTP it still arrives: the rate of
+/// the stream itself).
+struct LabelsOnly;
+
+impl Batcher<TarSample> for LabelsOnly {
+    type Batch = Tensor;
+
+    fn batch(&self, samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
+        let labels = samples
+            .iter()
+            .map(|s| s.class("cls"))
+            .collect::<Result<Vec<_>>>()?;
+        let y = c.stack_scalars("labels", labels)?;
+        c.finish()?.take(y)
+    }
+}
+
 /// Fields only: every byte of the `.jpg` read (a checksum), labels and checksums collated.
 struct FieldsOnly;
 
@@ -455,6 +472,22 @@ fn over_http(
             requests / (bytes as f64 / (1 << 20) as f64),
             100.0 * spent.0 / (spent.0 + spent.1).max(1e-9),
             100.0 * spent.1 / (spent.0 + spent.1).max(1e-9),
+        ));
+        let loader = Loader::builder(tar.clone())
+            .batch_size(BATCH)
+            .shuffle(1)
+            .workers(w)
+            .build(LabelsOnly)
+            .unwrap();
+        let before = server.served();
+        let s = seconds(|| loader.iter().map(|b| b.unwrap().numel()).sum(), n);
+        let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
+        rep.line(&format!(
+            "| ours over HTTP, the stream alone (labels read, `.jpg` bytes not), {w} workers | \
+             {:.2} | {:.0} | {:.2}× | — | {per_epoch:.3}× the shards |",
+            gb(s),
+            n as f64 / s,
+            gb(s) / ceiling,
         ));
         if !decoding() {
             continue;
