@@ -311,17 +311,113 @@ impl Split {
 
 #[cfg(test)]
 mod tests {
-    use super::Split;
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+    use object_store::path::Path as StorePath;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+    use super::super::super::shuffle_buffer;
+    use super::super::super::streams::{Planned, Streams};
+    use super::super::Remote;
+    use super::super::io::{Io, Object, lock};
+    use super::{Split, Streamer};
     use crate::loader::SplitMix64;
+
+    fn seeded(test: &str) -> SplitMix64 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        println!("{test}: seed {seed}");
+        SplitMix64::for_epoch(seed, 0)
+    }
+
+    /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
+    /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
+    /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap).
+    #[test]
+    fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
+        let mut rng = seeded("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let io = Io::start(&Remote::new()).unwrap();
+        let mut planned = Vec::new();
+        let mut objects = Vec::new();
+        let mut bodies = Vec::new();
+        let max_span = 20_000u64;
+        for shard in 0..2 {
+            let mut body = Vec::new();
+            for _ in 0..100 + rng.below(100) {
+                let start = body.len() as u64;
+                let len = 512 + rng.below(max_span - 512);
+                body.extend((0..len).map(|_| rng.next_u64() as u8));
+                planned.push((shard, start..start + len));
+                // The gap a member's padding or the next header leaves.
+                body.extend(std::iter::repeat_n(0u8, rng.below(3) as usize * 512));
+            }
+            let path = StorePath::from(format!("s{shard}.tar"));
+            let (s, p, b) = (store.clone(), path.clone(), body.clone());
+            io.run(async move { s.put(&p, PutPayload::from(b)).await.map(|_| ()) })
+                .unwrap()
+                .unwrap();
+            objects.push(Arc::new(Object {
+                url: format!("memory:///s{shard}.tar"),
+                store: store.clone(),
+                path,
+                len: body.len() as u64,
+            }));
+            bodies.push(body);
+        }
+        for case in 0..4 {
+            let buffer = 1 + rng.below(60) as usize;
+            let chunk = 1 + rng.below(4 * max_span) as usize;
+            let ahead = rng.below(4) as usize;
+            let cap = if case % 2 == 0 { 0 } else { usize::MAX };
+            let streamer = Streamer::new(io.clone(), objects.clone(), chunk, ahead, cap);
+            let out = shuffle_buffer(0..planned.len(), buffer, &mut rng);
+            let mut place = vec![0; planned.len()];
+            for (o, &q) in out.iter().enumerate() {
+                place[q] = o;
+            }
+            let run: Vec<Planned> = planned
+                .iter()
+                .enumerate()
+                .map(|(q, (shard, span))| Planned {
+                    index: q,
+                    shard: *shard,
+                    span: span.clone(),
+                    out: place[q],
+                })
+                .collect();
+            streamer.plan(run, planned.len());
+            let bound = (buffer as u64 + 1) * max_span
+                + chunk as u64
+                + max_span
+                + if cap == 0 {
+                    0
+                } else {
+                    ahead as u64 * (chunk as u64 + max_span)
+                };
+            let mut most = 0;
+            for &q in &out {
+                let (shard, span) = &planned[q];
+                let got = streamer.take(q, *shard, span.clone()).unwrap();
+                let want = &bodies[*shard][span.start as usize..span.end as usize];
+                assert!(got[..] == *want, "case {case}: sample {q}");
+                most = most.max(lock(&streamer.shared.run).held_bytes);
+            }
+            assert!(
+                most <= bound,
+                "case {case}: {most} bytes held, over {bound} (buffer {buffer}, {chunk} B \
+                 chunks, {ahead} ahead, cap {cap})"
+            );
+            assert_eq!(lock(&streamer.shared.run).held_bytes, 0, "case {case}");
+        }
+    }
 
     /// Spans with gaps between them, a body cut into pieces at random: each part is its span.
     #[test]
     fn split_cuts_any_pieces_into_the_spans() {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.as_nanos() as u64);
-        println!("split_cuts_any_pieces_into_the_spans: seed {seed}");
-        let mut rng = SplitMix64::for_epoch(seed, 0);
+        let mut rng = seeded("split_cuts_any_pieces_into_the_spans");
         for _ in 0..50 {
             let start = rng.below(10_000);
             let mut at = start;
