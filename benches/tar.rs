@@ -122,8 +122,10 @@ fn shards(folder: &ImageFolder) -> Vec<PathBuf> {
 
 /// Labels only: the `.cls` read, the `.jpg` left alone (over HTTP it still arrives: the rate of
 /// the stream itself).
+#[cfg(feature = "remote")]
 struct LabelsOnly;
 
+#[cfg(feature = "remote")]
 impl Batcher<TarSample> for LabelsOnly {
     type Batch = Tensor;
 
