@@ -396,6 +396,68 @@ fn resume_over_http_continues_the_run_and_other_shards_are_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_resumed_epoch_reads_again_little_before_its_position() {
+    let mut r = rng("a_resumed_epoch_reads_again_little_before_its_position");
+    let dir = folder("http-resume-bytes");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(1000..1200)).collect();
+    let n: usize = counts.iter().sum();
+    let (_, _) = random_shards(&dir, &mut r, &counts);
+    let total: u64 = (0..4)
+        .map(|s| {
+            std::fs::metadata(dir.join(format!("train-{s:03}.tar")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    let server = Server::start(&dir);
+    let (chunk, buffer, batch) = (64 << 10, 64, 50);
+    let shards = remote()
+        .chunk_size(chunk)
+        .open([url_pattern(&server, 4)])
+        .unwrap()
+        .shuffle_buffer(buffer);
+    let seed = r.random();
+    let build = |workers| {
+        Loader::builder(shards.clone())
+            .batch_size(batch)
+            .shuffle(seed)
+            .workers(workers)
+    };
+    let loader = build(2).build_with(labels).unwrap();
+    let all: Vec<Vec<i64>> = loader
+        .run_epoch(1)
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    let stop = all.len() * 4 / 5 + r.random_range(0..all.len() / 10);
+    let mut epoch = loader.run_epoch(1);
+    for _ in 0..stop {
+        epoch.next().unwrap().unwrap();
+    }
+    let saved = epoch.position().to_string();
+    drop(epoch);
+    let before = server.served();
+    let rest: Vec<Vec<i64>> = build(3)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(rest, all[stop..], "stopped after {stop} batches");
+    let read = server.served() - before;
+    // The samples after the position, the 1024 before it and the buffer's, a third over for
+    // uneven samples, and the chunks read ahead: well under the whole epoch.
+    let left = n - stop * batch;
+    let bound = (left + 1024 + buffer) as f64 / n as f64 * total as f64 * 1.3 + 4.0 * chunk as f64;
+    assert!(bound < 0.8 * total as f64, "a bound that cannot fail");
+    assert!(
+        (read as f64) < bound,
+        "the resumed epoch read {read} of {total} bytes ({left} of {n} samples left)"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An S3-compatible server (moto's), stopped on drop.
 struct Moto {
     child: Child,

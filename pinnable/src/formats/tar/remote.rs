@@ -39,18 +39,19 @@ use stream::Streamer;
 ///   order, before the shuffle buffer) once, in order: the run is cut into chunks of whole
 ///   samples about [`Remote::chunk_size`] long (4 MiB), each one ranged `GET`, whose body is
 ///   cut into the samples' own buffers as it arrives. A sample's bytes are kept until a worker
-///   takes it (`get`, as the shuffle buffer yields it), then belong to its [`TarSample`](super::TarSample):
-///   fields are borrowed from them, with no further copy. A chunk is fetched when a worker
-///   asks for one of its samples, and the [`Remote::read_ahead`] chunks after the furthest
-///   asked for (2) go with it, so fetches run ahead of the workers while they decode; the
-///   read-ahead pauses while the samples held reach [`Remote::cache_bytes`] (256 MiB).
-///   Every byte of the run is read once an epoch. **Memory**: a sample is held from its
-///   chunk's arrival until a worker takes it, so the samples held are those in the shuffle
-///   buffer (its size), those of the batches in flight and the rest of the chunk being read
-///   (all of which the workers wait on), plus the read-ahead's chunks while the total is
-///   under `cache_bytes`; a resumed epoch may hold up to 4096 samples the loader skips. A
-///   sample read outside the loader's epoch (`get` by hand, a second loader on the same
+///   takes it (`get`, as the shuffle buffer yields it), then belong to its
+///   [`TarSample`](super::TarSample): fields are borrowed from them, with no further copy. A
+///   chunk is fetched when a worker asks for one of its samples, and the
+///   [`Remote::read_ahead`] chunks after the furthest asked for (2) go with it, so fetches
+///   run ahead of the workers while they decode; the read-ahead pauses while the samples held
+///   reach [`Remote::cache_bytes`] (256 MiB). Every byte of the run is read once an epoch.
+///   A sample read outside the loader's epoch (`get` by hand, a second loader on the same
 ///   source) is one ranged `GET` of its own bytes. Whole shards are never downloaded first.
+/// - **Memory**: a sample is held from its chunk's arrival until a worker takes it, so the
+///   samples held are those in the shuffle buffer (its size), those of the batches in flight
+///   and the rest of the chunk being read (all of which the workers wait on), plus the
+///   read-ahead's chunks while the total is under `cache_bytes`. A resumed epoch reads and
+///   holds again at most the 1024 samples before its position (with their chunks).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,

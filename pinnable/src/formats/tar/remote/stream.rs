@@ -11,10 +11,13 @@ use std::time::Instant;
 use super::super::streams::{Planned, Streams};
 use super::io::{Io, Object, fetch_into, io_error, lock};
 
-/// Samples whose place in the output is this far before the first one taken are not kept:
-/// a resumed epoch skips them (the loader never asks), while the batches a fresh epoch's
-/// workers start together lie within it.
-const LATE: usize = 4096;
+/// Samples whose place in the output is this far before the earliest one taken are neither
+/// fetched nor kept: a resumed epoch skips them (the loader never asks for them), so it reads
+/// again at most the chunks of this many samples before its position. A fresh epoch's
+/// workers start their first batches together: a first batch taken this far after another
+/// worker's first would have the other's chunks skipped, and their samples then come by
+/// requests of their own (each byte still read once).
+const LATE: usize = 1024;
 
 /// What became of a chunk's fetch.
 #[derive(Clone, Copy, PartialEq, Eq)]
