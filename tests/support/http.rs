@@ -95,7 +95,8 @@ impl Server {
             .insert(name.to_owned(), fault);
     }
 
-    /// The body bytes served so far.
+    /// The body bytes served so far (counted as each body starts: a client holding bytes
+    /// finds them counted).
     pub fn served(&self) -> u64 {
         self.state.served.load(Ordering::SeqCst)
     }
@@ -345,11 +346,16 @@ fn answer(
     // File to socket through `std::io::copy`, which the standard library turns into
     // `sendfile` on Linux: no copy through this process, so the server is not what limits
     // a client's rate.
+    // Counted before it is sent, so a client that has the bytes finds them counted.
+    let want = stop_at - start;
+    state.served.fetch_add(want, Ordering::SeqCst);
     let mut f = std::fs::File::open(&file)?;
     f.seek(SeekFrom::Start(start))?;
-    let sent = std::io::copy(&mut f.take(stop_at - start), out)?;
-    state.served.fetch_add(sent, Ordering::SeqCst);
-    if sent != stop_at - start {
+    let sent = std::io::copy(&mut f.take(want), out).inspect_err(|_| {
+        state.served.fetch_sub(want, Ordering::SeqCst);
+    })?;
+    if sent != want {
+        state.served.fetch_sub(want - sent, Ordering::SeqCst);
         return Ok(false);
     }
     Ok(stop_at == end)
