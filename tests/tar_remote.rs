@@ -127,60 +127,148 @@ fn large_shards(dir: &Path, r: &mut impl Rng, counts: &[usize]) -> (u64, Vec<Vec
     (total, all)
 }
 
-#[test]
-fn the_index_pass_reads_headers_only_and_an_epoch_reads_each_byte_about_once() {
-    let mut r = rng("the_index_pass_reads_headers_only");
-    let dir = folder("http-bytes");
-    let counts: Vec<usize> = (0..3).map(|_| r.random_range(20..60)).collect();
-    let (total, samples) = large_shards(&dir, &mut r, &counts);
-    let server = Server::start(&dir);
-    // A cache of 32 chunks: two workers' batches (10 chunks each) and their read-ahead, less
-    // than the shards: each epoch comes over the socket.
-    let shards = remote()
-        .cache_bytes(2 << 20)
-        .open([url_pattern(&server, 3)])
-        .unwrap();
-    let indexed = server.served();
-    // One 4 KiB window a sample, against 40 to 120 KiB of member data.
-    assert!(
-        (indexed as f64) < 0.15 * total as f64,
-        "the index pass read {indexed} of {total} bytes"
-    );
-    // Epochs in stream order (no shuffle) stream each chunk once.
-    let loader = Loader::builder(shards.clone())
-        .batch_size(8)
-        .workers(2)
-        .build_with(|s: Vec<TarSample>, c: &mut Collator| {
-            let sum: u64 = s
-                .iter()
-                .map(|s| {
-                    s.bytes("bin")
-                        .map(|b| b.iter().map(|&x| u64::from(x)).sum::<u64>())
-                })
-                .sum::<Result<u64>>()?;
-            let y = c.stack_scalars("sum", vec![sum as i64])?;
-            c.finish()?.take(y)
+/// Sums of every `.bin` member's bytes and the labels of a batch, in batch order.
+fn sums(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
+    let sums = samples
+        .iter()
+        .map(|s| {
+            s.bytes("bin")
+                .map(|b| b.iter().map(|&x| u64::from(x)).sum::<u64>() as i64)
         })
-        .unwrap();
+        .collect::<Result<Vec<i64>>>()?;
+    let y = c.stack_scalars("sums", sums)?;
+    c.finish()?.take(y)
+}
+
+#[test]
+fn the_index_pass_reads_headers_only_and_every_epoch_reads_each_shard_byte_once() {
+    let mut r = rng("the_index_pass_reads_headers_only_and_every_epoch_reads_each_shard_byte_once");
+    let dir = folder("http-bytes");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(20..60)).collect();
+    let (total, samples) = large_shards(&dir, &mut r, &counts);
+    // The bytes a sample's members hold: an epoch reads at least these.
+    let data: u64 = samples
+        .iter()
+        .flatten()
+        .flat_map(|(_, f)| f.iter().map(|(_, b)| b.len() as u64))
+        .sum();
     let want: u64 = samples
         .iter()
         .flatten()
         .map(|(_, f)| f[0].1.iter().map(|&x| u64::from(x)).sum::<u64>())
         .sum();
-    for epoch in 0..2 {
+    let server = Server::start(&dir);
+    let pattern = url_pattern(&server, counts.len());
+    // Settings the old cache re-read under: a shuffle buffer spanning many chunks, a cap on
+    // held bytes far under what the buffer holds, several workers.
+    for case in 0..3 {
+        let chunk = r.random_range(64 << 10..1 << 20);
+        let ahead = r.random_range(0..6);
+        let cap = r.random_range(0..4 << 20);
+        let buffer = r.random_range(1..80);
+        let workers = r.random_range(1..5);
         let before = server.served();
-        let got: i64 = loader
-            .iter()
-            .map(|b| b.unwrap().to_vec::<i64>().unwrap()[0])
-            .sum();
-        assert_eq!(got as u64, want, "every byte of every .bin, epoch {epoch}");
-        let streamed = server.served() - before;
-        // The second epoch's first read of each shard is its own request (a new stream).
+        let shards = remote()
+            .chunk_size(chunk)
+            .read_ahead(ahead)
+            .cache_bytes(cap)
+            .open([&pattern])
+            .unwrap()
+            .shuffle_buffer(buffer);
+        let indexed = server.served() - before;
+        // One 4 KiB window a sample, against 40 to 120 KiB of member data.
         assert!(
-            streamed >= total - 2048 && (streamed as f64) < 1.15 * total as f64,
-            "epoch {epoch} read {streamed} of {total} bytes"
+            (indexed as f64) < 0.15 * total as f64,
+            "the index pass read {indexed} of {total} bytes"
         );
+        let loader = Loader::builder(shards)
+            .batch_size(r.random_range(1..9))
+            .shuffle(r.random())
+            .workers(workers)
+            .build_with(sums)
+            .unwrap();
+        let settings = format!(
+            "case {case}: {chunk} B chunks, {ahead} ahead, {cap} B cap, buffer {buffer}, \
+             {workers} workers"
+        );
+        for epoch in 0..2 {
+            let before = server.served();
+            let got: i64 = loader
+                .iter()
+                .flat_map(|b| b.unwrap().to_vec::<i64>().unwrap())
+                .sum();
+            assert_eq!(
+                got as u64, want,
+                "every byte of every .bin, epoch {epoch}, {settings}"
+            );
+            let read = server.served() - before;
+            assert!(
+                read >= data && read as f64 <= 1.05 * total as f64,
+                "epoch {epoch} read {read} bytes of shards of {total} ({data} of members), \
+                 {settings}"
+            );
+        }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn any_chunks_read_ahead_cap_and_buffer_give_the_local_samples_in_the_local_order() {
+    let mut r = rng("any_chunks_read_ahead_cap_and_buffer_give_the_local_samples");
+    let dir = folder("http-property");
+    let counts: Vec<usize> = (0..r.random_range(2..6))
+        .map(|_| r.random_range(5..90))
+        .collect();
+    let (_, _) = large_shards(&dir, &mut r, &counts);
+    let pattern = format!(
+        "{}/train-{{000..{:03}}}.tar",
+        dir.display(),
+        counts.len() - 1
+    );
+    let local = TarShards::open([&pattern]).unwrap();
+    let server = Server::start(&dir);
+    let over_http = url_pattern(&server, counts.len());
+    let started = Instant::now();
+    for case in 0..6 {
+        let chunk = r.random_range(1..40) << 15;
+        let ahead = r.random_range(0..8);
+        let cap = r.random_range(0..8 << 20);
+        let buffer = r.random_range(1..300);
+        let world = r.random_range(1..4);
+        let rank = r.random_range(0..world);
+        let (batch, seed, epoch) = (r.random_range(1..12), r.random(), r.random_range(0..5));
+        let workers = r.random_range(1..5);
+        let settings = format!(
+            "case {case}: {chunk} B chunks, {ahead} ahead, {cap} B cap, buffer {buffer}, rank \
+             {rank} of {world}, batch {batch}, seed {seed}, epoch {epoch}, {workers} workers"
+        );
+        let run = |shards: TarShards, workers| -> Vec<Vec<i64>> {
+            Loader::builder(shards.shuffle_buffer(buffer))
+                .batch_size(batch)
+                .shuffle(seed)
+                .shard(rank, world)
+                .workers(workers)
+                .build_with(sums)
+                .unwrap()
+                .run_epoch(epoch)
+                .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+                .collect()
+        };
+        let remote = remote()
+            .chunk_size(chunk)
+            .read_ahead(ahead)
+            .cache_bytes(cap)
+            .open([&over_http])
+            .unwrap();
+        let want = run(local.clone(), 1);
+        assert!(!want.is_empty(), "{settings}");
+        assert_eq!(run(remote, workers), want, "{settings}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "six cases took {:?}",
+        started.elapsed()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -304,6 +392,68 @@ fn resume_over_http_continues_the_run_and_other_shards_are_refused() {
     assert!(
         matches!(&err, Error::Resume { setting, .. } if setting.contains("shard-list")),
         "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_resumed_epoch_reads_again_little_before_its_position() {
+    let mut r = rng("a_resumed_epoch_reads_again_little_before_its_position");
+    let dir = folder("http-resume-bytes");
+    let counts: Vec<usize> = (0..4).map(|_| r.random_range(1000..1200)).collect();
+    let n: usize = counts.iter().sum();
+    let (_, _) = random_shards(&dir, &mut r, &counts);
+    let total: u64 = (0..4)
+        .map(|s| {
+            std::fs::metadata(dir.join(format!("train-{s:03}.tar")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    let server = Server::start(&dir);
+    let (chunk, buffer, batch) = (64 << 10, 64, 50);
+    let shards = remote()
+        .chunk_size(chunk)
+        .open([url_pattern(&server, 4)])
+        .unwrap()
+        .shuffle_buffer(buffer);
+    let seed = r.random();
+    let build = |workers| {
+        Loader::builder(shards.clone())
+            .batch_size(batch)
+            .shuffle(seed)
+            .workers(workers)
+    };
+    let loader = build(2).build_with(labels).unwrap();
+    let all: Vec<Vec<i64>> = loader
+        .run_epoch(1)
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    let stop = all.len() * 4 / 5 + r.random_range(0..all.len() / 10);
+    let mut epoch = loader.run_epoch(1);
+    for _ in 0..stop {
+        epoch.next().unwrap().unwrap();
+    }
+    let saved = epoch.position().to_string();
+    drop(epoch);
+    let before = server.served();
+    let rest: Vec<Vec<i64>> = build(3)
+        .resume(saved.parse().unwrap())
+        .build_with(labels)
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(rest, all[stop..], "stopped after {stop} batches");
+    let read = server.served() - before;
+    // The samples after the position, the 1024 before it and the buffer's, a third over for
+    // uneven samples, and the chunks read ahead: well under the whole epoch.
+    let left = n - stop * batch;
+    let bound = (left + 1024 + buffer) as f64 / n as f64 * total as f64 * 1.3 + 4.0 * chunk as f64;
+    assert!(bound < 0.8 * total as f64, "a bound that cannot fail");
+    assert!(
+        (read as f64) < bound,
+        "the resumed epoch read {read} of {total} bytes ({left} of {n} samples left)"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,12 +2,12 @@
 //! `HEAD` of the files in one folder, byte ranges (`Range: bytes=a-b`, answered `206`),
 //! keep-alive, and faults set per file: a connection dropped midway once, a `404`, a `403`, a
 //! `500` before the first good answer. It counts what it serves, so tests can tell how much
-//! of a shard was read.
+//! of a shard was read. Bodies go from the file to the socket by `sendfile`, one thread per
+//! connection.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,7 +95,8 @@ impl Server {
             .insert(name.to_owned(), fault);
     }
 
-    /// The body bytes served so far.
+    /// The body bytes served so far (counted as each body starts: a client holding bytes
+    /// finds them counted).
     pub fn served(&self) -> u64 {
         self.state.served.load(Ordering::SeqCst)
     }
@@ -103,6 +104,63 @@ impl Server {
     /// The requests answered so far.
     pub fn log(&self) -> Vec<Logged> {
         self.state.log.lock().unwrap().clone()
+    }
+
+    /// Fetches the files `names` whole by plain `GET`s on `connections` keep-alive
+    /// connections at once (file `i` on connection `i % connections`), reading each body into
+    /// one reused buffer and discarding it: the rate any client of this server can reach.
+    /// Returns the body bytes read.
+    ///
+    /// # Panics
+    ///
+    /// When a request fails or an answer is not `200` with a `Content-Length`.
+    pub fn get_whole(&self, names: &[String], connections: usize) -> u64 {
+        let connections = connections.clamp(1, names.len().max(1));
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..connections)
+                .map(|c| {
+                    scope.spawn(move || {
+                        let stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+                        let _ = stream.set_nodelay(true);
+                        let mut out = stream.try_clone().expect("clone the stream");
+                        let mut reader = BufReader::with_capacity(256 << 10, stream);
+                        let mut buf = vec![0u8; 256 << 10];
+                        let mut read = 0;
+                        for name in names.iter().skip(c).step_by(connections) {
+                            let ask = format!("GET /{name} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+                            out.write_all(ask.as_bytes()).expect("send a request");
+                            let mut len = None;
+                            let mut line = String::new();
+                            reader.read_line(&mut line).expect("status line");
+                            assert!(line.contains(" 200 "), "{name}: {line}");
+                            loop {
+                                line.clear();
+                                reader.read_line(&mut line).expect("a header");
+                                let h = line.trim_end();
+                                if h.is_empty() {
+                                    break;
+                                }
+                                if let Some((k, v)) = h.split_once(':')
+                                    && k.eq_ignore_ascii_case("content-length")
+                                {
+                                    len = v.trim().parse::<u64>().ok();
+                                }
+                            }
+                            let mut left = len.expect("a Content-Length");
+                            while left > 0 {
+                                let n = (left as usize).min(buf.len());
+                                let got = reader.read(&mut buf[..n]).expect("the body");
+                                assert!(got > 0, "{name}: the body ended early");
+                                left -= got as u64;
+                                read += got as u64;
+                            }
+                        }
+                        read
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        })
     }
 }
 
@@ -285,15 +343,20 @@ fn answer(
         state.faults.lock().unwrap().remove(name);
         stop_at = start + (end - start) / 2;
     }
-    let f = std::fs::File::open(&file)?;
-    let mut buf = vec![0u8; 256 << 10];
-    let mut at = start;
-    while at < stop_at {
-        let n = ((stop_at - at) as usize).min(buf.len());
-        f.read_exact_at(&mut buf[..n], at)?;
-        out.write_all(&buf[..n])?;
-        state.served.fetch_add(n as u64, Ordering::SeqCst);
-        at += n as u64;
+    // File to socket through `std::io::copy`, which the standard library turns into
+    // `sendfile` on Linux: no copy through this process, so the server is not what limits
+    // a client's rate.
+    // Counted before it is sent, so a client that has the bytes finds them counted.
+    let want = stop_at - start;
+    state.served.fetch_add(want, Ordering::SeqCst);
+    let mut f = std::fs::File::open(&file)?;
+    f.seek(SeekFrom::Start(start))?;
+    let sent = std::io::copy(&mut f.take(want), out).inspect_err(|_| {
+        state.served.fetch_sub(want, Ordering::SeqCst);
+    })?;
+    if sent != want {
+        state.served.fetch_sub(want - sent, Ordering::SeqCst);
+        return Ok(false);
     }
     Ok(stop_at == end)
 }

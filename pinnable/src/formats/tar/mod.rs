@@ -100,6 +100,8 @@ mod reader;
 #[cfg(feature = "remote")]
 mod remote;
 mod sample;
+#[cfg(feature = "remote")]
+mod streams;
 
 use std::sync::Arc;
 
@@ -137,8 +139,9 @@ pub(crate) struct Index {
     /// `entries[starts[s]..starts[s + 1]]` are shard `s`'s.
     pub(crate) shard_of: Vec<u32>,
     starts: Vec<usize>,
-    /// Called as each epoch is planned (a remote source restarts its streams).
-    on_plan: Option<Box<dyn Fn() + Send + Sync>>,
+    /// A source that streams each epoch's samples ahead of the workers (remote shards).
+    #[cfg(feature = "remote")]
+    streams: Option<Arc<dyn streams::Streams>>,
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -240,7 +243,7 @@ impl TarShards {
             .map(|(name, bytes)| Shard { name, bytes })
             .collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        TarShards::build(shards, None, threads.clamp(1, 16), None)
+        TarShards::build(shards, None, threads.clamp(1, 16))
     }
 
     /// The index pass over `shards` (through `index_readers` where given: a remote shard reads
@@ -249,7 +252,6 @@ impl TarShards {
         shards: Vec<Shard>,
         index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
         threads: usize,
-        on_plan: Option<Box<dyn Fn() + Send + Sync>>,
     ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
@@ -292,7 +294,8 @@ impl TarShards {
                 entries,
                 shard_of,
                 starts,
-                on_plan,
+                #[cfg(feature = "remote")]
+                streams: None,
             }),
             buffer: DEFAULT_BUFFER,
             names,
@@ -341,10 +344,20 @@ impl TarShards {
         (rank, world): (usize, usize),
         drop_last: bool,
     ) -> Vec<usize> {
+        let (run, out) = self.run_and_output(epoch, seed, (rank, world), drop_last);
+        out.into_iter().map(|p| run[p]).collect()
+    }
+
+    /// The plan of [`plan`](Self::plan) in two parts: the run in stream order (the shards'
+    /// samples in shard order), and the output as positions in the run.
+    fn run_and_output(
+        &self,
+        epoch: u64,
+        seed: Option<u64>,
+        (rank, world): (usize, usize),
+        drop_last: bool,
+    ) -> (Vec<usize>, Vec<usize>) {
         let index = &self.index;
-        if let Some(on_plan) = &index.on_plan {
-            on_plan();
-        }
         let total = index.entries.len();
         let world = world.max(1);
         let per = if drop_last || total == 0 {
@@ -370,17 +383,19 @@ impl TarShards {
             let before = if k == 0 { 0 } else { ends[k - 1] };
             index.starts[order[k]] + (i - before)
         };
-        let run = (rank * per..(rank + 1) * per).map(at);
-        match seed {
+        let run: Vec<usize> = (rank * per..(rank + 1) * per).map(at).collect();
+        // The buffer shuffles positions in the run: the same draws as shuffling the indices.
+        let out = match seed {
             Some(seed) if self.buffer > 1 => {
                 let mut rng = SplitMix64::for_epoch(
                     SplitMix64::for_epoch(seed, epoch).next_u64(),
                     rank as u64 ^ 0x7A12_5EED,
                 );
-                shuffle_buffer(run, self.buffer, &mut rng)
+                shuffle_buffer(0..run.len(), self.buffer, &mut rng)
             }
-            _ => run.collect(),
-        }
+            _ => (0..run.len()).collect(),
+        };
+        (run, out)
     }
 }
 
@@ -527,6 +542,9 @@ impl Dataset for TarShards {
                 offset: *offset,
                 problem: problem.clone(),
             }),
+            #[cfg(feature = "remote")]
+            Some(Entry::Sample(g)) => self.streamed(index, g),
+            #[cfg(not(feature = "remote"))]
             Some(Entry::Sample(_)) => Ok(TarSample::new(self.index.clone(), index)),
         }
     }
@@ -538,7 +556,11 @@ impl Dataset for TarShards {
         shard: (usize, usize),
         drop_last: bool,
     ) -> Option<Vec<usize>> {
-        Some(self.plan(epoch, seed, shard, drop_last))
+        let (run, out) = self.run_and_output(epoch, seed, shard, drop_last);
+        // The loader runs this plan: a streaming source starts its streams for it.
+        #[cfg(feature = "remote")]
+        self.stream(&run, &out);
+        Some(out.into_iter().map(|p| run[p]).collect())
     }
 
     /// The shuffle buffer (low 32 bits) and a hash of the shards' file names in list order

@@ -17,7 +17,9 @@ use super::{Shard, ShardBytes, TarShards, list};
 use crate::error::{Error, Result};
 
 mod io;
+mod stream;
 use io::*;
+use stream::Streamer;
 
 /// Opens tar shards in object storage or on web servers (S3 and S3-compatible stores, plain
 /// HTTP(S)) through object_store, on a small tokio runtime (two threads by default) that the
@@ -33,15 +35,23 @@ use io::*;
 ///   `.json`) and of the next sample's first member share one window, so the pass costs about
 ///   one request and 4 KiB per sample whose members are larger than the window (about 12% of
 ///   shards of 33 KiB JPEGs), and reads shards of small members through once.
-/// - **Reads**: ranged `GET`s of [`Remote::chunk_size`] chunks (4 MiB), kept in a cache of
-///   [`Remote::cache_bytes`] shared by the source. Each shard read in an epoch is a stream:
-///   its first read (with the chunks before it, near the shard's start), and every read
-///   within the read-ahead of the furthest chunk asked for (with the chunks between), fetches
-///   the chunks it lacks and the [`Remote::read_ahead`] chunks after it (2), so the
-///   workers reading a shard have a bounded number of chunks in flight ahead of them while
-///   they decode. A read further behind whose chunk has left the cache (a sample the shuffle
-///   buffer held longer than the cache holds its span) is one ranged `GET` of its own bytes.
-///   Whole shards are never downloaded first; each epoch's plan restarts the streams.
+/// - **Reads**: each epoch the loader runs streams this rank's run (its samples in shard
+///   order, before the shuffle buffer) once, in order: the run is cut into chunks of whole
+///   samples about [`Remote::chunk_size`] long (4 MiB), each one ranged `GET`, whose body is
+///   cut into the samples' own buffers as it arrives. A sample's bytes are kept until a worker
+///   takes it (`get`, as the shuffle buffer yields it), then belong to its
+///   [`TarSample`](super::TarSample): fields are borrowed from them, with no further copy. A
+///   chunk is fetched when a worker asks for one of its samples, and the
+///   [`Remote::read_ahead`] chunks after the furthest asked for (2) go with it, so fetches
+///   run ahead of the workers while they decode; the read-ahead pauses while the samples held
+///   reach [`Remote::cache_bytes`] (256 MiB). Every byte of the run is read once an epoch.
+///   A sample read outside the loader's epoch (`get` by hand, a second loader on the same
+///   source) is one ranged `GET` of its own bytes. Whole shards are never downloaded first.
+/// - **Memory**: a sample is held from its chunk's arrival until a worker takes it, so the
+///   samples held are those in the shuffle buffer (its size), those of the batches in flight
+///   and the rest of the chunk being read (all of which the workers wait on), plus the
+///   read-ahead's chunks while the total is under `cache_bytes`. A resumed epoch reads and
+///   holds again at most the 1024 samples before its position (with their chunks).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
@@ -98,22 +108,22 @@ impl Remote {
         }
     }
 
-    /// The bytes one ranged `GET` asks for while streaming (at least 64 KiB).
+    /// The bytes one ranged `GET` asks for while streaming (at least 64 KiB): chunks end at a
+    /// sample's end, so a chunk holds at least one sample.
     pub fn chunk_size(mut self, bytes: usize) -> Remote {
         self.chunk = bytes.max(64 << 10);
         self
     }
 
-    /// How many chunks after the one being read are fetched ahead of it.
+    /// How many chunks after the furthest one a worker asked for are fetched ahead of it.
     pub fn read_ahead(mut self, chunks: usize) -> Remote {
         self.read_ahead = chunks;
         self
     }
 
-    /// The most bytes of chunks held for the whole source (at least a chunk per read and its
-    /// read-ahead; chunks being fetched are not dropped to keep it). A shuffle buffer reads
-    /// samples up to about its size behind the stream: a cache that holds that span keeps
-    /// them streamed.
+    /// The bytes of streamed samples held for the workers above which the read-ahead pauses
+    /// (the chunks workers wait on are fetched still). The shuffle buffer holds its samples'
+    /// bytes: a cap under them only slows the stream to the workers' pace.
     pub fn cache_bytes(mut self, bytes: usize) -> Remote {
         self.cache = bytes;
         self
@@ -194,10 +204,10 @@ impl Remote {
         }
         let sizes = io.sizes(&located)?;
         let mut shards = Vec::with_capacity(located.len());
+        let mut objects = Vec::with_capacity(located.len());
         let mut index_readers: Vec<Arc<dyn ShardBytes>> = Vec::with_capacity(located.len());
-        for (id, ((name, store, path), len)) in located.into_iter().zip(sizes).enumerate() {
+        for ((name, store, path), len) in located.into_iter().zip(sizes) {
             let object = Arc::new(Object {
-                id,
                 url: name.clone(),
                 store,
                 path,
@@ -211,18 +221,16 @@ impl Remote {
             shards.push(Shard {
                 name,
                 bytes: Arc::new(RemoteShard {
-                    object,
+                    object: object.clone(),
                     io: io.clone(),
                 }),
             });
+            objects.push(object);
         }
         // Index reads wait on the network, not the CPU: more threads than cores.
         let threads = shards.len().clamp(1, 32);
-        // Each epoch's plan starts the shards' streams anew: its first read of a shard is the
-        // start of a stream, not a sample left behind by the last epoch's.
-        let restart = io.clone();
-        let on_plan = Box::new(move || lock(&restart.cache).fronts.clear());
-        TarShards::build(shards, Some(index_readers), threads, Some(on_plan))
+        let streams = Streamer::new(io, objects, self.chunk, self.read_ahead, self.cache);
+        Ok(TarShards::build(shards, Some(index_readers), threads)?.with_streams(Arc::new(streams)))
     }
 
     fn store(&self, url: &Url, name: &str) -> Result<Arc<dyn ObjectStore>> {
@@ -310,7 +318,7 @@ fn parse(name: &str) -> Result<(Url, String)> {
     Ok((url, base))
 }
 
-/// A remote shard's bytes for the workers: chunks streamed ahead through the cache.
+/// A remote shard's bytes read directly (the index pass and samples come by other ways).
 struct RemoteShard {
     object: Arc<Object>,
     io: Arc<Io>,
@@ -321,6 +329,8 @@ impl ShardBytes for RemoteShard {
         self.object.len
     }
 
+    /// One ranged `GET` of the bytes asked for: samples read through the loader come from
+    /// the streams instead, held whole.
     fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
         let o = &*self.object;
         let end = offset
@@ -330,91 +340,12 @@ impl ShardBytes for RemoteShard {
         if len == 0 {
             return Ok(Cow::Borrowed(&[]));
         }
-        let io = &*self.io;
-        let (first, last) = (offset / io.chunk, (end - 1) / io.chunk);
-        let chunks = o.len.div_ceil(io.chunk);
-        let needed = {
-            let mut cache = lock(&io.cache);
-            cache.tick += 1;
-            let tick = cache.tick;
-            let present = (first..=last).all(|c| cache.chunks.contains_key(&(o.id, c)));
-            let front = cache.fronts.get(&o.id).copied();
-            // A read streams (fetches what it lacks and the chunks ahead of it) when it is
-            // the first of its shard this epoch or within the read-ahead of the shard's
-            // front. A miss further behind the front is a sample the shuffle buffer held
-            // after its chunk left the cache: its own bytes only, no chunk.
-            let streams = front.is_none_or(|f| last + io.read_ahead > f);
-            if !present && !streams {
-                None
-            } else {
-                let ahead_to = if streams {
-                    (last + io.read_ahead).min(chunks - 1)
-                } else {
-                    last
-                };
-                if streams {
-                    let f = cache.fronts.entry(o.id).or_insert(ahead_to);
-                    *f = (*f).max(ahead_to);
-                }
-                // A stream read past its front (a worker on a later batch, a shuffled sample
-                // from the newest part of the buffer) also asks for the chunks between, and a
-                // shard's first read near its start for the chunks before it: the reads of the
-                // samples there will want them. Not across more than a few read-aheads (a
-                // rank's run starting further on).
-                let near = 4 * io.read_ahead.max(1);
-                let from = match front {
-                    Some(f) if streams && f < first && first - f <= near => f + 1,
-                    None if first <= near => 0,
-                    _ => first,
-                };
-                let mut slots = Vec::with_capacity((last - first + 1) as usize);
-                for c in from..=ahead_to {
-                    let slot = match cache.chunks.get_mut(&(o.id, c)) {
-                        Some((slot, used)) => {
-                            *used = tick;
-                            slot.clone()
-                        }
-                        None => {
-                            let range = c * io.chunk..((c + 1) * io.chunk).min(o.len);
-                            let slot = io.fetch(o, range);
-                            cache.chunks.insert((o.id, c), (slot.clone(), tick));
-                            slot
-                        }
-                    };
-                    if (first..=last).contains(&c) {
-                        slots.push((c, slot));
-                    }
-                }
-                cache.trim();
-                Some(slots)
-            }
-        };
-        let deadline = io.deadline();
-        let Some(slots) = needed else {
-            let bytes = io.fetch(o, offset..end).wait(deadline);
-            return bytes
-                .map(|b| Cow::Owned(b.to_vec()))
-                .map_err(|p| io_error(o, p));
-        };
-        let mut out = Vec::with_capacity(len);
-        for (c, slot) in slots {
-            let bytes = match slot.wait(deadline) {
-                Ok(b) => b,
-                Err(p) => {
-                    // Not kept: the next read of this chunk asks again.
-                    lock(&io.cache).chunks.remove(&(o.id, c));
-                    return Err(io_error(o, p));
-                }
-            };
-            let base = c * io.chunk;
-            let from = (offset.max(base) - base) as usize;
-            let to = (end.min(base + bytes.len() as u64) - base) as usize;
-            out.extend_from_slice(bytes.get(from..to).unwrap_or(&[]));
-        }
-        if out.len() != len {
-            return Err(io_error(o, "a chunk came back short".into()));
-        }
-        Ok(Cow::Owned(out))
+        let bytes = self
+            .io
+            .fetch(o, offset..end)
+            .wait(self.io.deadline())
+            .map_err(|p| io_error(o, p))?;
+        Ok(Cow::Owned(Arc::unwrap_or_clone(bytes)))
     }
 }
 

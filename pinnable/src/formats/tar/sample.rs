@@ -11,16 +11,33 @@ use crate::loader::{Batcher, Collator};
 use crate::tensor::{HostBytes, Tensor};
 
 /// One sample of [`TarShards`](super::TarShards): which shard, its key, and where each field's
-/// bytes lie. Nothing is read until a field is asked for.
+/// bytes lie. From local shards nothing is read until a field is asked for; a remote sample
+/// holds its bytes, streamed ahead (see [`Remote`](super::Remote)).
 #[derive(Clone)]
 pub struct TarSample {
     index: Arc<Index>,
     at: usize,
+    /// The sample's bytes from the shard and the shard offset of their first, when held.
+    held: Option<(Arc<Vec<u8>>, u64)>,
 }
 
 impl std::fmt::Debug for TarSample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "TarSample({} in {})", self.key(), self.shard())
+    }
+}
+
+/// A member's bytes inside a held sample, as the bytes of a tensor: no copy.
+struct HeldBytes {
+    bytes: Arc<Vec<u8>>,
+    from: usize,
+    len: usize,
+}
+
+impl HostBytes for HeldBytes {
+    fn host_bytes(&self) -> &[u8] {
+        let end = self.from.saturating_add(self.len);
+        self.bytes.get(self.from..end).unwrap_or(&[])
     }
 }
 
@@ -43,7 +60,26 @@ impl HostBytes for MemberBytes {
 
 impl TarSample {
     pub(crate) fn new(index: Arc<Index>, at: usize) -> TarSample {
-        TarSample { index, at }
+        TarSample {
+            index,
+            at,
+            held: None,
+        }
+    }
+
+    /// The sample with its bytes, which begin at shard offset `start`.
+    #[cfg(feature = "remote")]
+    pub(crate) fn holding(mut self, bytes: Arc<Vec<u8>>, start: u64) -> TarSample {
+        self.held = Some((bytes, start));
+        self
+    }
+
+    /// Where field `f`'s bytes lie in the held bytes, if the sample holds them.
+    fn held_range(&self, f: &Field) -> Option<(&Arc<Vec<u8>>, usize, usize)> {
+        let (bytes, start) = self.held.as_ref()?;
+        let from = usize::try_from(f.offset.checked_sub(*start)?).ok()?;
+        let len = usize::try_from(f.size).ok()?;
+        (from.checked_add(len)? <= bytes.len()).then_some((bytes, from, len))
     }
 
     fn group(&self) -> Option<&super::Group> {
@@ -109,6 +145,9 @@ impl TarSample {
     /// be read.
     pub fn bytes(&self, ext: &str) -> Result<Cow<'_, [u8]>> {
         let f = self.require(ext)?;
+        if let Some((bytes, from, len)) = self.held_range(f) {
+            return Ok(Cow::Borrowed(&bytes[from..from + len]));
+        }
         let len = usize::try_from(f.size).map_err(|_| self.error("too long".into()))?;
         self.shard_bytes()
             .read_at(f.offset, len)
@@ -152,8 +191,14 @@ impl TarSample {
         let f = self.require(ext)?;
         let name = format!("{}:{}.{ext}", self.shard(), self.key());
         let shard = self.shard_bytes();
-        let bytes: Arc<dyn HostBytes> = match (shard.in_memory(), usize::try_from(f.offset)) {
-            (Some(_), Ok(offset)) => Arc::new(MemberBytes {
+        let held = self.held_range(f);
+        let bytes: Arc<dyn HostBytes> = match (held, shard.in_memory(), usize::try_from(f.offset)) {
+            (Some((bytes, from, len)), _, _) => Arc::new(HeldBytes {
+                bytes: bytes.clone(),
+                from,
+                len,
+            }),
+            (None, Some(_), Ok(offset)) => Arc::new(MemberBytes {
                 shard: shard.clone(),
                 offset,
                 len: usize::try_from(f.size).unwrap_or(usize::MAX),

@@ -1,7 +1,6 @@
-//! The remote source's reads: objects, the shared chunk cache, fetches on the runtime with
-//! retries, and the slots readers wait on.
+//! The remote source's reads: objects, fetches on the runtime with retries, and the slots
+//! readers wait on.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -17,7 +16,6 @@ use crate::error::Result;
 
 /// One object: where it is and how long.
 pub(super) struct Object {
-    pub(super) id: usize,
     pub(super) url: String,
     pub(super) store: Arc<dyn ObjectStore>,
     pub(super) path: StorePath,
@@ -86,46 +84,13 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The runtime and the chunk cache of one opened source.
+/// The runtime of one opened source, and its settings for requests.
 pub(super) struct Io {
     pub(super) runtime: Option<tokio::runtime::Runtime>,
     pub(super) handle: tokio::runtime::Handle,
-    pub(super) cache: Mutex<Cache>,
-    pub(super) chunk: u64,
-    pub(super) read_ahead: u64,
     pub(super) index_window: u64,
     pub(super) retries: usize,
     pub(super) timeout: Duration,
-}
-
-#[derive(Default)]
-pub(super) struct Cache {
-    /// (shard, chunk) → its fetch and when it was last used.
-    pub(super) chunks: HashMap<(usize, u64), (Arc<Slot>, u64)>,
-    /// The furthest chunk each shard's stream has asked for.
-    pub(super) fronts: HashMap<usize, u64>,
-    pub(super) tick: u64,
-    pub(super) capacity: usize,
-}
-
-impl Cache {
-    /// Drops the least recently used fetched chunks while over capacity.
-    pub(super) fn trim(&mut self) {
-        while self.chunks.len() > self.capacity {
-            let oldest = self
-                .chunks
-                .iter()
-                .filter(|(_, (slot, _))| lock(&slot.state).is_some())
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k);
-            match oldest {
-                Some(k) => {
-                    self.chunks.remove(&k);
-                }
-                None => return,
-            }
-        }
-    }
 }
 
 impl Io {
@@ -136,17 +101,9 @@ impl Io {
             .enable_all()
             .build()
             .map_err(|e| url_error("(remote)", format!("cannot start its runtime: {e}")))?;
-        let chunk = settings.chunk as u64;
-        let ahead = settings.read_ahead as u64;
         Ok(Arc::new(Io {
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
-            cache: Mutex::new(Cache {
-                capacity: (settings.cache / settings.chunk).max(settings.read_ahead + 2),
-                ..Cache::default()
-            }),
-            chunk,
-            read_ahead: ahead,
             index_window: settings.index_window as u64,
             retries: settings.retries,
             timeout: settings.timeout,
@@ -341,8 +298,7 @@ pub(super) fn permanent(e: &object_store::Error) -> bool {
     )
 }
 
-/// `range` of the object, retried from the first byte not yet received when a request fails
-/// or a body stops (drops or stalls past `timeout`).
+/// `range` of the object in one buffer, retried as [`fetch_into`] retries.
 pub(super) async fn fetch(
     store: &dyn ObjectStore,
     path: &StorePath,
@@ -352,9 +308,29 @@ pub(super) async fn fetch(
 ) -> Fetched {
     let want = usize::try_from(range.end - range.start).map_err(|_| "too long".to_owned())?;
     let mut got = Vec::with_capacity(want);
+    fetch_into(store, path, range, retries, timeout, |b| {
+        got.extend_from_slice(b)
+    })
+    .await?;
+    Ok(Arc::new(got))
+}
+
+/// `range` of the object, each piece of the body handed to `sink` in order as it arrives
+/// (every byte once); retried from the first byte not yet received when a request fails or a
+/// body stops (drops or stalls past `timeout`).
+pub(super) async fn fetch_into(
+    store: &dyn ObjectStore,
+    path: &StorePath,
+    range: Range<u64>,
+    retries: usize,
+    timeout: Duration,
+    mut sink: impl FnMut(&[u8]) + Send,
+) -> std::result::Result<(), String> {
+    let want = range.end - range.start;
+    let mut got = 0u64;
     let mut attempt = 0;
     loop {
-        let start = range.start + got.len() as u64;
+        let start = range.start + got;
         let options = GetOptions {
             range: Some(GetRange::Bounded(start..range.end)),
             ..GetOptions::default()
@@ -368,21 +344,22 @@ pub(super) async fn fetch(
                 loop {
                     match tokio::time::timeout(timeout, body.next()).await {
                         Err(_) => break format!("the body stalled for {timeout:?}"),
-                        Ok(None) if got.len() == want => return Ok(Arc::new(got)),
+                        Ok(None) if got == want => return Ok(()),
                         Ok(None) => {
-                            break format!("the body ended after {} of {want} bytes", got.len());
+                            break format!("the body ended after {got} of {want} bytes");
                         }
                         Ok(Some(Err(e))) if permanent(&e) => return Err(describe(&e)),
                         Ok(Some(Err(e))) => break describe(&e),
                         Ok(Some(Ok(bytes))) => {
-                            if got.len() + bytes.len() > want {
+                            if got + bytes.len() as u64 > want {
                                 return Err(format!(
                                     "the server sent more than the {want} bytes asked for from \
                                      byte {}: does it honour Range requests?",
                                     range.start
                                 ));
                             }
-                            got.extend_from_slice(&bytes);
+                            sink(&bytes);
+                            got += bytes.len() as u64;
                         }
                     }
                 }

@@ -1,0 +1,449 @@
+//! Each epoch's run streamed in order: the run (this rank's samples in shard order, before the
+//! shuffle buffer) cut into chunks of whole samples, each fetched once by one ranged `GET`
+//! whose body is split into the samples' own buffers as it arrives; a sample's bytes are kept
+//! until a worker takes it, which is when the shuffle buffer yields it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Instant;
+
+use super::super::streams::{Planned, Streams};
+use super::io::{Io, Object, fetch_into, io_error, lock};
+
+/// Samples whose place in the output is this far before the earliest one taken are neither
+/// fetched nor kept: a resumed epoch skips them (the loader never asks for them), so it reads
+/// again at most the chunks of this many samples before its position. A fresh epoch's
+/// workers start their first batches together: a first batch taken this far after another
+/// worker's first would have the other's chunks skipped, and their samples then come by
+/// requests of their own (each byte still read once).
+const LATE: usize = 1024;
+
+/// What became of a chunk's fetch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    Idle,
+    Running,
+    Done,
+    /// It failed (its samples are asked for one by one, which reports the error), or every
+    /// sample in it lies before the first one taken.
+    Gone,
+}
+
+/// A chunk: consecutive samples of the run that lie back to back in one shard.
+struct Chunk {
+    shard: usize,
+    bytes: Range<u64>,
+    /// Its samples' positions in the run.
+    runs: Range<usize>,
+    /// The latest place in the output among its samples.
+    last_out: usize,
+    fetch: Fetch,
+}
+
+/// The epoch being streamed.
+#[derive(Default)]
+struct Run {
+    /// Bumped by each plan: fetches of an earlier plan are dropped when they land.
+    generation: u64,
+    /// Sample index → its position in `run` (`usize::MAX`: not in this rank's run).
+    at: Vec<usize>,
+    run: Vec<Planned>,
+    /// Run position → its chunk.
+    chunk_of: Vec<usize>,
+    chunks: Vec<Chunk>,
+    /// Chunks before it have been started (or passed over).
+    next: usize,
+    /// Chunks before it hold a sample a worker asked for.
+    demand: usize,
+    /// Arrived samples not yet taken, by run position.
+    held: HashMap<usize, Arc<Vec<u8>>>,
+    held_bytes: u64,
+    /// The earliest place in the output taken so far.
+    least: usize,
+}
+
+impl Run {
+    fn floor(&self) -> usize {
+        self.least.saturating_sub(LATE)
+    }
+
+    fn arrive(&mut self, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+        let floor = self.floor();
+        let c = &mut self.chunks[chunk];
+        let Some(parts) = parts else {
+            c.fetch = Fetch::Gone;
+            return;
+        };
+        c.fetch = Fetch::Done;
+        for (q, part) in c.runs.clone().zip(parts) {
+            if self.run[q].out >= floor {
+                self.held_bytes += part.len() as u64;
+                self.held.insert(q, Arc::new(part));
+            }
+        }
+    }
+}
+
+struct Shared {
+    run: Mutex<Run>,
+    arrived: Condvar,
+}
+
+/// The streams of one opened source (see the [module docs](self)).
+pub(super) struct Streamer {
+    io: Arc<Io>,
+    objects: Vec<Arc<Object>>,
+    shared: Arc<Shared>,
+    chunk: u64,
+    read_ahead: usize,
+    /// Read-ahead stops while the samples held reach it.
+    cap: u64,
+}
+
+impl Streamer {
+    pub(super) fn new(
+        io: Arc<Io>,
+        objects: Vec<Arc<Object>>,
+        chunk: usize,
+        read_ahead: usize,
+        cap: usize,
+    ) -> Streamer {
+        Streamer {
+            io,
+            objects,
+            shared: Arc::new(Shared {
+                run: Mutex::new(Run::default()),
+                arrived: Condvar::new(),
+            }),
+            chunk: chunk as u64,
+            read_ahead,
+            cap: cap as u64,
+        }
+    }
+
+    /// Starts the chunks workers wait on and those within the read-ahead after them (the
+    /// read-ahead only while the samples held are under the cap).
+    fn start(&self, run: &mut Run) {
+        let ahead = if run.held_bytes < self.cap {
+            self.read_ahead
+        } else {
+            0
+        };
+        let to = (run.demand + ahead).min(run.chunks.len());
+        let floor = run.floor();
+        while run.next < to {
+            let c = run.next;
+            run.next += 1;
+            let chunk = &mut run.chunks[c];
+            if chunk.last_out < floor {
+                chunk.fetch = Fetch::Gone;
+                continue;
+            }
+            chunk.fetch = Fetch::Running;
+            let spans: Vec<Range<u64>> = run.run[chunk.runs.clone()]
+                .iter()
+                .map(|p| p.span.clone())
+                .collect();
+            let object = self.objects[chunk.shard].clone();
+            let range = chunk.bytes.clone();
+            let (retries, timeout) = (self.io.retries, self.io.timeout);
+            let (shared, generation) = (Arc::downgrade(&self.shared), run.generation);
+            self.io.handle.spawn(async move {
+                let mut split = Split::new(range.start, spans);
+                let fetched =
+                    fetch_into(&*object.store, &object.path, range, retries, timeout, |b| {
+                        split.put(b)
+                    })
+                    .await;
+                land(&shared, generation, c, fetched.ok().map(|()| split.parts));
+            });
+        }
+    }
+}
+
+/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began).
+fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let mut run = lock(&shared.run);
+    if run.generation == generation {
+        run.arrive(chunk, parts);
+    }
+    drop(run);
+    shared.arrived.notify_all();
+}
+
+impl Streams for Streamer {
+    fn plan(&self, planned: Vec<Planned>, total: usize) {
+        let mut at = vec![usize::MAX; total];
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut chunk_of = Vec::with_capacity(planned.len());
+        for (q, p) in planned.iter().enumerate() {
+            at[p.index] = q;
+            let joins = chunks.last().is_some_and(|c| {
+                let prev = &planned[c.runs.end - 1];
+                c.shard == p.shard
+                    && prev.index + 1 == p.index
+                    && c.bytes.end <= p.span.start
+                    && c.bytes.end - c.bytes.start < self.chunk
+            });
+            match chunks.last_mut() {
+                Some(c) if joins => {
+                    c.bytes.end = p.span.end;
+                    c.runs.end = q + 1;
+                    c.last_out = c.last_out.max(p.out);
+                }
+                _ => chunks.push(Chunk {
+                    shard: p.shard,
+                    bytes: p.span.clone(),
+                    runs: q..q + 1,
+                    last_out: p.out,
+                    fetch: Fetch::Idle,
+                }),
+            }
+            chunk_of.push(chunks.len() - 1);
+        }
+        let mut run = lock(&self.shared.run);
+        *run = Run {
+            generation: run.generation + 1,
+            at,
+            run: planned,
+            chunk_of,
+            chunks,
+            least: usize::MAX,
+            ..Run::default()
+        };
+        drop(run);
+        // Workers of an earlier plan still waiting ask for their samples themselves.
+        self.shared.arrived.notify_all();
+    }
+
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>> {
+        let object = &self.objects[shard];
+        let deadline = self.io.deadline();
+        let mut run = lock(&self.shared.run);
+        let q = run
+            .at
+            .get(index)
+            .copied()
+            .filter(|&q| q != usize::MAX && run.run[q].span == span);
+        if let Some(q) = q {
+            let generation = run.generation;
+            run.least = run.least.min(run.run[q].out);
+            let c = run.chunk_of[q];
+            run.demand = run.demand.max(c + 1);
+            self.start(&mut run);
+            loop {
+                if let Some(bytes) = run.held.remove(&q) {
+                    run.held_bytes -= bytes.len() as u64;
+                    self.start(&mut run);
+                    return Ok(bytes);
+                }
+                let now = Instant::now();
+                if run.generation != generation
+                    || run.chunks[c].fetch != Fetch::Running
+                    || now >= deadline
+                {
+                    break;
+                }
+                run = match self.shared.arrived.wait_timeout(run, deadline - now) {
+                    Ok((r, _)) => r,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
+        }
+        drop(run);
+        // Not in the stream (another plan, taken before, or its chunk failed): its own request.
+        self.io
+            .fetch(object, span)
+            .wait(self.io.deadline())
+            .map_err(|p| io_error(object, p))
+    }
+}
+
+/// Cuts a chunk's body, arriving in pieces, into its samples' buffers (the bytes between
+/// samples, if any, are passed over).
+struct Split {
+    /// The object offset of the next byte to arrive.
+    at: u64,
+    spans: Vec<Range<u64>>,
+    parts: Vec<Vec<u8>>,
+    /// The span being filled.
+    next: usize,
+}
+
+impl Split {
+    fn new(start: u64, spans: Vec<Range<u64>>) -> Split {
+        let parts = spans
+            .iter()
+            .map(|s| Vec::with_capacity((s.end - s.start) as usize))
+            .collect();
+        Split {
+            at: start,
+            spans,
+            parts,
+            next: 0,
+        }
+    }
+
+    fn put(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let Some(span) = self.spans.get(self.next) else {
+                return;
+            };
+            if self.at >= span.end {
+                self.next += 1;
+                continue;
+            }
+            let (n, copy) = if self.at < span.start {
+                (span.start - self.at, false)
+            } else {
+                (span.end - self.at, true)
+            };
+            let n = n.min(bytes.len() as u64) as usize;
+            if copy {
+                self.parts[self.next].extend_from_slice(&bytes[..n]);
+            }
+            self.at += n as u64;
+            bytes = &bytes[n..];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+    use object_store::path::Path as StorePath;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+    use super::super::super::shuffle_buffer;
+    use super::super::super::streams::{Planned, Streams};
+    use super::super::Remote;
+    use super::super::io::{Io, Object, lock};
+    use super::{Split, Streamer};
+    use crate::loader::SplitMix64;
+
+    fn seeded(test: &str) -> SplitMix64 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+        println!("{test}: seed {seed}");
+        SplitMix64::for_epoch(seed, 0)
+    }
+
+    /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
+    /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
+    /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap).
+    #[test]
+    fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
+        let mut rng = seeded("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let io = Io::start(&Remote::new()).unwrap();
+        let mut planned = Vec::new();
+        let mut objects = Vec::new();
+        let mut bodies = Vec::new();
+        let max_span = 20_000u64;
+        for shard in 0..2 {
+            let mut body = Vec::new();
+            for _ in 0..100 + rng.below(100) {
+                let start = body.len() as u64;
+                let len = 512 + rng.below(max_span - 512);
+                body.extend((0..len).map(|_| rng.next_u64() as u8));
+                planned.push((shard, start..start + len));
+                // The gap a member's padding or the next header leaves.
+                body.extend(std::iter::repeat_n(0u8, rng.below(3) as usize * 512));
+            }
+            let path = StorePath::from(format!("s{shard}.tar"));
+            let (s, p, b) = (store.clone(), path.clone(), body.clone());
+            io.run(async move { s.put(&p, PutPayload::from(b)).await.map(|_| ()) })
+                .unwrap()
+                .unwrap();
+            objects.push(Arc::new(Object {
+                url: format!("memory:///s{shard}.tar"),
+                store: store.clone(),
+                path,
+                len: body.len() as u64,
+            }));
+            bodies.push(body);
+        }
+        for case in 0..4 {
+            let buffer = 1 + rng.below(60) as usize;
+            let chunk = 1 + rng.below(4 * max_span) as usize;
+            let ahead = rng.below(4) as usize;
+            let cap = if case % 2 == 0 { 0 } else { usize::MAX };
+            let streamer = Streamer::new(io.clone(), objects.clone(), chunk, ahead, cap);
+            let out = shuffle_buffer(0..planned.len(), buffer, &mut rng);
+            let mut place = vec![0; planned.len()];
+            for (o, &q) in out.iter().enumerate() {
+                place[q] = o;
+            }
+            let run: Vec<Planned> = planned
+                .iter()
+                .enumerate()
+                .map(|(q, (shard, span))| Planned {
+                    index: q,
+                    shard: *shard,
+                    span: span.clone(),
+                    out: place[q],
+                })
+                .collect();
+            streamer.plan(run, planned.len());
+            let bound = (buffer as u64 + 1) * max_span
+                + chunk as u64
+                + max_span
+                + if cap == 0 {
+                    0
+                } else {
+                    ahead as u64 * (chunk as u64 + max_span)
+                };
+            let mut most = 0;
+            for &q in &out {
+                let (shard, span) = &planned[q];
+                let got = streamer.take(q, *shard, span.clone()).unwrap();
+                let want = &bodies[*shard][span.start as usize..span.end as usize];
+                assert!(got[..] == *want, "case {case}: sample {q}");
+                most = most.max(lock(&streamer.shared.run).held_bytes);
+            }
+            assert!(
+                most <= bound,
+                "case {case}: {most} bytes held, over {bound} (buffer {buffer}, {chunk} B \
+                 chunks, {ahead} ahead, cap {cap})"
+            );
+            assert_eq!(lock(&streamer.shared.run).held_bytes, 0, "case {case}");
+        }
+    }
+
+    /// Spans with gaps between them, a body cut into pieces at random: each part is its span.
+    #[test]
+    fn split_cuts_any_pieces_into_the_spans() {
+        let mut rng = seeded("split_cuts_any_pieces_into_the_spans");
+        for _ in 0..50 {
+            let start = rng.below(10_000);
+            let mut at = start;
+            let mut spans = Vec::new();
+            for _ in 0..1 + rng.below(12) {
+                at += rng.below(3) * rng.below(700);
+                let len = 1 + rng.below(3000);
+                spans.push(at..at + len);
+                at += len;
+            }
+            let body: Vec<u8> = (start..at).map(|_| rng.next_u64() as u8).collect();
+            let mut split = Split::new(start, spans.clone());
+            let mut rest = &body[..];
+            while !rest.is_empty() {
+                let n = (1 + rng.below(4000) as usize).min(rest.len());
+                split.put(&rest[..n]);
+                rest = &rest[n..];
+            }
+            for (span, part) in spans.iter().zip(&split.parts) {
+                let from = (span.start - start) as usize;
+                assert_eq!(part.len() as u64, span.end - span.start, "span {span:?}");
+                assert_eq!(part[..], body[from..from + part.len()], "span {span:?}");
+            }
+        }
+    }
+}

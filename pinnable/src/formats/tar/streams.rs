@@ -1,0 +1,91 @@
+//! How a source that streams its epochs (remote shards) hears of each epoch's run and hands
+//! each sample's bytes over as a worker takes it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{Entry, Group, TarSample, TarShards};
+use crate::error::{Error, Result};
+
+/// One sample of an epoch's run, as a streaming source is told it: where its bytes lie and
+/// where the shuffle buffer yields it.
+pub(crate) struct Planned {
+    /// Its index in the dataset.
+    pub(crate) index: usize,
+    /// Its shard.
+    pub(crate) shard: usize,
+    /// Its bytes in the shard: the first member's header to the last member's data end.
+    pub(crate) span: Range<u64>,
+    /// Its place in the epoch's output (after the shuffle buffer).
+    pub(crate) out: usize,
+}
+
+/// A source that reads each epoch's run in stream order ahead of the workers and keeps each
+/// sample's bytes until the sample is taken.
+pub(crate) trait Streams: Send + Sync {
+    /// The next epoch's run of this rank, in stream order (damaged entries left out), out of
+    /// `total` samples.
+    fn plan(&self, run: Vec<Planned>, total: usize);
+
+    /// The bytes of sample `index`'s span in shard `shard`.
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>>;
+}
+
+fn span(g: &Group) -> Range<u64> {
+    g.offset..g.fields.last().map_or(g.offset, |f| f.offset + f.size)
+}
+
+impl TarShards {
+    /// These shards, their epochs streamed by `streams` (just built: the index is not shared
+    /// yet; were it, samples would be read one by one, as outside an epoch).
+    pub(crate) fn with_streams(mut self, streams: Arc<dyn Streams>) -> TarShards {
+        if let Some(index) = Arc::get_mut(&mut self.index) {
+            index.streams = Some(streams);
+        }
+        self
+    }
+
+    /// Tells a streaming source the epoch's run (`run`, in stream order; `out`, the output
+    /// as positions in it): each sample, where its bytes lie, where the output has it.
+    pub(super) fn stream(&self, run: &[usize], out: &[usize]) {
+        let index = &self.index;
+        let Some(streams) = &index.streams else {
+            return;
+        };
+        let mut place = vec![0; run.len()];
+        for (o, &p) in out.iter().enumerate() {
+            place[p] = o;
+        }
+        let planned = run
+            .iter()
+            .zip(place)
+            .filter_map(|(&i, out)| match &index.entries[i] {
+                Entry::Sample(g) => Some(Planned {
+                    index: i,
+                    shard: index.shard_of[i] as usize,
+                    span: span(g),
+                    out,
+                }),
+                Entry::Broken { .. } => None,
+            })
+            .collect();
+        streams.plan(planned, index.entries.len());
+    }
+
+    /// Sample `index` (grouped as `g`), holding its bytes when a source streams them.
+    pub(super) fn streamed(&self, index: usize, g: &Group) -> Result<TarSample> {
+        let sample = TarSample::new(self.index.clone(), index);
+        let Some(streams) = &self.index.streams else {
+            return Ok(sample);
+        };
+        let shard = self.index.shard_of[index] as usize;
+        let bytes = streams
+            .take(index, shard, span(g))
+            .map_err(|e| Error::Tar {
+                shard: self.index.shards[shard].name.clone(),
+                offset: g.offset,
+                problem: format!("reading sample `{}`: {e}", g.key),
+            })?;
+        Ok(sample.holding(bytes, g.offset))
+    }
+}
