@@ -30,6 +30,12 @@
 //! # Ok::<(), pinnable::Error>(())
 //! ```
 
+mod loader;
+mod tensor;
+
+pub use loader::BurnLoader;
+pub use tensor::{to_burn_float, to_burn_int};
+
 use std::sync::Arc;
 
 use burn_tensor::{AllocationProperty, BoolStore, Bytes, DType as BurnDType, TensorData};
