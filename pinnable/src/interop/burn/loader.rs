@@ -1,7 +1,7 @@
 //! Our [`Loader`] as burn's `DataLoader`: [`BurnLoader`].
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use burn_core::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
 use burn_core::data::dataset::DatasetError;
@@ -77,25 +77,46 @@ type Placement = Arc<dyn Fn(&BurnDevice) -> Result<Device> + Send + Sync>;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct BurnLoader<D, B, F> {
-    loader: Arc<Loader<D, B>>,
+    /// The loader this adapter was built on or sliced from.
+    parent: Arc<Loader<D, B>>,
+    /// The part of `parent` burn asked for with `slice`, if any.
+    part: Option<Part>,
+    /// Our device for the burn device `to_device` named, when it is not `parent`'s.
+    ours: Option<Device>,
+    /// The loader batches come from, made at first use (a slice's part is known only once
+    /// burn has asked for all of its parent's slices).
+    source: Arc<OnceLock<std::result::Result<Arc<Loader<D, B>>, String>>>,
+    /// The slices burn asked of this adapter (the siblings of each).
+    slices: Arc<Mutex<Vec<(usize, usize)>>>,
     convert: Arc<F>,
     device: BurnDevice,
     placement: Placement,
     /// The number of devices burn splits the loader over, when the user said.
     devices: Option<usize>,
-    /// Why this loader cannot run: every epoch yields this message as its one error.
-    refused: Option<String>,
+}
+
+/// A slice burn asked for: items `start..end` of `total`, and the slices asked of the same
+/// parent (this one among them).
+#[derive(Clone)]
+struct Part {
+    start: usize,
+    end: usize,
+    total: usize,
+    siblings: Arc<Mutex<Vec<(usize, usize)>>>,
 }
 
 impl<D, B, F> Clone for BurnLoader<D, B, F> {
     fn clone(&self) -> Self {
         BurnLoader {
-            loader: self.loader.clone(),
+            parent: self.parent.clone(),
+            part: self.part.clone(),
+            ours: self.ours.clone(),
+            source: self.source.clone(),
+            slices: self.slices.clone(),
             convert: self.convert.clone(),
             device: self.device.clone(),
             placement: self.placement.clone(),
             devices: self.devices,
-            refused: self.refused.clone(),
         }
     }
 }
@@ -106,9 +127,9 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BurnLoader")
-            .field("loader", &self.loader)
+            .field("parent", &self.parent)
+            .field("part", &self.part.as_ref().map(|p| (p.start, p.end)))
             .field("device", &self.device)
-            .field("refused", &self.refused)
             .finish()
     }
 }
@@ -125,13 +146,17 @@ where
     /// `loader`'s batches as burn's, made by `convert(batch, device)` on burn's `device`.
     pub fn new(loader: Loader<D, B>, device: BurnDevice, convert: F) -> Self {
         let ours = loader.device().clone();
+        let parent = Arc::new(loader);
         BurnLoader {
-            loader: Arc::new(loader),
+            source: Arc::new(OnceLock::from(Ok(parent.clone()))),
+            parent,
+            part: None,
+            ours: None,
+            slices: Arc::default(),
             convert: Arc::new(convert),
             device,
             placement: Arc::new(move |_| Ok(ours.clone())),
             devices: None,
-            refused: None,
         }
     }
 
@@ -161,17 +186,17 @@ where
         self
     }
 
-    /// Says that burn splits this loader over `n` devices. Needed only when the items are so
-    /// few that a slice burn asks for could come from splits over different numbers of
-    /// devices (fewer than about `n * (n + 1)` items); the adapter says so when it is.
+    /// Says that burn splits this loader over `n` devices. Needed only when burn's cut of the
+    /// items over different numbers of devices gives the same slices and the adapter cannot
+    /// tell them apart (a few items over many devices); it says so when it is.
     pub fn devices(mut self, n: usize) -> Self {
         self.devices = Some(n);
         self
     }
 
-    /// The loader batches come from.
+    /// The loader this adapter was built on (for a slice, the one it was cut from).
     pub fn loader(&self) -> &Loader<D, B> {
-        &self.loader
+        &self.parent
     }
 
     /// The burn device batches are made on.
@@ -179,19 +204,66 @@ where
         &self.device
     }
 
-    /// Where the consumer is, to store in a checkpoint ([`Loader::position`]).
+    /// Where the consumer is, to store in a checkpoint ([`Loader::position`]); for a part of
+    /// a split, that part's position.
     pub fn position(&self) -> crate::loader::Position {
-        self.loader.position()
+        match self.source() {
+            Ok(loader) => loader.position(),
+            Err(_) => self.parent.position(),
+        }
     }
 
-    /// This adapter over another loader, or refusing with `refused`.
-    fn with(&self, loader: Result<Arc<Loader<D, B>>>, device: BurnDevice) -> Arc<Self> {
+    /// The loader batches come from: made now if it was not yet.
+    fn source(&self) -> std::result::Result<&Arc<Loader<D, B>>, String> {
+        self.source
+            .get_or_init(|| {
+                let (k, n) = match &self.part {
+                    None => (0, 1),
+                    Some(p) => {
+                        let siblings = p.siblings.lock().unwrap_or_else(|e| e.into_inner());
+                        resolve(p.total, p.start, p.end, self.devices, &siblings)?
+                    }
+                };
+                let device = self
+                    .ours
+                    .clone()
+                    .unwrap_or_else(|| self.parent.device().clone());
+                self.parent
+                    .part(k, n, device)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// This adapter, changed by `change`, with its loader made afresh at first use.
+    fn derived(&self, change: impl FnOnce(&mut Self)) -> Arc<Self> {
         let mut next = self.clone();
-        next.device = device;
-        match loader {
-            Ok(loader) => next.loader = loader,
-            Err(e) => next.refused = Some(e.to_string()),
+        next.source = Arc::default();
+        next.slices = Arc::default();
+        change(&mut next);
+        if next.part.is_none() && next.ours.is_none() {
+            next.source = self.source.clone();
         }
+        Arc::new(next)
+    }
+
+    /// This adapter refusing to run, saying `why`.
+    fn refusing(&self, why: String) -> Arc<Self> {
+        self.derived(|next| {
+            next.part = None;
+            next.ours = None;
+        })
+        .with_source(Err(why))
+    }
+
+    fn with_source(
+        self: Arc<Self>,
+        source: std::result::Result<Arc<Loader<D, B>>, String>,
+    ) -> Arc<Self> {
+        let mut next = Arc::unwrap_or_clone(self);
+        next.source = Arc::new(OnceLock::from(source));
         Arc::new(next)
     }
 }
@@ -205,10 +277,23 @@ fn items(sampler: &Sampler) -> usize {
     }
 }
 
-/// Which part of burn's `split_dataloader` the items `start..end` of `total` are: `(k, n)`
-/// for part `k` of an `n`-way split, cut as burn cuts it (`total / n` items a part, the
-/// remainder to the last), among `n` in `within`. Every `n` that fits is returned.
-fn burn_parts(total: usize, start: usize, end: usize, within: Option<usize>) -> Vec<(usize, usize)> {
+/// burn's `split_dataloader` cut of `total` items over `n` devices: `total / n` items a part,
+/// the remainder to the last.
+fn burn_cut(total: usize, n: usize) -> Vec<(usize, usize)> {
+    let step = total / n;
+    (0..n)
+        .map(|k| (k * step, if k + 1 == n { total } else { (k + 1) * step }))
+        .collect()
+}
+
+/// Which part of burn's cut the items `start..end` of `total` are: `(k, n)` for part `k` of an
+/// `n`-way cut, among `n` in `within`. Every `n` that fits is returned.
+fn burn_parts(
+    total: usize,
+    start: usize,
+    end: usize,
+    within: Option<usize>,
+) -> Vec<(usize, usize)> {
     if start >= end || end > total {
         return Vec::new();
     }
@@ -229,6 +314,37 @@ fn burn_parts(total: usize, start: usize, end: usize, within: Option<usize>) -> 
         .collect()
 }
 
+/// The part `start..end` of `total` is: the one cut that fits it, or among several, the one
+/// whose every slice burn asked for (`asked`).
+fn resolve(
+    total: usize,
+    start: usize,
+    end: usize,
+    within: Option<usize>,
+    asked: &[(usize, usize)],
+) -> std::result::Result<(usize, usize), String> {
+    let fits = burn_parts(total, start, end, within);
+    let complete: Vec<(usize, usize)> = fits
+        .iter()
+        .copied()
+        .filter(|&(_, n)| burn_cut(total, n).iter().all(|r| asked.contains(r)))
+        .collect();
+    match (&fits[..], &complete[..]) {
+        ([one], _) | (_, [one]) => Ok(*one),
+        ([], _) => Err(format!(
+            "slice({start}, {end}) of {total} items is not one of the equal parts burn's \
+             split_dataloader cuts{}; split with burn's split_dataloader, or build a loader \
+             per device with LoaderBuilder::build_per_device",
+            within.map_or_else(String::new, |n| format!(" over {n} devices"))
+        )),
+        (several, _) => Err(format!(
+            "slice({start}, {end}) of {total} items is a part of burn's split over any of {:?} \
+             devices; say how many with BurnLoader::devices(n)",
+            several.iter().map(|&(_, n)| n).collect::<Vec<_>>()
+        )),
+    }
+}
+
 impl<D, B, F, O> DataLoader<O> for BurnLoader<D, B, F>
 where
     D: Dataset + 'static,
@@ -240,11 +356,14 @@ where
     Loader<D, B>: Send + Sync,
 {
     fn iter<'a>(&'a self) -> Box<dyn DataLoaderIterator<O> + 'a> {
-        if let Some(why) = &self.refused {
-            return Box::new(RefusedEpoch(Some(why.clone()), std::marker::PhantomData));
-        }
-        let epoch = self.loader.iter();
-        let sampler = self.loader.sampler();
+        let loader = match self.source() {
+            Ok(loader) => loader,
+            Err(why) => {
+                return Box::new(RefusedEpoch(Some(why), std::marker::PhantomData));
+            }
+        };
+        let epoch = loader.iter();
+        let sampler = loader.sampler();
         let first = usize::try_from(epoch.position().batch()).unwrap_or(usize::MAX);
         Box::new(BurnEpoch {
             epoch,
@@ -257,54 +376,45 @@ where
     }
 
     fn num_items(&self) -> usize {
-        if self.refused.is_some() {
-            return 0;
-        }
-        items(self.loader.sampler())
+        self.source().map_or(0, |loader| items(loader.sampler()))
     }
 
     fn to_device(&self, device: &BurnDevice) -> Arc<dyn DataLoader<O>> {
-        let loader = (self.placement)(device).and_then(|ours| {
-            if ours == *self.loader.device() {
-                Ok(self.loader.clone())
-            } else {
-                self.loader.part(0, 1, ours).map(Arc::new)
-            }
-        });
-        self.with(loader, device.clone())
+        match (self.placement)(device) {
+            Ok(ours) => self.derived(|next| {
+                next.device = device.clone();
+                next.ours = (ours != *self.parent.device()).then_some(ours);
+            }),
+            Err(e) => self.refusing(e.to_string()),
+        }
     }
 
     fn slice(&self, start: usize, end: usize) -> Arc<dyn DataLoader<O>> {
-        let total = self.num_items();
+        let loader = match self.source() {
+            Ok(loader) => loader.clone(),
+            Err(why) => return self.refusing(why),
+        };
+        let total = items(loader.sampler());
         if start == 0 && end == total {
             return Arc::new(self.clone());
         }
-        let loader = match burn_parts(total, start, end, self.devices)[..] {
-            [(k, n)] => self
-                .loader
-                .part(k, n, self.loader.device().clone())
-                .map(Arc::new),
-            [] => Err(burn_error(format!(
-                "slice({start}, {end}) of {total} items is not one of the equal parts burn's \
-                 split_dataloader cuts{}; split with burn's split_dataloader, or build a \
-                 loader per device with LoaderBuilder::build_per_device",
-                self.devices
-                    .map_or_else(String::new, |n| format!(" over {n} devices"))
-            ))),
-            ref several => Err(burn_error(format!(
-                "slice({start}, {end}) of {total} items is a part of burn's split over any of \
-                 {:?} devices; say how many with BurnLoader::devices(n)",
-                several.iter().map(|&(_, n)| n).collect::<Vec<_>>()
-            ))),
-        };
-        self.with(loader, self.device.clone())
-    }
-}
-
-fn burn_error(message: String) -> Error {
-    Error::Interop {
-        library: "burn",
-        message,
+        self.slices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((start, end));
+        let siblings = self.slices.clone();
+        let mut next = self.clone();
+        next.parent = loader;
+        next.ours = None;
+        next.part = Some(Part {
+            start,
+            end,
+            total,
+            siblings,
+        });
+        next.source = Arc::default();
+        next.slices = Arc::default();
+        Arc::new(next)
     }
 }
 
@@ -377,7 +487,7 @@ impl<O> Iterator for RefusedEpoch<O> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let why = self.0.take()?;
-        Some(Err(DatasetError::new(burn_error(why))))
+        Some(Err(DatasetError::new(super::error(why))))
     }
 }
 
@@ -389,40 +499,38 @@ impl<O> DataLoaderIterator<O> for RefusedEpoch<O> {
 
 #[cfg(test)]
 mod tests {
-    use super::burn_parts;
-
-    /// burn's own cut (split_dataloader): `total / n` a part, the remainder to the last.
-    fn burn_cut(total: usize, n: usize) -> Vec<(usize, usize)> {
-        let step = total / n;
-        (0..n)
-            .map(|k| (k * step, if k + 1 == n { total } else { (k + 1) * step }))
-            .collect()
-    }
+    use super::{burn_cut, burn_parts, resolve};
 
     #[test]
     fn every_part_of_burns_split_is_recognised() {
         let mut rng = crate::loader::SplitMix64::for_test("burn_parts");
         for _ in 0..200 {
             let n = 2 + rng.below(7) as usize;
-            let total = n * (n + 1) + rng.below(5000) as usize;
-            for (k, (start, end)) in burn_cut(total, n).into_iter().enumerate() {
+            let total = n + rng.below(5000) as usize;
+            let cut = burn_cut(total, n);
+            for (k, &(start, end)) in cut.iter().enumerate() {
+                assert!(burn_parts(total, start, end, None).contains(&(k, n)));
+                assert_eq!(burn_parts(total, start, end, Some(n)), vec![(k, n)]);
                 assert_eq!(
-                    burn_parts(total, start, end, None),
-                    vec![(k, n)],
+                    resolve(total, start, end, None, &cut),
+                    Ok((k, n)),
                     "{start}..{end} of {total}"
                 );
-                assert_eq!(burn_parts(total, start, end, Some(n)), vec![(k, n)]);
             }
         }
     }
 
     #[test]
     fn ambiguous_and_foreign_slices_are_not_guessed() {
-        // 10 items: [6, 10) ends burn's split over 3 devices and over 4.
-        assert_eq!(burn_parts(10, 6, 10, None), vec![(2, 3), (3, 4)]);
+        // 10 items: [6, 10) ends burn's split over 3, 4 and 7 devices.
+        assert_eq!(burn_parts(10, 6, 10, None), vec![(2, 3), (3, 4), (6, 7)]);
         assert_eq!(burn_parts(10, 6, 10, Some(4)), vec![(3, 4)]);
-        assert!(burn_parts(100, 3, 50, None).is_empty());
-        assert!(burn_parts(100, 50, 40, None).is_empty());
-        assert!(burn_parts(100, 0, 101, None).is_empty());
+        let alone = resolve(10, 6, 10, None, &[(6, 10)]).unwrap_err();
+        assert!(alone.contains("BurnLoader::devices"), "{alone}");
+        assert_eq!(resolve(10, 6, 10, None, &burn_cut(10, 4)), Ok((3, 4)));
+        for (start, end) in [(3, 50), (50, 40), (0, 101)] {
+            let e = resolve(100, start, end, None, &[]).unwrap_err();
+            assert!(e.contains("not one of the equal parts"), "{e}");
+        }
     }
 }
