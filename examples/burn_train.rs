@@ -109,10 +109,19 @@ struct Mlp {
 }
 
 /// The steps trained, and the simulated crash: the step it comes after, and how.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Control {
     steps: usize,
     crash: Option<(usize, Interrupter)>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("steps", &self.steps)
+            .field("crash_at", &self.crash.as_ref().map(|(at, _)| at))
+            .finish()
+    }
 }
 
 impl Mlp {
@@ -149,6 +158,19 @@ impl InferenceStep for Mlp {
     fn step(&self, batch: Batch) -> RegressionOutput {
         self.forward(batch)
     }
+}
+
+/// The mean of the validation batches' losses.
+fn valid_loss(
+    model: &Mlp,
+    valid: &dyn DataLoader<Batch>,
+) -> Result<f32, Box<dyn std::error::Error>> {
+    let mut losses = Vec::new();
+    for batch in valid.iter() {
+        let loss: Vec<f32> = model.forward(batch?).loss.to_data().try_to_vec()?;
+        losses.push(loss[0]);
+    }
+    Ok(losses.iter().sum::<f32>() / losses.len().max(1) as f32)
 }
 
 /// Trains `model` for `epochs` epochs on `train`; stops after `stop_after` steps when given.
@@ -188,6 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         control: Arc::default(),
     };
     let steps_per_epoch = SAMPLES.div_ceil(BATCH);
+    let untrained = valid_loss(&model, &*valid)?;
 
     // The first run: one whole epoch, then a crash 10 steps into the second.
     let started = std::time::Instant::now();
@@ -210,7 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let position = Position::from_bytes(&saved)?;
     let resumed = Arc::new(loader(SAMPLES, Some(position), &device)?);
     let before = model.control.lock().unwrap().steps;
-    let model = fit(model, resumed.clone(), valid, 1, None, &dir)?;
+    let model = fit(model, resumed.clone(), valid.clone(), 1, None, &dir)?;
     let trained = model.control.lock().unwrap().steps - before;
     assert_eq!(
         trained,
@@ -221,7 +244,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "resumed: trained the {trained} batches left of epoch 1; the loader is now at epoch {}",
         resumed.position().epoch(),
     );
-    println!("trained {model} in {:.1?}", started.elapsed());
+    println!(
+        "validation MSE {untrained:.4} untrained, {:.4} after 2 epochs (the second stopped and resumed); {} steps in {:.1?}",
+        valid_loss(&model, &*valid)?,
+        model.control.lock().unwrap().steps,
+        started.elapsed()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
