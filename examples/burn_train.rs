@@ -35,7 +35,7 @@ struct Batch {
 }
 
 /// Sample `i`: features from a fixed generator and a target that is a smooth function of them.
-fn sample(i: usize) -> pinnable::Result<(pinnable::Tensor, f32)> {
+fn sample(i: usize) -> pinnable::Result<Sample> {
     let mut rng = pinnable::loader::SplitMix64::new(i as u64);
     let x: Vec<f32> = (0..FEATURES)
         .map(|_| (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
@@ -49,10 +49,7 @@ fn sample(i: usize) -> pinnable::Result<(pinnable::Tensor, f32)> {
 }
 
 /// Our batch: `x` and `y` in one pinned block.
-fn collate(
-    samples: Vec<(pinnable::Tensor, f32)>,
-    c: &mut Collator,
-) -> pinnable::Result<(pinnable::Tensor, pinnable::Tensor)> {
+fn collate(samples: Vec<Sample>, c: &mut Collator) -> pinnable::Result<Pair> {
     let b = samples.len();
     let x = c.stack("x", samples.iter().map(|s| &s.0))?;
     let y = c.stack_scalars("y", samples.iter().map(|s| s.1))?;
@@ -60,18 +57,18 @@ fn collate(
     Ok((out.take(x)?, out.take(y)?.reshape(&[b, 1])?))
 }
 
-type Adapter = BurnLoader<
-    FnDataset<fn(usize) -> pinnable::Result<(pinnable::Tensor, f32)>>,
-    fn(
-        Vec<(pinnable::Tensor, f32)>,
-        &mut Collator,
-    ) -> pinnable::Result<(pinnable::Tensor, pinnable::Tensor)>,
-    fn((pinnable::Tensor, pinnable::Tensor), &Device) -> pinnable::Result<Batch>,
->;
+/// A sample: its features and its target.
+type Sample = (pinnable::Tensor, f32);
+/// Our batch: features `[B, FEATURES]` and targets `[B, 1]` in one pinned block.
+type Pair = (pinnable::Tensor, pinnable::Tensor);
+type GetFn = fn(usize) -> pinnable::Result<Sample>;
+type CollateFn = fn(Vec<Sample>, &mut Collator) -> pinnable::Result<Pair>;
+type ConvertFn = fn(Pair, &Device) -> pinnable::Result<Batch>;
+type Adapter = BurnLoader<FnDataset<GetFn>, CollateFn, ConvertFn>;
 
 /// The training loader: shuffled, 4 workers; from `resume` when given.
 fn loader(samples: usize, resume: Option<Position>, device: &Device) -> pinnable::Result<Adapter> {
-    let get: fn(usize) -> pinnable::Result<(pinnable::Tensor, f32)> = sample;
+    let get: GetFn = sample;
     let builder = Loader::builder(FnDataset::new(samples, get))
         .batch_size(BATCH)
         .shuffle(2024)
@@ -80,17 +77,13 @@ fn loader(samples: usize, resume: Option<Position>, device: &Device) -> pinnable
         Some(p) => builder.resume(p),
         None => builder,
     };
-    let batcher: fn(
-        Vec<(pinnable::Tensor, f32)>,
-        &mut Collator,
-    ) -> pinnable::Result<(pinnable::Tensor, pinnable::Tensor)> = collate;
-    let convert: fn((pinnable::Tensor, pinnable::Tensor), &Device) -> pinnable::Result<Batch> =
-        |(x, y), device| {
-            Ok(Batch {
-                x: to_burn_float(&x, device)?,
-                y: to_burn_float(&y, device)?,
-            })
-        };
+    let batcher: CollateFn = collate;
+    let convert: ConvertFn = |(x, y), device| {
+        Ok(Batch {
+            x: to_burn_float(&x, device)?,
+            y: to_burn_float(&y, device)?,
+        })
+    };
     Ok(BurnLoader::new(
         builder.build(batcher)?,
         device.clone(),

@@ -301,7 +301,9 @@ where
     /// `rank * n + k` of `world * n` (as [`LoaderBuilder::build_per_device`] cuts it, so every
     /// part has the same number of batches), sharing the dataset, the batcher and the pool,
     /// with the same settings, starting at this loader's next epoch. `part(0, 1, device)` is
-    /// this loader's own shard on another device.
+    /// this loader's own shard on another device. (Used by burn's adapter, which splits a loader
+    /// across devices.)
+    #[cfg(feature = "burn")]
     pub(crate) fn part(&self, k: usize, n: usize, device: Device) -> Result<Self> {
         let (rank, world) = self.sampler.rank_and_world();
         let sampler = self.sampler.clone().shard(rank * n + k, world * n)?;

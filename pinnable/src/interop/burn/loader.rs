@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::loader::{Batcher, Dataset, Epoch, Loader, Sampler};
 use crate::transfer::ToDevice;
 
+/// The loader an adapter reads, or why it cannot run.
+type Source<D, B> = std::result::Result<Arc<Loader<D, B>>, String>;
+
 /// Which of our devices batches go to for a burn device.
 type Placement = Arc<dyn Fn(&BurnDevice) -> Result<Device> + Send + Sync>;
 
@@ -85,7 +88,7 @@ pub struct BurnLoader<D, B, F> {
     ours: Option<Device>,
     /// The loader batches come from, made at first use (a slice's part is known only once
     /// burn has asked for all of its parent's slices).
-    source: Arc<OnceLock<std::result::Result<Arc<Loader<D, B>>, String>>>,
+    source: Arc<OnceLock<Source<D, B>>>,
     /// The slices burn asked of this adapter (the siblings of each).
     slices: Arc<Mutex<Vec<(usize, usize)>>>,
     convert: Arc<F>,
@@ -304,7 +307,7 @@ fn burn_parts(
     candidates
         .filter_map(|n| {
             let step = total.checked_div(n)?;
-            if step == 0 || start % step != 0 {
+            if step == 0 || !start.is_multiple_of(step) {
                 return None;
             }
             let k = start / step;
