@@ -50,7 +50,11 @@ type Placement = Arc<dyn Fn(&BurnDevice) -> Result<Device> + Send + Sync>;
 ///
 /// # Examples
 ///
-/// ```
+/// burn picks its backend from its own features (`flex` for the CPU, `cuda`, ...), which this
+/// crate does not turn on, so this example is only compiled here; `examples/burn_train.rs`
+/// runs a whole training with burn's `Learner`.
+///
+/// ```no_run
 /// use burn_core::data::dataloader::DataLoader;
 /// use burn_tensor::{Device, Int, Tensor};
 /// use pinnable::interop::burn::{BurnLoader, to_burn_float, to_burn_int};
@@ -169,7 +173,7 @@ where
     ///
     /// # Examples
     ///
-    /// ```
+    /// ```no_run
     /// use burn_tensor::Device as BurnDevice;
     /// use pinnable::interop::burn::BurnLoader;
     /// use pinnable::loader::{Loader, Stack};
