@@ -21,6 +21,7 @@ use burn_train::{
 };
 use pinnable::interop::burn::{BurnLoader, to_burn_float};
 use pinnable::loader::{Collator, FnDataset, Loader};
+use pinnable::{Placement, ToDevice};
 use pinnable_harness::rng;
 use rand::Rng;
 
@@ -440,4 +441,68 @@ fn a_resume_through_our_position_gives_the_remaining_batches() {
     let rest: Vec<Vec<f32>> = epoch.by_ref().map(|b| targets(b.unwrap())).collect();
     assert_eq!(rest, uninterrupted[stop..]);
     assert!(epoch.progress().is_completed());
+}
+
+#[test]
+fn a_device_burn_names_is_served_by_the_placement_or_refused_with_its_reason() {
+    let mut r = rng("a_device_burn_names_is_served_by_the_placement_or_refused_with_its_reason");
+    let n = r.random_range(10..40);
+    let samples = random_samples(&mut r, n);
+    let data = samples.clone();
+    let loader = Loader::builder(FnDataset::new(n, move |i| Ok(data[i].clone())))
+        .batch_size(r.random_range(1..6))
+        .build_with(collate)
+        .unwrap();
+    let refusing = BurnLoader::new(loader, Device::default(), to_burn).placement(|d| {
+        Err(pinnable::Error::Config {
+            setting: "placement",
+            problem: format!("no GPU of ours serves {d:?}"),
+        })
+    });
+    let moved = refusing.to_device(&Device::default());
+    assert_eq!(moved.num_items(), 0);
+    let items: Vec<_> = moved.iter().collect();
+    assert_eq!(items.len(), 1);
+    let e = items[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("no GPU of ours serves"), "{e}");
+}
+
+/// GPU: with a placement onto `cuda:0`, `to_device` gives a loader whose batches arrive on
+/// the GPU (moved by our copies); the conversion brings them back, values intact.
+#[test]
+fn to_device_moves_batches_to_the_gpu_the_placement_names() {
+    let Some(gpu) =
+        pinnable_harness::cuda_or_skip("to_device_moves_batches_to_the_gpu_the_placement_names")
+    else {
+        return;
+    };
+    let mut r = rng("to_device_moves_batches_to_the_gpu_the_placement_names");
+    let n = r.random_range(20..60);
+    let batch = r.random_range(2..8);
+    let samples = random_samples(&mut r, n);
+    let data = samples.clone();
+    let loader = Loader::builder(FnDataset::new(n, move |i| Ok(data[i].clone())))
+        .batch_size(batch)
+        .build_with(collate)
+        .unwrap();
+    let target = gpu.clone();
+    let adapter = BurnLoader::new(
+        loader,
+        Device::default(),
+        move |(x, y): Ours, d: &Device| {
+            assert_eq!(
+                (x.placement(), y.placement()),
+                (Placement::Cuda(0), Placement::Cuda(0))
+            );
+            to_burn((x.to_cpu(false)?, y.to_cpu(false)?), d)
+        },
+    )
+    .placement(move |_| Ok(target.clone()));
+    let on_gpu = adapter.to_device(&Device::default());
+    let mut ys = Vec::new();
+    for b in on_gpu.iter() {
+        ys.extend(b.unwrap().y.to_data().try_to_vec::<f32>().unwrap());
+    }
+    let expected: Vec<f32> = samples.iter().map(|s| s.y).collect();
+    assert_eq!(ys, expected);
 }
