@@ -29,14 +29,16 @@
 //! already moved to a GPU cannot become a burn tensor without a copy: burn's CUDA backend
 //! (cubecl) creates tensors only in memory its own pools allocate (`create` copies host bytes
 //! in, `empty` allocates) and has no way to adopt memory allocated elsewhere. The seam for it is
-//! one device-to-device copy per tensor into a tensor burn allocates: `Tensor::empty` on the
-//! burn device, the buffer's device address from cubecl's client, then
-//! [`Tensor::cuda_view`](crate::Tensor::cuda_view) on our copy stream (which waits for the
-//! batch's ready event) and its `copy_to` into that address, with burn's stream made to wait
-//! for the copy's event before burn's first use. That path needs burn's CUDA backend in the
-//! build; `burn-cuda` 0.22 downloads an LLVM bundle when it builds (cubecl-cuda depends on
-//! `cubecl-llvm`), so it is not a feature of this crate yet. Device tensors otherwise go
-//! through [`to_cpu`](crate::ToDevice::to_cpu) first.
+//! one device-to-device copy per tensor into a tensor burn allocates, all on burn's stream:
+//! `Tensor::empty` on the burn device, its buffer's device address from cubecl's client, then
+//! [`Tensor::cuda_view`](crate::Tensor::cuda_view) with burn's stream (cubecl's CUDA runtime
+//! is built on cudarc, as we are), which makes that stream wait for the batch's ready event,
+//! and the view's `copy_to` into the address: the copy runs after our upload and before
+//! anything burn queues next on its stream, and the batch's memory is kept until it is done.
+//! That path needs burn's CUDA backend in the build; `burn-cuda` 0.22 downloads an LLVM bundle
+//! when it builds (cubecl-cuda depends on `cubecl-llvm`), so it is not a feature of this crate
+//! yet (whether cubecl hands its stream out as cudarc's is to be checked with it). Device
+//! tensors otherwise go through [`to_cpu`](crate::ToDevice::to_cpu) first.
 //!
 //! ```
 //! use burn_tensor::TensorData;
