@@ -256,21 +256,13 @@ where
         Arc::new(next)
     }
 
-    /// This adapter refusing to run, saying `why`.
+    /// This adapter refusing to run, saying `why`: its iterator yields that error.
     fn refusing(&self, why: String) -> Arc<Self> {
-        self.derived(|next| {
-            next.part = None;
-            next.ours = None;
-        })
-        .with_source(Err(why))
-    }
-
-    fn with_source(
-        self: Arc<Self>,
-        source: std::result::Result<Arc<Loader<D, B>>, String>,
-    ) -> Arc<Self> {
-        let mut next = Arc::unwrap_or_clone(self);
-        next.source = Arc::new(OnceLock::from(source));
+        let mut next = self.clone();
+        next.part = None;
+        next.ours = None;
+        next.slices = Arc::default();
+        next.source = Arc::new(OnceLock::from(Err(why)));
         Arc::new(next)
     }
 }
