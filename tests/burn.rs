@@ -188,3 +188,26 @@ fn burn_tensors_of_the_wrong_rank_are_an_error_not_a_panic() {
         "{e}"
     );
 }
+
+#[test]
+fn burns_cpu_backend_reads_a_contiguous_tensor_in_place() {
+    use pinnable::interop::burn::to_burn_float;
+
+    let mut r = rng("burns_cpu_backend_reads_a_contiguous_tensor_in_place");
+    let shape = [r.random_range(1..64), 3, 8, 8];
+    let t = random_tensor(&mut r, DType::F32, &shape)
+        .pin_memory()
+        .unwrap();
+    let ours = t.as_slice::<f32>().unwrap().as_ptr();
+    let b: burn_tensor::Tensor<4> = to_burn_float(&t, &burn_tensor::Device::default()).unwrap();
+    let data = b.into_data();
+    assert_eq!(
+        data.as_bytes().as_ptr(),
+        ours.cast(),
+        "no copy on either side"
+    );
+    assert_eq!(
+        data.as_slice::<f32>().unwrap(),
+        t.as_slice::<f32>().unwrap()
+    );
+}

@@ -25,7 +25,9 @@ type Placement = Arc<dyn Fn(&BurnDevice) -> Result<Device> + Send + Sync>;
 /// moved to its device with stream-ordered copies, in its order — and each one is turned into
 /// burn's batch type `O` by `convert(batch, &burn_device)` on the thread that iterates.
 /// [`to_burn_float`](super::to_burn_float) and [`to_burn_int`](super::to_burn_int) make
-/// burn tensors of host tensors with no copy of ours.
+/// burn tensors of host tensors with no copy of ours (burn's CPU backend reads the pinned block
+/// in place). A batch's block goes back to the pool when burn drops the last tensor over it, so
+/// the loader's [`bound`](Loader::bound) holds while burn keeps no batch past its step.
 ///
 /// - **Items** are samples: [`num_items`](DataLoader::num_items) is the samples an epoch's
 ///   batches hold and the iterator's `progress()` counts the samples delivered so far (after

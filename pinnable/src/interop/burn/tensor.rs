@@ -42,8 +42,9 @@ fn check_rank<const D: usize>(t: &Tensor, call: &str) -> Result<()> {
 ///
 /// Our side makes no copy of a contiguous tensor: burn receives the tensor's own (pinned)
 /// memory as its [`TensorData`](burn_tensor::TensorData) ([`Tensor::to_tensor_data`]);
-/// what burn's backend does with it is its own (its CPU backends read it into their storage,
-/// its CUDA backend uploads it, straight from pinned memory without staging it).
+/// burn's CPU backend (`flex`) then reads that memory in place, so the burn tensor is the
+/// batch's block itself, held until burn drops the tensor; burn's CUDA backend uploads it
+/// straight from pinned memory, without staging it.
 ///
 /// # Errors
 ///
