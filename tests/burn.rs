@@ -125,3 +125,89 @@ fn device_tensors_are_refused_with_a_clear_error() {
         "`to_tensor_data` needs a host tensor (move it with `to_cpu` first), but the tensor is on cuda:0"
     );
 }
+
+#[test]
+fn burn_tensors_of_host_tensors_keep_values_and_float_or_int_dtypes() {
+    use burn_tensor::{Device, Int};
+    use pinnable::interop::burn::{to_burn_float, to_burn_int};
+
+    let mut r = rng("burn_tensors_of_host_tensors_keep_values_and_float_or_int_dtypes");
+    let device = Device::default();
+    let shape = [r.random_range(1..9), r.random_range(1..9), 3];
+    for pinned in [false, true] {
+        let pin = |t: Tensor| if pinned { t.pin_memory().unwrap() } else { t };
+        let x = pin(random_tensor(&mut r, DType::F32, &shape));
+        let b: burn_tensor::Tensor<3> = to_burn_float(&x, &device).unwrap();
+        assert_eq!(b.dims(), shape);
+        assert_eq!(b.dtype(), BurnDType::F32);
+        assert_eq!(
+            b.to_data().try_to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap()
+        );
+
+        let y = pin(random_tensor(&mut r, DType::I32, &shape[..1]));
+        let b: burn_tensor::Tensor<1, Int> = to_burn_int(&y, &device).unwrap();
+        assert_eq!(b.dtype(), BurnDType::I32, "an int dtype is kept");
+        assert_eq!(
+            b.to_data().try_to_vec::<i32>().unwrap(),
+            y.to_vec::<i32>().unwrap()
+        );
+
+        // u8 pixels as floats: converted by burn to its float dtype, values kept.
+        let p = pin(random_tensor(&mut r, DType::U8, &shape));
+        let b: burn_tensor::Tensor<3> = to_burn_float(&p, &device).unwrap();
+        let expected: Vec<f32> = p
+            .to_vec::<u8>()
+            .unwrap()
+            .iter()
+            .map(|&v| f32::from(v))
+            .collect();
+        assert_eq!(
+            b.to_data().convert::<f32>().try_to_vec::<f32>().unwrap(),
+            expected
+        );
+    }
+}
+
+#[test]
+fn burn_tensors_of_the_wrong_rank_are_an_error_not_a_panic() {
+    use pinnable::interop::burn::{to_burn_float, to_burn_int};
+
+    let mut r = rng("burn_tensors_of_the_wrong_rank_are_an_error_not_a_panic");
+    let device = burn_tensor::Device::default();
+    let rows = r.random_range(1..5);
+    let t = random_tensor(&mut r, DType::F32, &[rows, 4]);
+    let e = to_burn_float::<3>(&t, &device).unwrap_err().to_string();
+    assert!(
+        e.contains("to_burn_float::<3>") && e.contains("2 dimensions"),
+        "{e}"
+    );
+    let e = to_burn_int::<1>(&t, &device).unwrap_err().to_string();
+    assert!(
+        e.contains("to_burn_int::<1>") && e.contains("reshape"),
+        "{e}"
+    );
+}
+
+#[test]
+fn burns_cpu_backend_reads_a_contiguous_tensor_in_place() {
+    use pinnable::interop::burn::to_burn_float;
+
+    let mut r = rng("burns_cpu_backend_reads_a_contiguous_tensor_in_place");
+    let shape = [r.random_range(1..64), 3, 8, 8];
+    let t = random_tensor(&mut r, DType::F32, &shape)
+        .pin_memory()
+        .unwrap();
+    let ours = t.as_slice::<f32>().unwrap().as_ptr();
+    let b: burn_tensor::Tensor<4> = to_burn_float(&t, &burn_tensor::Device::default()).unwrap();
+    let data = b.into_data();
+    assert_eq!(
+        data.as_bytes().as_ptr(),
+        ours.cast(),
+        "no copy on either side"
+    );
+    assert_eq!(
+        data.as_slice::<f32>().unwrap(),
+        t.as_slice::<f32>().unwrap()
+    );
+}

@@ -6,7 +6,8 @@
 //!   arrays over a pinned batch being built, and tensors from owned arrays without a copy;
 //! - `dlpack`: export to and import from DLPack, the C ABI PyTorch, JAX, CuPy and NumPy
 //!   exchange tensors through, with the ready event honoured;
-//! - `burn`: conversions between host tensors and burn's `TensorData`;
+//! - `burn`: our loader as burn's `DataLoader` (burn's `Learner` trains on it), and
+//!   conversions between host tensors and burn's `TensorData` and tensors;
 //! - `candle` (host) and `candle-cuda` (device): conversions both ways with candle's tensors,
 //!   and candle tensors as fields of a batch that moves with one `to_device`.
 //!

@@ -296,6 +296,30 @@ where
     pub fn iter(&self) -> Epoch<B::Batch> {
         self.run_epoch(self.run.take_epoch())
     }
+
+    /// Part `k` of `n` of this loader's shard, delivered to `device`: the loader of rank
+    /// `rank * n + k` of `world * n` (as [`LoaderBuilder::build_per_device`] cuts it, so every
+    /// part has the same number of batches), sharing the dataset, the batcher and the pool,
+    /// with the same settings, starting at this loader's next epoch. `part(0, 1, device)` is
+    /// this loader's own shard on another device. (Used by burn's adapter, which splits a loader
+    /// across devices.)
+    #[cfg(feature = "burn")]
+    pub(crate) fn part(&self, k: usize, n: usize, device: Device) -> Result<Self> {
+        let (rank, world) = self.sampler.rank_and_world();
+        let sampler = self.sampler.clone().shard(rank * n + k, world * n)?;
+        let part = Loader::from_parts(
+            self.dataset.clone(),
+            self.batcher.clone(),
+            sampler,
+            self.run.workers,
+            self.run.prefetch,
+            device,
+            self.run.pool.clone(),
+        )
+        .delivery(self.run.in_order, self.run.timeout);
+        part.set_epoch(self.next_epoch());
+        Ok(part)
+    }
 }
 
 impl<D: Dataset, B> Loader<D, B> {

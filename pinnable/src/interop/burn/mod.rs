@@ -1,6 +1,15 @@
-//! burn: conversions between host tensors and burn's [`TensorData`], the host-side form every
-//! burn backend creates tensors from and reads them back into.
+//! burn: our loader as burn's `DataLoader`, and conversions between host tensors and burn's
+//! [`TensorData`], the host-side form every burn backend creates tensors from.
 //!
+//! - [`BurnLoader`]: a [`Loader`](crate::loader::Loader) wherever burn takes
+//!   `Arc<dyn DataLoader<O>>` — its `Learner` with `SupervisedTraining`, its `Evaluator` —
+//!   with batches collated into pinned memory by our workers, in our order, resumable from our
+//!   [`Position`](crate::loader::Position), split across devices with equal batch counts, and
+//!   errors that name the failing sample. Only burn-core's data traits are needed (burn-core
+//!   with `std` and `dataset`), not burn-train.
+//! - [`to_burn_float`] / [`to_burn_int`]: a burn tensor on a burn device from a host tensor,
+//!   for the function that turns our batch into burn's: burn gets the tensor's own (pinned)
+//!   memory, with no copy on our side.
 //! - [`Tensor::to_tensor_data`]: without a copy for a contiguous host tensor (burn's `Bytes`
 //!   then share the tensor's memory, marked as pinned when it is registered with the driver,
 //!   so burn's CUDA backend copies from it directly instead of staging it; a write on burn's
@@ -12,10 +21,24 @@
 //! stored as `u8` as `bool`, `bool` stored as `u32` with one copy; quantized data has no
 //! counterpart and is an error.
 //!
-//! Device tensors go through [`to_cpu`](crate::ToDevice::to_cpu) first. burn's CUDA backend
+//! # Device batches and burn's CUDA backend
+//!
+//! On burn's CUDA backend, leave the loader on the host ([`Device::cpu`](crate::Device::cpu),
+//! the default) and convert with [`to_burn_float`]: each batch is one pinned block, which burn
+//! uploads directly (it is marked pinned), with no staging copy. A batch our loader has
+//! already moved to a GPU cannot become a burn tensor without a copy: burn's CUDA backend
 //! (cubecl) creates tensors only in memory its own pools allocate (`create` copies host bytes
-//! in, `empty` allocates); it can hand a buffer's device address out, but has no way to adopt
-//! memory allocated elsewhere, so our device tensors cannot become burn tensors without a copy.
+//! in, `empty` allocates) and has no way to adopt memory allocated elsewhere. The seam for it is
+//! one device-to-device copy per tensor into a tensor burn allocates, all on burn's stream:
+//! `Tensor::empty` on the burn device, its buffer's device address from cubecl's client, then
+//! [`Tensor::cuda_view`](crate::Tensor::cuda_view) with burn's stream (cubecl's CUDA runtime
+//! is built on cudarc, as we are), which makes that stream wait for the batch's ready event,
+//! and the view's `copy_to` into the address: the copy runs after our upload and before
+//! anything burn queues next on its stream, and the batch's memory is kept until it is done.
+//! That path needs burn's CUDA backend in the build; `burn-cuda` 0.22 downloads an LLVM bundle
+//! when it builds (cubecl-cuda depends on `cubecl-llvm`), so it is not a feature of this crate
+//! yet (whether cubecl hands its stream out as cudarc's is to be checked with it). Device
+//! tensors otherwise go through [`to_cpu`](crate::ToDevice::to_cpu) first.
 //!
 //! ```
 //! use burn_tensor::TensorData;
@@ -29,6 +52,12 @@
 //! assert_eq!(back.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
 //! # Ok::<(), pinnable::Error>(())
 //! ```
+
+mod loader;
+mod tensor;
+
+pub use loader::BurnLoader;
+pub use tensor::{to_burn_float, to_burn_int};
 
 use std::sync::Arc;
 
