@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device decode: planar output, flags, prefetch; the GPU image tests.
+set -u
+root=$PWD
+mkdir -p $OUT/r; R=$OUT/r
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/tmp/site/nvidia/cu13/lib
+{ date -u; nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader; nproc; } > $R/device.txt
+tar -xJf bundle/d1.tar.xz -C /tmp; cd /tmp/d1
+export PINNABLE_BENCH_DATA=/tmp PINNABLE_BENCH_OUT=$R/bench; mkdir -p $R/bench
+timeout 60 python3 $root/bench/torch_images.py --generate /tmp/jpegs > /dev/null 2>&1
+s=$SECONDS; timeout 100 ./run.sh tests/images_gpu > $R/tests.log 2>&1; echo "images_gpu rc=$? ($((SECONDS-s)) s)" >> $R/device.txt
+s=$SECONDS; timeout 110 python3 $root/bench/torch_images.py --dir /tmp/jpegs --out $R/bench/torch_images.txt --gpu-decode-only > $R/images_twin.log 2>&1; echo "images twin rc=$? ($((SECONDS-s)) s)" >> $R/device.txt
+for rep in 1 2; do
+for v in "rgb 32 2" "rgb 0 2" "rgbi 32 2" "rgbi 0 2" "rgb 32 4" "rgb 0 4"; do
+  set -- $v
+  echo "== out $1 flags $2 prefetch $3 (pass $rep)" >> $R/quick.log
+  PINNABLE_X_OUT=$1 PINNABLE_X_FLAGS=$2 PINNABLE_BENCH_PREFETCH=$3 PINNABLE_BENCH_BATCHES=100 PINNABLE_BENCH_ONLY=device-quick PINNABLE_BENCH_IMAGES_DIR=/tmp/jpegs timeout 60 ./run.sh benches/images 2>&1 | grep -E "^\| u8 \| quick|error" >> $R/quick.log
+done; done
+s=$SECONDS; PINNABLE_BENCH_ONLY=device PINNABLE_BENCH_IMAGES_DIR=/tmp/jpegs timeout 150 ./run.sh benches/images > $R/images.log 2>&1; echo "images bench rc=$? ($((SECONDS-s)) s)" >> $R/device.txt
+rm -rf $R/bench/jpegs
+cat $R/device.txt; grep -E "test result|FAILED|panicked" $R/tests.log | head; cat $R/quick.log; grep -E "^\| (u8|f32)|tv_gpu_decode_best|tv_gpu_pipeline_best|^- " $R/images.log | head -30
+tar -czf $OUT/x.tgz -C $OUT r && rm -rf $OUT/r
