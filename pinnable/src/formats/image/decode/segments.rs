@@ -26,7 +26,7 @@ pub(super) struct Segments {
     pub(super) key_plane_finer: bool,
     /// The bytes end inside the headers, before any scan.
     pub(super) ends_in_headers: bool,
-    /// The 8 × 8 blocks the first frame header declares, summed over its components, each
+    /// The 8 × 8 blocks the frame header declares, summed over its components, each
     /// component counted at its own resolution (`ceil(ceil(width × h / h_max) / 8)` ×
     /// `ceil(ceil(height × v / v_max) / 8)`, without the padding to whole MCUs).
     ///
@@ -40,9 +40,10 @@ pub(super) struct Segments {
     pub(super) blocks: u64,
     /// Bytes from the first scan header to the end of the file: at least the scan data.
     pub(super) scan_bytes: u64,
-    /// The first frame header has three components, not all at one resolution.
+    /// The frame header has three components, not all at one resolution.
     pub(super) subsampled: bool,
-    /// Where the first frame header's segment starts (at its marker).
+    /// Where the frame header's segment starts (at its marker): of several before the first
+    /// scan, the last, which the decoder reads.
     pub(super) frame: Option<usize>,
     /// The components the first scan header lists.
     pub(super) scan_components: u8,
@@ -75,11 +76,10 @@ pub(super) fn segments(bytes: &[u8]) -> Segments {
                     return found;
                 };
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
-                if matches!(marker, 0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF)
-                    && found.blocks == 0
-                {
+                // The last frame header before the first scan is the one the decoder reads.
+                if matches!(marker, 0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF) {
                     found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
-                    found.frame.get_or_insert(i);
+                    found.frame = Some(i);
                     found.subsampled = bytes.get(i + 9) == Some(&3)
                         && bytes
                             .get(i + 10..i + 19)
