@@ -446,4 +446,52 @@ mod tests {
             }
         }
     }
+
+    /// Hostile bodies: a server's bytes of any length, in any pieces, cut by spans read from
+    /// the same bytes, never panic and never fill a sample past its span; a body that covers
+    /// every span fills each exactly.
+    #[test]
+    fn fuzzed_bodies_split_within_their_spans() {
+        let seeds: Vec<Vec<u8>> = (0u8..4)
+            .map(|k| {
+                (0..64 + 200 * usize::from(k))
+                    .map(|i| (i * 7 + usize::from(k)) as u8)
+                    .collect()
+            })
+            .collect();
+        crate::fuzz::Fuzz::new("remote_split")
+            .seeds(seeds)
+            .run(|bytes| {
+                let Some((head, body)) = bytes.split_first_chunk::<8>() else {
+                    return Ok(());
+                };
+                let start = u64::from(head[0]);
+                let mut at = start;
+                let spans: Vec<std::ops::Range<u64>> = head[1..6]
+                    .iter()
+                    .map(|&b| {
+                        let span = at + u64::from(b & 3)..at + u64::from(b & 3) + u64::from(b >> 2);
+                        at = span.end;
+                        span
+                    })
+                    .collect();
+                let mut split = Split::new(start, spans.clone());
+                let piece = 1 + usize::from(head[7]);
+                for chunk in body.chunks(piece) {
+                    split.put(chunk);
+                }
+                let covered = start + body.len() as u64 >= at;
+                for (span, part) in spans.iter().zip(&split.parts) {
+                    let len = span.end - span.start;
+                    if part.len() as u64 > len || (covered && part.len() as u64 != len) {
+                        return Err(format!("{} bytes for span {span:?}", part.len()));
+                    }
+                    let from = (span.start - start) as usize;
+                    if part[..] != body[from.min(body.len())..][..part.len()] {
+                        return Err(format!("span {span:?} holds other bytes"));
+                    }
+                }
+                Ok(())
+            });
+    }
 }
