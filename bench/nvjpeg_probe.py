@@ -2,7 +2,7 @@
 bench reads: which backend, output format, flags and thread layout decode fastest on this GPU.
 The device decode path (`DeviceImageBatcher`) picks its settings from these figures.
 
-    python3 nvjpeg_probe.py --dir DIR [--lib libnvjpeg.so.13] [--out probe.txt]
+    python3 nvjpeg_probe.py --dir DIR [--lib libnvjpeg.so.13] [--out probe.txt] [--only TEXT]
 
 Each row decodes batches of the same files (read once into memory, pinned or pageable) into
 device buffers torch allocates, on a stream of its own per thread; images/s over a window of
@@ -171,6 +171,7 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--lib", default="libnvjpeg.so.13")
     ap.add_argument("--out")
+    ap.add_argument("--only", help="measure only the rows whose name contains this")
     args = ap.parse_args()
     lib = load(args.lib)
     ver = [C.c_int() for _ in range(3)]
@@ -182,6 +183,8 @@ def main():
     print("\n".join(lines), flush=True)
 
     def row(name, f):
+        if args.only and args.only not in name:
+            return
         try:
             r = f()
             s = f"{name}: {r[0]:.0f} images/s, {r[1]:.2f} cores"
@@ -219,6 +222,11 @@ def main():
         for backend, bname in [(ghd, "gpu_hybrid_device"), (dflt, "default"), (hw, "hardware")]:
             row(f"mixed: hardware {n_hw} + {bname} {128 - n_hw} (rgbi flags0, 2 threads)",
                 lambda: mixed(lib, blobs, (hw, 0, rgbi, n_hw), (backend, 0, rgbi, 128 - n_hw)))
+    if args.only:
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return
     # Host cost per image of the header probes the decode path makes.
     d = Decoder(lib, hw, 0, rgbi)
     js = C.c_void_p()
