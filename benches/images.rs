@@ -340,7 +340,10 @@ where
     B::Batch: ToDevice + 'static,
 {
     let warmup = 2 * workers + 4;
-    let n = (warmup + batches) * BATCH;
+    // The epoch runs on past the window: its end (workers stopped and joined) is not a
+    // steady batch.
+    let tail = 2 * workers + 2;
+    let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
     let folder = ImageFolder::from_list(list).transform(transform.clone());
     let loader = Loader::builder(folder)
@@ -356,7 +359,7 @@ where
     let start = Instant::now();
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
-    for b in epoch.by_ref() {
+    for b in epoch.by_ref().take(batches) {
         consume(&images(b?)?.0);
         let now = Instant::now();
         steps.push((now - last).as_secs_f64());

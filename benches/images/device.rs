@@ -3,7 +3,8 @@
 //! decoder feeding the device's kernels), resized and cropped by the crate's kernels into
 //! `[64, 3, 224, 224]` u8 or normalised f32 on the device. Each row: images/s over a steady
 //! window after a warm-up, and the process's CPU time over that window (getrusage: user +
-//! system) as cores busy, with and without host workers decoding a share of each batch.
+//! system) as cores busy, with and without host workers decoding a share of each batch; then
+//! how long the epoch took to end (its workers stopped and joined), timed apart.
 //! Ratios against torchvision's batched GPU decode (`decode_jpeg(list, device='cuda')`) in
 //! the same run: its best batch size and thread count decoding alone, and its decode +
 //! resize + crop + normalise pipeline.
@@ -21,6 +22,11 @@ use pinnable_harness::bench::Report;
 
 const BATCH: usize = 64;
 
+/// (workers, share of each batch the host decodes) for the rows with host workers beside the
+/// device's decoders: the host decodes ~0.4k images/s a core where the engines make tens of
+/// thousands, so its share is small.
+const HOST_SHARES: [(usize, f64); 3] = [(8, 0.06), (16, 0.10), (16, 0.14)];
+
 /// The process's CPU time so far (user + system), in seconds.
 fn cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is a valid value for the call to overwrite.
@@ -36,10 +42,16 @@ pub struct Row {
     pub images_per_s: f64,
     /// CPU seconds over wall seconds in the window.
     pub cores: f64,
+    /// Milliseconds the epoch took to end after the window (its workers stop and are joined).
+    pub end_ms: f64,
+    /// The consumer's steps (one batch taken and read) in the window, in milliseconds: median,
+    /// 95th percentile and longest.
+    pub steps_ms: [f64; 3],
 }
 
 /// `batches` batches after a warm-up of `2 × workers + 4`, the files cycled; `consume` reads
-/// each batch's images on the device.
+/// each batch's images on the device. The epoch runs on past the window, so that its end
+/// (workers stopped and joined) is timed apart: a stream's window holds steady batches only.
 pub fn measure(
     files: &[PathBuf],
     transform: &Transform,
@@ -49,19 +61,19 @@ pub fn measure(
     dev: &Device,
     consume: &dyn Fn(&Tensor),
 ) -> pinnable::Result<Row> {
+    let prefetch = std::env::var("PINNABLE_BENCH_PREFETCH")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(2);
     let warmup = 2 * workers + 4;
-    let n = (warmup + batches) * BATCH;
+    let tail = workers * prefetch + 2;
+    let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
     let folder = ImageFolder::from_list(list).transform(transform.clone());
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
         .workers(workers)
-        .prefetch(
-            std::env::var("PINNABLE_BENCH_PREFETCH")
-                .ok()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(2),
-        )
+        .prefetch(prefetch)
         .device(dev.clone())
         .build(batcher)?;
     let mut epoch = loader.run_epoch(0);
@@ -70,14 +82,25 @@ pub fn measure(
     }
     let (start, cpu0) = (Instant::now(), cpu_seconds());
     let mut images = 0;
-    for b in epoch.by_ref() {
+    let mut steps = Vec::with_capacity(batches);
+    let mut last = start;
+    for b in epoch.by_ref().take(batches) {
         consume(&b?.0);
         images += BATCH;
+        let now = Instant::now();
+        steps.push((now - last).as_secs_f64() * 1e3);
+        last = now;
     }
     let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    steps.sort_by(f64::total_cmp);
+    let at = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
+    let end = Instant::now();
+    drop(epoch);
     Ok(Row {
         images_per_s: images as f64 / wall,
         cores: cpu / wall,
+        end_ms: end.elapsed().as_secs_f64() * 1e3,
+        steps_ms: [at(50), at(95), steps.last().copied().unwrap_or(0.0)],
     })
 }
 
@@ -109,90 +132,62 @@ pub fn table(
          resize pipeline with ≤ 2 cores busy; with host workers decoding a share ≥ 1.2× its \
          decode alone\n",
     );
-    rep.line("| output | decoder | workers | host share | images/s | cores busy (process CPU / wall) | vs torchvision decode alone | vs torchvision decode + resize |");
-    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    rep.line("| output | decoder | workers | host share | images/s | cores busy (process CPU / wall) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) |");
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let ratio = |v: f64, of: Option<f64>| of.map_or("—".into(), |o| format!("{:.2}×", v / o));
-    if std::env::var("PINNABLE_BENCH_ONLY").is_ok_and(|v| v == "device-quick") {
-        let workers: Vec<usize> = std::env::var("PINNABLE_BENCH_WORKERS")
-            .unwrap_or_else(|_| "1,2,4".into())
-            .split(',')
-            .filter_map(|w| w.trim().parse().ok())
-            .collect();
-        for w in workers {
-            match measure(
-                files,
-                eval,
-                DeviceImageBatcher::new(dev),
-                w,
-                batches,
-                dev,
-                consume,
-            ) {
-                Ok(r) => rep.line(&format!(
-                    "| u8 | quick | {w} | 0% | {:.0} | {:.2} | {} | {} |",
-                    r.images_per_s,
-                    r.cores,
-                    ratio(r.images_per_s, decode),
-                    ratio(r.images_per_s, pipeline)
-                )),
-                Err(e) => rep.line(&format!("- {w} workers: error: {e}")),
-            }
-        }
-        return;
-    }
-    rep.line("\nthe loader with a consumer that takes batches and reads nothing:\n");
-    for w in [2, 4] {
-        match measure(
-            files,
-            eval,
-            DeviceImageBatcher::new(dev),
-            w,
-            batches,
-            dev,
-            &|_| {},
-        ) {
-            Ok(r) => rep.line(&format!(
-                "- {w} workers: {:.0} images/s, {:.2} cores",
-                r.images_per_s, r.cores
-            )),
-            Err(e) => rep.line(&format!("- {w} workers: error: {e}")),
-        }
-    }
-    rep.line("");
-    let mut configs: Vec<(&str, &Transform, Option<JpegDecoder>, usize, f64)> = Vec::new();
-    for w in [1, 2, 4] {
-        configs.push(("u8", eval, None, w, 0.0));
-    }
-    configs.push(("f32 normalised", norm, None, 2, 0.0));
-    configs.push(("f32 normalised", norm, None, 4, 0.0));
-    if choice.decoder == JpegDecoder::Hardware {
-        configs.push(("u8", eval, Some(JpegDecoder::Cuda), 4, 0.0));
-    }
-    for (w, share) in [(8, 0.25), (cores.min(16), 0.4), (cores.min(16), 0.55)] {
-        configs.push(("u8", eval, None, w, share));
-    }
-    configs.push(("u8", eval, Some(JpegDecoder::Cpu), cores.min(16), 0.0));
-    for (what, t, force, w, share) in configs {
+    let mut row = |what: &str, t: &Transform, force: Option<JpegDecoder>, w: usize, share: f64| {
         let mut batcher = DeviceImageBatcher::new(dev).cpu_share(share);
         if let Some(d) = force {
             batcher = batcher.decoder(d);
         }
         let name = format!("{:?}", batcher.chosen().decoder);
-        match measure(files, t, batcher, w, batches, dev, consume) {
-            Ok(r) => rep.line(&format!(
-                "| {what} | {name} | {w} | {:.0}% | {:.0} | {:.2} | {} | {} |",
-                share * 100.0,
-                r.images_per_s,
-                r.cores,
-                ratio(r.images_per_s, decode),
-                ratio(r.images_per_s, pipeline)
-            )),
-            Err(e) => rep.line(&format!(
-                "| {what} | {name} | {w} | {:.0}% | error: {e} | | | |",
-                share * 100.0
-            )),
+        rep.line(
+            &match measure(files, t, batcher, w, batches, dev, consume) {
+                Ok(r) => format!(
+                    "| {what} | {name} | {w} | {:.0}% | {:.0} | {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms |",
+                    share * 100.0,
+                    r.images_per_s,
+                    r.cores,
+                    ratio(r.images_per_s, decode),
+                    ratio(r.images_per_s, pipeline),
+                    r.steps_ms[0],
+                    r.steps_ms[1],
+                    r.steps_ms[2],
+                    r.end_ms
+                ),
+                Err(e) => format!(
+                    "| {what} | {name} | {w} | {:.0}% | error: {e} | | | | | |",
+                    share * 100.0
+                ),
+            },
+        );
+    };
+    // `device-quick`: u8 rows only, for `PINNABLE_BENCH_WORKERS` (each `workers` or
+    // `workers:host share`).
+    if std::env::var("PINNABLE_BENCH_ONLY").is_ok_and(|v| v == "device-quick") {
+        let rows = std::env::var("PINNABLE_BENCH_WORKERS").unwrap_or_else(|_| "1,2,4".into());
+        for spec in rows.split(',') {
+            let mut parts = spec.trim().split(':');
+            let w = parts.next().and_then(|w| w.parse().ok());
+            let share = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+            if let Some(w) = w {
+                row("u8", eval, None, w, share);
+            }
         }
+        return;
     }
+    for w in [1, 2, 4] {
+        row("u8", eval, None, w, 0.0);
+    }
+    row("f32 normalised", norm, None, 2, 0.0);
+    row("f32 normalised", norm, None, 4, 0.0);
+    if choice.decoder == JpegDecoder::Hardware {
+        row("u8", eval, Some(JpegDecoder::Cuda), 4, 0.0);
+    }
+    for (w, share) in HOST_SHARES {
+        row("u8", eval, None, w.min(cores), share);
+    }
+    row("u8", eval, Some(JpegDecoder::Cpu), cores.min(16), 0.0);
     let mean = files
         .iter()
         .take(256)
