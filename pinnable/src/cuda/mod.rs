@@ -112,6 +112,10 @@ pub(crate) struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     /// Never handed out: a stream of `ctx`.
     pub(crate) copy_stream: Arc<CudaStream>,
+    /// Never handed out: a stream of `ctx` that only waits and frees, where the device
+    /// decoder's batches are freed (so that its streams never wait on another stream).
+    #[cfg(feature = "image")]
+    pub(crate) release_stream: Arc<CudaStream>,
     /// What users get.
     user: UserHandles,
     /// Where batch arenas come from; `None` where the driver refused a pool of our own (then
@@ -124,6 +128,21 @@ pub(crate) struct CudaDevice {
 
 /// One `CudaDevice` per ordinal for the whole process.
 static DEVICES: Mutex<Vec<Option<Arc<CudaDevice>>>> = Mutex::new(Vec::new());
+
+/// Caches of device memory kept outside the device's pool (the device decoder's parked
+/// states), each freed for an ordinal by [`Device::empty_cache`]. The parts that keep one
+/// register it here, so this module names none of them.
+static CACHES: Mutex<Vec<fn(usize)>> = Mutex::new(Vec::new());
+
+/// Has [`Device::empty_cache`] call `free` with the device's ordinal, after the device's work
+/// is done and before its pool is trimmed.
+#[cfg(feature = "image")]
+pub(crate) fn on_empty_cache(free: fn(usize)) {
+    let mut caches = CACHES.lock().unwrap_or_else(|e| e.into_inner());
+    if !caches.contains(&free) {
+        caches.push(free);
+    }
+}
 
 impl Device {
     /// The host.
@@ -254,8 +273,9 @@ impl Device {
     }
 
     /// Returns device memory that freed batches left cached in the device's memory pool to the
-    /// driver (like `torch.cuda.empty_cache()`); memory still in use is untouched. Waits for
-    /// the context's work first (batches are freed in the order of the stream that made them).
+    /// driver (like `torch.cuda.empty_cache()`), with the decoding state the device decoder
+    /// keeps for the next epoch's threads; memory still in use is untouched. Waits for the
+    /// context's work first (batches are freed in the order of the stream that made them).
     ///
     /// # Errors
     ///
@@ -267,6 +287,16 @@ impl Device {
         dev.ctx
             .synchronize()
             .map_err(|e| Error::driver("cuCtxSynchronize", e))?;
+        let caches = CACHES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if !caches.is_empty() {
+            for free in caches {
+                free(dev.ordinal);
+            }
+            // What they freed is freed in their streams' order.
+            dev.ctx
+                .synchronize()
+                .map_err(|e| Error::driver("cuCtxSynchronize", e))?;
+        }
         if let Some(pool) = dev.mem_pool() {
             // SAFETY: the pool belongs to this device and outlives the call.
             unsafe { result::mem_pool::trim_to(pool, 0) }
@@ -336,10 +366,16 @@ impl CudaDevice {
         let copy_stream = ctx
             .new_stream()
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        #[cfg(feature = "image")]
+        let release_stream = ctx
+            .new_stream()
+            .map_err(|e| Error::driver("cuStreamCreate", e))?;
         let user = UserHandles::open(ordinal, &copy_stream)?;
         let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
         let total_memory = ctx.total_mem().unwrap_or(0);
         Ok(CudaDevice {
+            #[cfg(feature = "image")]
+            release_stream,
             ordinal,
             ctx,
             copy_stream,
@@ -561,5 +597,24 @@ impl Device {
     /// ```
     pub fn gather_kernels(&self) -> std::result::Result<(), String> {
         gather_kernels(self)
+    }
+}
+
+/// CUDA device 0, or `None` after printing `skipped: <test>: <reason>`.
+///
+/// # Panics
+///
+/// Without a device under `PINNABLE_REQUIRE_GPU=1`.
+#[cfg(test)]
+pub(crate) fn cuda_or_skip(test: &str) -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            let required = std::env::var("PINNABLE_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
+            use std::io::Write;
+            let _ = std::io::stderr().write_all(format!("skipped: {test}: {e}\n").as_bytes());
+            None
+        }
     }
 }

@@ -38,6 +38,20 @@ impl MemPool {
                 (&mut keep as *mut u64).cast(),
             )
         };
+        // Nothing allocated from the pool waits for a stream it did not ask to: memory freed
+        // on one stream is reused on another only once the free is done (or the stream
+        // already waits for it), never by making the allocating stream wait. The device
+        // decoder's threads wait for their own streams on the host (nvJPEG's engines do not
+        // follow stream order), so those streams must depend on nothing but their own work.
+        let mut off = 0i32;
+        // SAFETY: as above; the attribute takes an int.
+        let _ = unsafe {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                (&mut off as *mut i32).cast(),
+            )
+        };
         Some(MemPool(pool))
     }
 

@@ -437,9 +437,9 @@ impl Drop for DeviceBuffer {
             drop(owner);
             return;
         }
-        // The buffer is freed in the order of the stream it was allocated on (the copy stream,
-        // or a device decoder's own); make that stream wait for every consumer that read it on
-        // another stream first.
+        // The buffer is freed in the order of its slice's stream (the copy stream it was
+        // allocated on, or the release stream of the device decoder's batches); make that
+        // stream wait for every consumer that read it on another stream first.
         let readers = std::mem::take(&mut self.lock_readers().recorded);
         let stream = self.slice.stream().clone();
         for r in &readers {

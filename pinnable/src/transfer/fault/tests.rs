@@ -8,7 +8,7 @@ use cudarc::driver::sys;
 use super::{Faults, enqueue, fail_nth};
 use crate::alloc::{PinnedBlock, PinnedPool, PoolConfig};
 use crate::convert::Convert;
-use crate::cuda::CudaDevice;
+use crate::cuda::{CudaDevice, cuda_or_skip};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::loader::SplitMix64;
@@ -54,24 +54,6 @@ fn only_the_armed_enqueue_fails_and_other_threads_carry_the_plan() {
     assert!(other.join().unwrap());
     drop(armed);
     assert!((0..k + 5).all(|_| enqueue("cuLaunchKernel").is_ok()));
-}
-
-/// CUDA device 0, or `None` after printing `skipped: <test>: <reason>`.
-///
-/// # Panics
-///
-/// Without a device under `PINNABLE_REQUIRE_GPU=1`.
-fn cuda_or_skip(test: &str) -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            let required = std::env::var("PINNABLE_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
-            use std::io::Write;
-            let _ = std::io::stderr().write_all(format!("skipped: {test}: {e}\n").as_bytes());
-            None
-        }
-    }
 }
 
 /// Holds the copy stream: nothing enqueued after it runs until the gate opens (on drop, also

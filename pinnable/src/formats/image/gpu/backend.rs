@@ -1,11 +1,12 @@
 //! One nvJPEG handle on one backend, with the objects a worker decodes with.
 
 use std::ffi::c_int;
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::nvjpeg::{self, Library};
 
-/// One nvJPEG handle on one backend, with its decode state and a parsed-stream object, owned
-/// by one thread.
+/// One nvJPEG handle on one backend, with its decode state and a parsed-stream object, used
+/// by one thread at a time.
 pub(super) struct Backend {
     pub(super) lib: &'static Library,
     pub(super) handle: nvjpeg::Handle,
@@ -15,6 +16,56 @@ pub(super) struct Backend {
     pub(super) batch: usize,
 }
 
+// SAFETY: nvJPEG's handle may be used from any thread; its state and parsed-stream objects
+// may not be used by two threads at once, and are not: a `Backend` is reached only through
+// `&mut` (one thread's decoding state, or a parked one no thread holds), so moving it to
+// another thread moves the only access with it.
+unsafe impl Send for Backend {}
+
+/// Held while handles are created or destroyed: one thread at a time sets the library up or
+/// tears it down (rare, and cheap to wait for), so the library's own set-up never races.
+static SETUP: Mutex<()> = Mutex::new(());
+
+fn setup() -> MutexGuard<'static, ()> {
+    SETUP.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Threads at most in the engines' batched decode of one device at once. With four or more
+/// (one handle each), a run now and then never returned from it: every thread stopped inside
+/// nvJPEG (H200, nvJPEG 13.3, about one run in ten of 170 batches). Two at a time decode as
+/// fast as more (the engines are the bound) and never stopped.
+const ENGINE_CALLERS: usize = 2;
+
+/// Threads in the engines' batched decode, per device ordinal.
+static IN_ENGINES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static ENGINES_FREED: Condvar = Condvar::new();
+
+/// A thread's turn in the engines of device `ordinal`, until dropped.
+pub(super) struct EngineTurn(usize);
+
+/// Waits for a turn in the engines of device `ordinal` ([`ENGINE_CALLERS`] at once).
+pub(super) fn engine_turn(ordinal: usize) -> EngineTurn {
+    let mut inside = IN_ENGINES.lock().unwrap_or_else(|e| e.into_inner());
+    if inside.len() <= ordinal {
+        inside.resize(ordinal + 1, 0);
+    }
+    while inside[ordinal] >= ENGINE_CALLERS {
+        inside = ENGINES_FREED
+            .wait(inside)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+    inside[ordinal] += 1;
+    EngineTurn(ordinal)
+}
+
+impl Drop for EngineTurn {
+    fn drop(&mut self) {
+        let mut inside = IN_ENGINES.lock().unwrap_or_else(|e| e.into_inner());
+        inside[self.0] -= 1;
+        ENGINES_FREED.notify_one();
+    }
+}
+
 impl Backend {
     /// A handle on `backend` (the library's default allocators), its state and a parsed-stream
     /// object; the failing call and its status otherwise.
@@ -22,6 +73,7 @@ impl Backend {
         lib: &'static Library,
         backend: c_int,
     ) -> std::result::Result<Backend, (String, nvjpeg::Status)> {
+        let _setup = setup();
         let mut handle = std::ptr::null_mut();
         let create = |flags, handle: &mut nvjpeg::Handle| {
             // SAFETY: null allocators select the library's own; `handle` is an out-parameter.
@@ -100,6 +152,7 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
+        let _setup = setup();
         // SAFETY: each object was created by this handle and is destroyed once, before it.
         unsafe {
             if !self.stream.is_null() {

@@ -1,22 +1,22 @@
 //! [`DeviceImageBatcher`]: a batch of image files decoded and transformed on the device.
 
-use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaStream, result};
+use cudarc::driver::result;
 
-use super::backend::Backend;
+use super::backend::{Backend, engine_turn};
 use super::inputs::{Inputs, read_files};
-use super::memory::{Scratch, device_buffer, upload};
+use super::memory::{device_buffer, upload, written_on};
 use super::notice::{ENGINE_STRIKES, nv_error, say_engines_failed, say_forced};
 use super::nvjpeg::{self, ImageDesc, Library};
-use super::plan::{Job, Jobs, probe};
+use super::plan::{Job, probe};
+use super::worker::{Worker, with_worker};
 use super::{DecoderChoice, JpegDecoder, gpu_decoder};
 use crate::alloc::{Fence, PinnedBlock};
 use crate::cuda::{CudaDevice, Device, Event, image_kernels};
 use crate::error::{Error, Result};
-use crate::formats::image::decode::{Decoder, jpeg_looks_whole};
+use crate::formats::image::decode::jpeg_looks_whole;
 use crate::formats::image::folder::ImageFile;
 use crate::loader::{Batcher, Collator};
 use crate::tensor::{Arena, Tensor};
@@ -27,28 +27,6 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u32 = 1024;
 /// Alignment of each picture's part of the device buffers.
 const ALIGN: usize = 256;
-
-/// A loader worker's device decoding state: its stream and nvJPEG handles for one device,
-/// and buffers reused from batch to batch.
-struct Worker {
-    ordinal: usize,
-    stream: Arc<CudaStream>,
-    hardware: Option<Backend>,
-    /// Batches in a row the engines failed; at [`ENGINE_STRIKES`] this worker stops asking
-    /// them (a container can expose the engines' API and not the engines).
-    engine_failures: u32,
-    cuda: Option<Backend>,
-    host: Decoder,
-    jobs: Jobs,
-    /// The decoded pictures, the filtered rows and the kernels' tables, on `stream`.
-    decoded: Scratch,
-    mid: Scratch,
-    params: Scratch,
-}
-
-thread_local! {
-    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
-}
 
 /// Batches [`ImageFile`]s into `(images [B, 3, S, S], labels i64 [B])` with the images made
 /// on a CUDA device: each file's bytes read once into pinned memory and decoded there by the
@@ -190,31 +168,7 @@ impl DeviceImageBatcher {
         if let Some(forced) = self.decoder {
             say_forced(dev.ordinal, forced);
         }
-        WORKER.with(|w| {
-            let mut w = w.borrow_mut();
-            if w.as_ref().is_none_or(|w| w.ordinal != dev.ordinal) {
-                *w = None;
-                dev.ctx
-                    .bind_to_thread()
-                    .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-                let stream = dev
-                    .ctx
-                    .new_stream()
-                    .map_err(|e| Error::driver("cuStreamCreate", e))?;
-                *w = Some(Worker {
-                    ordinal: dev.ordinal,
-                    stream,
-                    hardware: None,
-                    engine_failures: 0,
-                    cuda: None,
-                    host: Decoder::new(),
-                    jobs: Jobs::default(),
-                    decoded: Scratch::default(),
-                    mid: Scratch::default(),
-                    params: Scratch::default(),
-                });
-            }
-            let worker = w.as_mut().expect("set just above");
+        with_worker(&dev, |worker| {
             run(self, worker, &dev, decoder, transform, inputs, c)
         })
     }
@@ -380,9 +334,18 @@ fn run(
             }
         }
         if status == nvjpeg::SUCCESS {
+            // The engines write the destinations when the call is made, not in the stream's
+            // order (found by torchcodec on nvJPEG 12.3 to 13.2, against the documented
+            // contract): the last batch's kernels read the same scratch, so they must be done
+            // first. Wait for the stream on the host; they are short, and usually done by now.
+            stream
+                .synchronize()
+                .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+            let _turn = engine_turn(dev.ordinal);
             // SAFETY: `data` and `lengths` name the files' bytes in the pinned block, which
             // lives until the stream passes this batch (its fence is recorded below); each
-            // destination is a picture's part of `decoded`, ordered before on `stream`.
+            // destination is a picture's part of `decoded`, whose allocation and every
+            // earlier use the stream finished above.
             status = unsafe {
                 (b.lib.api.decode_batched)(
                     b.handle,
@@ -554,6 +517,7 @@ fn run(
         .map_err(|e| Error::driver("cuLaunchKernel(image_out)", e))?;
     }
 
+    written_on(&out, &stream)?;
     // Done on the stream: the output's ready event (the scratch is reused in the stream's
     // order; the pinned blocks are fenced by the event).
     let (ready, _) = Event::record_on(dev, &stream)?;

@@ -10,18 +10,55 @@ use crate::error::{Error, Result};
 use crate::tensor::DeviceBuffer;
 
 /// `bytes` of the device's memory for a batch's output, allocated in `stream`'s order (the
-/// worker's: nothing ties it to other workers' batches) and freed in it once every reader
-/// recorded on the buffer is done; owned like a tensor's.
+/// worker's: nothing ties it to other workers' batches) and owned like a tensor's.
+///
+/// It is freed on the device's release stream, not on `stream`: a free waits for the
+/// buffer's readers (the consumer's streams), and a decoding stream must never wait on
+/// another stream. Its thread waits for it on the host before each batch the engines decode
+/// (they write when called, not in the stream's order); had the stream waited for the
+/// consumer's reads, each batch would wait for the consumer. The free waits for the allocation's point on `stream` (recorded here) and for the batch's
+/// writes, which the caller records with [`written_on`] after its kernels.
 pub(super) fn device_buffer(
     dev: &Arc<CudaDevice>,
     stream: &Arc<CudaStream>,
     bytes: usize,
 ) -> Result<Arc<DeviceBuffer>> {
+    let bytes = bytes.max(1);
     // SAFETY: the stream is the worker's, of this device's context; every element of the
     // output is written by the kernels before anything reads it.
-    let slice = unsafe { dev.alloc_on(stream, bytes.max(1)) }
+    let slice = unsafe { dev.alloc_on(stream, bytes) }
         .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
-    Ok(Arc::new(DeviceBuffer::new(slice, dev.clone())))
+    let allocated = stream.record_event(None);
+    let ptr = slice.leak();
+    // SAFETY: `ptr` is the allocation just made, `bytes` long, and this slice its only owner:
+    // it frees it once, on the release stream, after the readers its buffer records, the
+    // first of which is the allocation's point on `stream`.
+    let slice = unsafe { dev.release_stream.upgrade_device_ptr::<u8>(ptr, bytes) };
+    let buffer = DeviceBuffer::new(slice, dev.clone());
+    match allocated {
+        Ok(event) => buffer.add_reader(event),
+        Err(e) => {
+            // The free cannot be ordered after the allocation: let the allocation happen.
+            let _ = stream.synchronize();
+            return Err(Error::driver("cuEventRecord", e));
+        }
+    }
+    Ok(Arc::new(buffer))
+}
+
+/// Records `stream`'s work so far as a reader of `buffer`: its free waits for it.
+pub(super) fn written_on(buffer: &DeviceBuffer, stream: &CudaStream) -> Result<()> {
+    match stream.record_event(None) {
+        Ok(event) => {
+            buffer.add_reader(event);
+            Ok(())
+        }
+        Err(e) => {
+            // Without the event the free could overtake the writes: let them finish first.
+            let _ = stream.synchronize();
+            Err(Error::driver("cuEventRecord", e))
+        }
+    }
 }
 
 /// Device memory a worker reuses from batch to batch on its own stream (decoded pictures,

@@ -22,9 +22,12 @@
 //! device or stream, and the crate's device pool hands out stream-ordered memory whose owner
 //! must know both. The crate's own memory: the files' bytes, pinned, from the loader's pool;
 //! the decoded pictures, the filtered rows and the kernels' tables in device memory each
-//! decoding thread keeps from batch to batch (grown when a batch needs more, freed when the
-//! thread ends, like nvJPEG's state); the output from the device's pool. A thread's decoding
-//! work goes on a stream of its own, so one thread's batches never wait for another's.
+//! decoding thread keeps from batch to batch (grown when a batch needs more); the output from
+//! the device's pool. A thread's decoding work goes on a stream of its own, so one thread's
+//! batches never wait for another's. A thread's decoding state (its stream, nvJPEG's handles,
+//! its scratch) outlives it: when a loader's workers end with their epoch, the next epoch's
+//! workers take the states back rather than create them again, which stalled every epoch's
+//! start and end; [`Device::empty_cache`](crate::Device::empty_cache) frees them.
 
 mod backend;
 pub(crate) mod batch;
@@ -33,6 +36,7 @@ mod memory;
 mod notice;
 pub(crate) mod nvjpeg;
 pub(crate) mod plan;
+mod worker;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};

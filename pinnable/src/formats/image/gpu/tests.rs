@@ -530,3 +530,79 @@ fn jobs_of_one_size_share_their_taps() {
     jobs.push(&t, (w, h), 1, SplitMix64::new(0)).expect("plan");
     assert_eq!(jobs.taps, one.taps);
 }
+
+#[test]
+fn a_thread_s_decoding_state_outlives_it_until_the_cache_is_emptied() {
+    use super::worker::{parked_for, with_worker};
+    let test = "a_thread_s_decoding_state_outlives_it_until_the_cache_is_emptied";
+    let Some(device) = crate::cuda::cuda_or_skip(test) else {
+        return;
+    };
+    let dev = device.cuda_device(test).unwrap().clone();
+    let stream = |w: &mut super::worker::Worker| Ok(w.stream.cu_stream() as usize);
+    // A thread's state, once the thread ended, is the next thread's.
+    let on_a_thread = || {
+        std::thread::scope(|s| s.spawn(|| with_worker(&dev, stream)).join())
+            .unwrap()
+            .unwrap()
+    };
+    let first = on_a_thread();
+    assert!(parked_for(dev.ordinal) >= 1, "parked when its thread ended");
+    let second = on_a_thread();
+    assert_eq!(first, second, "the next thread took the parked state");
+    // Two threads at once never share one.
+    let both = std::sync::Barrier::new(2);
+    let (a, b) = std::thread::scope(|s| {
+        let hold = || {
+            with_worker(&dev, |w| {
+                both.wait();
+                stream(w)
+            })
+            .unwrap()
+        };
+        let a = s.spawn(hold);
+        let b = s.spawn(hold);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_ne!(a, b, "two threads at once, two states");
+    assert!(parked_for(dev.ordinal) >= 2);
+    device.empty_cache().unwrap();
+    assert_eq!(
+        parked_for(dev.ordinal),
+        0,
+        "empty_cache frees the parked states"
+    );
+}
+
+#[test]
+fn at_most_two_threads_are_in_a_device_s_engines_at_once() {
+    use super::backend::engine_turn;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A device ordinal no other test decodes on.
+    let ordinal = 7;
+    let (inside, most, done) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    let _turn = engine_turn(ordinal);
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert_eq!(done.load(Ordering::SeqCst), 120, "every turn was had");
+    assert_eq!(most.load(Ordering::SeqCst), 2, "two at a time, and no more");
+    // Another device's engines are not this one's: a turn there is free at once.
+    let _a = engine_turn(ordinal);
+    let _b = engine_turn(ordinal);
+    let _other = engine_turn(ordinal + 1);
+}
