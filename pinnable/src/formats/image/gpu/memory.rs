@@ -16,8 +16,9 @@ use crate::tensor::DeviceBuffer;
 /// buffer's readers (the consumer's streams), and a decoding stream must never wait on
 /// another stream. Its thread waits for it on the host before each batch the engines decode
 /// (they write when called, not in the stream's order); had the stream waited for the
-/// consumer's reads, each batch would wait for the consumer. The free waits for the allocation's point on `stream` (recorded here) and for the batch's
-/// writes, which the caller records with [`written_on`] after its kernels.
+/// consumer's reads, each batch would wait for the consumer. The free waits for the
+/// allocation's point on `stream` (recorded here) and for the batch's writes, which the caller
+/// records with [`written_on`] after its kernels.
 pub(super) fn device_buffer(
     dev: &Arc<CudaDevice>,
     stream: &Arc<CudaStream>,
