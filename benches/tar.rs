@@ -15,6 +15,11 @@
 //!    (all shards at once, bodies drained). Then ours, fields only and decoded, through
 //!    [`Remote`] with a shuffle buffer of 256 samples, against the ceiling and the local-file
 //!    rates above, with the bytes and requests an epoch and where the workers' time went.
+//! 4. **Steady state** (with `remote`): an epoch of 16 shards lasts 10 to 20 ms, start-up and
+//!    end included; the shards listed 40 times make one long epoch, read locally and over HTTP
+//!    (fields only), each rate over a window of 1024 batches after 128, beside the ceiling of
+//!    the listed shards fetched whole over 16 kept-open connections.
+//!
 //!    Knobs: `PINNABLE_BENCH_CHUNK_KIB` (4096), `PINNABLE_BENCH_READ_AHEAD` (4),
 //!    `PINNABLE_BENCH_THREADS` (runtime threads, 4); `PINNABLE_BENCH_DECODE=0` leaves the
 //!    decoded rows out.
@@ -511,6 +516,7 @@ fn over_http(
             n as f64 / s / decoded
         ));
     }
+    steady(rep, &server, paths, &names, (n, bytes), &remote, local);
     // With few cores the client's reads and the workers' own work (the checksum) take turns
     // on the same cores: the rate both allow is then the harmonic sum of the two.
     let shared = 1.0 / (1.0 / ceiling + 1.0 / local_gb);
@@ -532,4 +538,97 @@ fn over_http(
         ours_best / ceiling,
         ours_best / local_gb
     ));
+}
+
+/// The shards listed this many times make the long epoch of [`steady`].
+#[cfg(feature = "remote")]
+const REPEAT: usize = 40;
+/// Batches skipped at a long epoch's start, then timed.
+#[cfg(feature = "remote")]
+const SKIP: usize = 128;
+#[cfg(feature = "remote")]
+const WINDOW: usize = 1024;
+
+/// Samples/s of `tar`, fields only, with `w` workers, over a window of [`WINDOW`] batches after
+/// [`SKIP`] of one epoch (which must hold more).
+#[cfg(feature = "remote")]
+fn window_rate(tar: &TarShards, w: usize) -> f64 {
+    let loader = Loader::builder(tar.clone())
+        .batch_size(BATCH)
+        .shuffle(1)
+        .workers(w)
+        .build(FieldsOnly)
+        .unwrap();
+    let mut epoch = loader.iter();
+    for b in epoch.by_ref().take(SKIP) {
+        b.unwrap();
+    }
+    let t = Instant::now();
+    let mut k = 0;
+    for b in epoch.by_ref().take(WINDOW) {
+        k += b.unwrap().1.numel();
+    }
+    let s = t.elapsed().as_secs_f64();
+    assert_eq!(k, WINDOW * BATCH, "the epoch holds the window");
+    k as f64 / s
+}
+
+/// Section 4, steady state. An epoch of the 16 shards lasts 10 to 20 ms, so the rows above
+/// weigh start-up (threads, connections, first chunks) and the epoch's end as much as the
+/// stream. Here the shards listed [`REPEAT`] times make one long epoch, read locally and over
+/// HTTP with the same settings (shuffle buffer 256), each rate taken over a window of
+/// [`WINDOW`] batches after [`SKIP`]; the ceiling is every listed shard fetched whole over 16
+/// connections kept open.
+#[cfg(feature = "remote")]
+fn steady(
+    rep: &mut Report,
+    server: &Server,
+    paths: &[PathBuf],
+    names: &[String],
+    (n, bytes): (usize, u64),
+    remote: &Remote,
+    local: &[(usize, f64, f64)],
+) {
+    let long: Vec<String> = (0..REPEAT).flat_map(|_| names.iter().cloned()).collect();
+    let total = bytes * REPEAT as u64;
+    let t = Instant::now();
+    assert_eq!(server.get_whole(&long, SHARDS), total);
+    let ceiling = total as f64 / t.elapsed().as_secs_f64() / 1e9;
+    let per_sample = bytes as f64 / n as f64;
+    let on_disk =
+        TarShards::open((0..REPEAT).flat_map(|_| paths.iter().map(|p| p.display().to_string())))
+            .expect("open the listed shards")
+            .shuffle_buffer(256);
+    let over_http = remote
+        .open(long.iter().map(|name| format!("{}/{name}", server.url())))
+        .expect("open the listed shards over HTTP")
+        .shuffle_buffer(256);
+    rep.line(&format!(
+        "\n# steady state: the {SHARDS} shards listed {REPEAT} times, one epoch of {} \
+         samples, fields only, a window of {WINDOW} batches after {SKIP}\n",
+        n * REPEAT
+    ));
+    rep.line(&format!(
+        "HTTP ceiling, every listed shard fetched whole over {SHARDS} connections kept open: \
+         {ceiling:.2} GB/s ({:.0} samples/s)\n",
+        ceiling * 1e9 / per_sample
+    ));
+    rep.line(
+        "| workers | local files, samples/s (GB/s) | over HTTP, samples/s (GB/s) | HTTP / local \
+         | HTTP / ceiling | ceiling / local |",
+    );
+    rep.line("| --- | --- | --- | --- | --- | --- |");
+    for &(w, ..) in local {
+        let l = window_rate(&on_disk, w);
+        let h = window_rate(&over_http, w);
+        let gb = |r: f64| r * per_sample / 1e9;
+        rep.line(&format!(
+            "| {w} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× |",
+            gb(l),
+            gb(h),
+            h / l,
+            gb(h) / ceiling,
+            ceiling / gb(l)
+        ));
+    }
 }
