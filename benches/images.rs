@@ -36,6 +36,7 @@ mod device;
 #[path = "images/floor.rs"]
 mod floor;
 
+use cudarc::driver::sys::CUevent_flags;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -446,7 +447,7 @@ fn main() {
                 .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
                 .expect("normalize");
             let consumer = Consumer::new(&dev);
-            let read = reader(&consumer);
+            let read = reader(&consumer, true);
             device::table(
                 &dev,
                 &files,
@@ -511,13 +512,21 @@ fn main() {
 }
 
 /// The consumer: one kernel reads every byte of the batch after its copy, then a sync of the
-/// compute stream, as the twin's `x.sum()` and synchronize do.
-fn reader(consumer: &Consumer) -> impl Fn(&Tensor) + '_ {
+/// compute stream, as the twin's `x.sum()` and synchronize do. `asleep`: the sync waits on an
+/// event that blocks the thread instead of spinning a core in the driver (the device-decode
+/// table counts the process's CPU, and a consumer's spin is not the loader's work).
+fn reader(consumer: &Consumer, asleep: bool) -> impl Fn(&Tensor) + '_ {
     let (kernels, compute, sum_ptr) = (
         &consumer.kernels,
         consumer.stream.clone(),
         consumer.sum_ptr(),
     );
+    let done = asleep.then(|| {
+        compute
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .expect("an event")
+    });
     move |x: &Tensor| {
         match kernels {
             Some(k) => {
@@ -538,7 +547,13 @@ fn reader(consumer: &Consumer) -> impl Fn(&Tensor) + '_ {
                     .expect("wait");
             }
         }
-        compute.synchronize().expect("sync");
+        match &done {
+            Some(e) => {
+                e.record(&compute).expect("record");
+                e.synchronize().expect("sync");
+            }
+            None => compute.synchronize().expect("sync"),
+        }
     }
 }
 
@@ -557,7 +572,8 @@ fn gpu_part(
 ) {
     let consumer = Consumer::new(dev);
     let kernels = &consumer.kernels;
-    let read = &reader(&consumer);
+    let read = &reader(&consumer, false);
+    let asleep = reader(&consumer, true);
     rep.line(&format!(
         "\n## {} ({}): batches moved to the device and read there by {}\n",
         dev.name(),
@@ -617,7 +633,7 @@ fn gpu_part(
         (eval, norm),
         torch,
         cores(),
-        &read,
+        &asleep,
         rep,
     );
     // The link's share: one raw copy of each batch's bytes from pinned memory.

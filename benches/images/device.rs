@@ -37,11 +37,36 @@ fn cpu_seconds() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+/// CPU seconds the loader's threads (named `loader-…`, and the threads they started) have run,
+/// from `/proc/self/task/*/schedstat` (nanoseconds); 0 where there is no such file.
+fn loader_cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("loader-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    ns as f64 * 1e-9
+}
+
 /// One measured configuration.
 pub struct Row {
     pub images_per_s: f64,
     /// CPU seconds over wall seconds in the window.
     pub cores: f64,
+    /// The same for the loader's threads alone (workers, the transfer thread, and the threads
+    /// nvJPEG starts in them).
+    pub loader_cores: f64,
     /// Milliseconds the epoch took to end after the window (its workers stop and are joined).
     pub end_ms: f64,
     /// The consumer's steps (one batch taken and read) in the window, in milliseconds: median,
@@ -80,7 +105,7 @@ pub fn measure(
     for b in epoch.by_ref().take(warmup) {
         consume(&b?.0);
     }
-    let (start, cpu0) = (Instant::now(), cpu_seconds());
+    let (start, cpu0, loader0) = (Instant::now(), cpu_seconds(), loader_cpu_seconds());
     let mut images = 0;
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
@@ -92,6 +117,7 @@ pub fn measure(
         last = now;
     }
     let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    let loader_cpu = loader_cpu_seconds() - loader0;
     steps.sort_by(f64::total_cmp);
     let at = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
     let end = Instant::now();
@@ -99,6 +125,7 @@ pub fn measure(
     Ok(Row {
         images_per_s: images as f64 / wall,
         cores: cpu / wall,
+        loader_cores: loader_cpu / wall,
         end_ms: end.elapsed().as_secs_f64() * 1e3,
         steps_ms: [at(50), at(95), steps.last().copied().unwrap_or(0.0)],
     })
@@ -132,7 +159,7 @@ pub fn table(
          resize pipeline with ≤ 2 cores busy; with host workers decoding a share ≥ 1.2× its \
          decode alone\n",
     );
-    rep.line("| output | decoder | workers | host share | images/s | cores busy (process CPU / wall) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) |");
+    rep.line("| output | decoder | workers | host share | images/s | cores busy (process CPU / wall; the loader's threads) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let ratio = |v: f64, of: Option<f64>| of.map_or("—".into(), |o| format!("{:.2}×", v / o));
     let mut row = |what: &str, t: &Transform, force: Option<JpegDecoder>, w: usize, share: f64| {
@@ -144,10 +171,11 @@ pub fn table(
         rep.line(
             &match measure(files, t, batcher, w, batches, dev, consume) {
                 Ok(r) => format!(
-                    "| {what} | {name} | {w} | {:.0}% | {:.0} | {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms |",
+                    "| {what} | {name} | {w} | {:.0}% | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms |",
                     share * 100.0,
                     r.images_per_s,
                     r.cores,
+                    r.loader_cores,
                     ratio(r.images_per_s, decode),
                     ratio(r.images_per_s, pipeline),
                     r.steps_ms[0],

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use super::{Done, Gate, Permit, Ready};
@@ -56,6 +56,11 @@ impl<T: ToDevice> Out<T> {
 /// worker stuck past the timeout keeps the channel open).
 const STOP_CHECK: Duration = Duration::from_millis(20);
 
+/// How often the transfer thread, with nothing to move, looks whether the oldest copy is done
+/// (which frees its permit): it waits for the next batch meanwhile, asleep, rather than
+/// spinning a core in the driver until the copy ends.
+const COPY_POLL: Duration = Duration::from_micros(100);
+
 /// The transfer thread: reorders finished batches (unless `in_order` is off), moves each to
 /// the device (non-blocking, on its copy stream) and hands it to the consumer.
 pub(super) fn transfer<T: ToDevice>(rx: Receiver<Done<T>>, out: Out<T>, in_order: bool) {
@@ -82,15 +87,11 @@ pub(super) fn transfer<T: ToDevice>(rx: Receiver<Done<T>>, out: Out<T>, in_order
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                 }
             },
-            Some((event, _)) => match rx.try_recv() {
+            Some(_) => match rx.recv_timeout(COPY_POLL) {
                 Ok(done) => Some(done),
-                Err(TryRecvError::Empty) => {
-                    // Nothing to move: wait for the oldest copy, which frees its permit.
-                    let _ = event.synchronize();
-                    copying.pop_front();
-                    continue;
-                }
-                Err(TryRecvError::Disconnected) => None,
+                // Nothing to move yet: the loop's top frees the permits of copies done.
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
             },
         };
         match done {

@@ -337,10 +337,16 @@ fn run(
             // The engines write the destinations when the call is made, not in the stream's
             // order (found by torchcodec on nvJPEG 12.3 to 13.2, against the documented
             // contract): the last batch's kernels read the same scratch, so they must be done
-            // first. Wait for the stream on the host; they are short, and usually done by now.
-            stream
+            // first. Wait for the stream on the host (they are short, and usually done by now),
+            // asleep rather than spinning a core.
+            worker
+                .idle
+                .record(&stream)
+                .map_err(|e| Error::driver("cuEventRecord", e))?;
+            worker
+                .idle
                 .synchronize()
-                .map_err(|e| Error::driver("cuStreamSynchronize", e))?;
+                .map_err(|e| Error::driver("cuEventSynchronize", e))?;
             let _turn = engine_turn(dev.ordinal);
             // SAFETY: `data` and `lengths` name the files' bytes in the pinned block, which
             // lives until the stream passes this batch (its fence is recorded below); each

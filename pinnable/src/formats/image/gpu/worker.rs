@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use super::backend::Backend;
 use super::memory::Scratch;
@@ -26,6 +26,8 @@ use crate::formats::image::decode::Decoder;
 pub(super) struct Worker {
     pub(super) ordinal: usize,
     pub(super) stream: Arc<CudaStream>,
+    /// Recorded on `stream` to wait for it on the host without spinning a core.
+    pub(super) idle: CudaEvent,
     pub(super) hardware: Option<Backend>,
     /// Batches in a row the engines failed; at [`ENGINE_STRIKES`](super::notice::ENGINE_STRIKES)
     /// this state stops asking them (a container can expose the engines' API and not the
@@ -49,9 +51,14 @@ impl Worker {
             .ctx
             .new_stream()
             .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let idle = dev
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(|e| Error::driver("cuEventCreate", e))?;
         Ok(Worker {
             ordinal: dev.ordinal,
             stream,
+            idle,
             hardware: None,
             engine_failures: 0,
             cuda: None,
