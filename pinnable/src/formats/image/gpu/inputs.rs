@@ -77,40 +77,49 @@ impl Inputs {
     }
 }
 
-/// Reads every file into one pinned block: the block and each file's range in it.
+/// Files a batch holds open at once while it is read (well under the usual limit of 1024
+/// descriptors); the files past it are sized by their paths and opened when read.
+const HELD_OPEN: usize = 256;
+
+/// Reads every file into one pinned block: the block and each file's range in it. A file is
+/// opened once and sized from its handle: one path lookup a file, which is most of the cost.
 pub(super) fn read_files(
     samples: &[ImageFile],
     c: &Collator,
 ) -> Result<(PinnedBlock, Vec<(usize, usize)>)> {
-    let mut sizes = Vec::with_capacity(samples.len());
+    let mut files = Vec::with_capacity(samples.len());
     for s in samples {
-        let len = fs::metadata(s.path())
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?
-            .len();
-        sizes.push(usize::try_from(len).unwrap_or(usize::MAX));
+        let fail = |e: std::io::Error| sample_error(s, read_error(s.path(), &e));
+        let (f, len) = if files.len() < HELD_OPEN {
+            let f = fs::File::open(s.path()).map_err(fail)?;
+            let len = f.metadata().map_err(fail)?.len();
+            (Some(f), len)
+        } else {
+            (None, fs::metadata(s.path()).map_err(fail)?.len())
+        };
+        files.push((f, usize::try_from(len).unwrap_or(usize::MAX)));
     }
-    let total = sizes
+    let total = files
         .iter()
-        .try_fold(0usize, |a, &b| a.checked_add(b))
+        .try_fold(0usize, |a, f| a.checked_add(f.1))
         .ok_or_else(|| {
             Error::Shape("the batch's files add up to more bytes than fit in memory".into())
         })?;
     let block = c.pool().alloc(total.max(1))?;
     let mut ranges = Vec::with_capacity(samples.len());
     let mut at = 0;
-    for (s, &len) in samples.iter().zip(&sizes) {
+    for (s, (f, len)) in samples.iter().zip(files) {
+        let fail = |e: std::io::Error| sample_error(s, read_error(s.path(), &e));
+        let mut f = match f {
+            Some(f) => f,
+            None => fs::File::open(s.path()).map_err(fail)?,
+        };
         // SAFETY: the block is ours alone and `at + len <= total <= block.len()`; the ranges
         // of different files do not overlap.
         let dst = unsafe { std::slice::from_raw_parts_mut(block.as_ptr().add(at), len) };
-        let mut f =
-            fs::File::open(s.path()).map_err(|e| sample_error(s, read_error(s.path(), &e)))?;
-        f.read_exact(dst)
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?;
+        f.read_exact(dst).map_err(fail)?;
         let mut extra = [0u8; 1];
-        if f.read(&mut extra)
-            .map_err(|e| sample_error(s, read_error(s.path(), &e)))?
-            != 0
-        {
+        if f.read(&mut extra).map_err(fail)? != 0 {
             return Err(sample_error(
                 s,
                 Error::Image {

@@ -606,3 +606,43 @@ fn at_most_two_threads_are_in_a_device_s_engines_at_once() {
     let _b = engine_turn(ordinal);
     let _other = engine_turn(ordinal + 1);
 }
+
+#[test]
+fn a_batch_s_files_are_read_whole_into_one_block_past_the_files_held_open() {
+    use crate::alloc::PinnedPool;
+    use crate::loader::{Collator, Dataset};
+    let seed = seed("read_files");
+    let mut rng = SplitMix64::new(seed);
+    let root = std::env::temp_dir().join(format!("pinnable-read-files-{seed}"));
+    std::fs::create_dir_all(&root).unwrap();
+    // More files than a batch holds open at once, of random sizes (some empty).
+    let n = 300 + (rng.next_u64() % 40) as usize;
+    let mut want = Vec::with_capacity(n);
+    let mut list = Vec::with_capacity(n);
+    for i in 0..n {
+        let len = (rng.next_u64() % 3000) as usize;
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        let path = root.join(format!("{i}.jpg"));
+        std::fs::write(&path, &bytes).unwrap();
+        want.push(bytes);
+        list.push((path, i as i64));
+    }
+    let folder = crate::formats::image::ImageFolder::from_list(list.clone());
+    let samples: Vec<_> = (0..n).map(|i| folder.get(i).unwrap()).collect();
+    let c = Collator::new(PinnedPool::global());
+    let (block, ranges) = super::inputs::read_files(&samples, &c).unwrap();
+    assert_eq!(ranges.len(), n);
+    // SAFETY: the block is ours and holds the ranges read into it.
+    let got = unsafe { std::slice::from_raw_parts(block.as_ptr(), block.len()) };
+    for (i, &(at, len)) in ranges.iter().enumerate() {
+        assert_eq!(&got[at..at + len], &want[i][..], "file {i} (seed {seed})");
+    }
+    // A file missing past the ones held open: the error names it, whichever way it was read.
+    for gone in [3, n - 2] {
+        std::fs::remove_file(&list[gone].0).unwrap();
+        let e = super::inputs::read_files(&samples, &c).unwrap_err().to_string();
+        assert!(e.contains(&format!("{gone}.jpg")), "{e}");
+        std::fs::write(&list[gone].0, &want[gone]).unwrap();
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
