@@ -640,7 +640,9 @@ fn a_batch_s_files_are_read_whole_into_one_block_past_the_files_held_open() {
     // A file missing past the ones held open: the error names it, whichever way it was read.
     for gone in [3, n - 2] {
         std::fs::remove_file(&list[gone].0).unwrap();
-        let e = super::inputs::read_files(&samples, &c).unwrap_err().to_string();
+        let e = super::inputs::read_files(&samples, &c)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(&format!("{gone}.jpg")), "{e}");
         std::fs::write(&list[gone].0, &want[gone]).unwrap();
     }
