@@ -187,3 +187,5 @@ fn choose(device: &Device, library: Result<&'static nvjpeg::Library, String>) ->
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod thread_tests;
