@@ -29,25 +29,18 @@ pub(super) fn device_buffer(
     // output is written by the kernels before anything reads it.
     let slice = unsafe { dev.alloc_on(stream, bytes) }
         .map_err(|e| Error::driver("cuMemAllocFromPoolAsync", e))?;
-    let allocated = stream.record_event(None);
     let ptr = slice.leak();
     // SAFETY: `ptr` is the allocation just made, `bytes` long, and this slice its only owner:
     // it frees it once, on the release stream, after the readers its buffer records, the
-    // first of which is the allocation's point on `stream`.
+    // first of which is the allocation's point on `stream` (recorded next).
     let slice = unsafe { dev.release_stream.upgrade_device_ptr::<u8>(ptr, bytes) };
     let buffer = DeviceBuffer::new(slice, dev.clone());
-    match allocated {
-        Ok(event) => buffer.add_reader(event),
-        Err(e) => {
-            // The free cannot be ordered after the allocation: let the allocation happen.
-            let _ = stream.synchronize();
-            return Err(Error::driver("cuEventRecord", e));
-        }
-    }
+    written_on(&buffer, stream)?;
     Ok(Arc::new(buffer))
 }
 
-/// Records `stream`'s work so far as a reader of `buffer`: its free waits for it.
+/// Records `stream`'s work so far as a reader of `buffer`: its free waits for it. If the
+/// event cannot be recorded, the stream is waited for instead, so a free never overtakes it.
 pub(super) fn written_on(buffer: &DeviceBuffer, stream: &CudaStream) -> Result<()> {
     match stream.record_event(None) {
         Ok(event) => {
