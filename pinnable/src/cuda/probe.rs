@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::result;
 
 #[cfg(test)]
 use super::Device;
@@ -19,7 +19,7 @@ fn probe() -> std::result::Result<usize, String> {
     // SAFETY: `is_culib_present` only tries to dlopen the driver library; it calls no driver code.
     // (Linked at build time instead, the library is there or the program would not start.)
     #[cfg(not(feature = "cuda-linked"))]
-    if !unsafe { sys::is_culib_present() } {
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err("the CUDA driver library (libcuda.so) was not found; \
                     install the NVIDIA driver or run on a machine with a GPU"
             .into());
