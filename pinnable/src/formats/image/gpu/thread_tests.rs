@@ -48,36 +48,64 @@ fn a_thread_s_decoding_state_outlives_it_until_the_cache_is_emptied() {
 }
 
 #[test]
-fn at_most_two_threads_are_in_a_device_s_engines_at_once() {
+fn at_most_the_asked_threads_and_never_over_two_are_in_a_device_s_engines() {
     use super::backend::engine_turn;
     use std::sync::atomic::{AtomicUsize, Ordering};
     // A device ordinal no other test decodes on.
     let ordinal = 7;
-    let (inside, most, done) = (
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-    );
-    std::thread::scope(|s| {
-        for _ in 0..6 {
-            s.spawn(|| {
-                for _ in 0..20 {
-                    let _turn = engine_turn(ordinal);
-                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
-                    std::thread::sleep(std::time::Duration::from_micros(200));
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    done.fetch_add(1, Ordering::SeqCst);
-                }
-            });
-        }
-    });
-    assert_eq!(done.load(Ordering::SeqCst), 120, "every turn was had");
-    assert_eq!(most.load(Ordering::SeqCst), 2, "two at a time, and no more");
+    for (asked, allowed) in [(1, 1), (2, 2), (5, 2), (0, 1)] {
+        let (inside, most, done) = (
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        let _turn = engine_turn(ordinal, asked);
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 120, "every turn was had");
+        assert_eq!(most.load(Ordering::SeqCst), allowed, "{asked} asked");
+    }
     // Another device's engines are not this one's: a turn there is free at once.
-    let _a = engine_turn(ordinal);
-    let _b = engine_turn(ordinal);
-    let _other = engine_turn(ordinal + 1);
+    let _a = engine_turn(ordinal, 1);
+    let _other = engine_turn(ordinal + 1, 1);
+}
+
+#[test]
+fn engine_turns_are_had_in_the_order_they_were_asked_for() {
+    use super::backend::{engine_turn, turns_asked};
+    use std::sync::Mutex;
+    // A device ordinal no other test decodes on.
+    let ordinal = 9;
+    let order = Mutex::new(Vec::new());
+    let held = engine_turn(ordinal, 1);
+    let base = turns_asked(ordinal);
+    let n = 5 + (seed("engine turns") % 4) as usize;
+    std::thread::scope(|s| {
+        // Waiters arrive one after another while the turn is held (each seen waiting first).
+        for k in 0..n {
+            let order = &order;
+            s.spawn(move || {
+                let _turn = engine_turn(ordinal, 1);
+                order.lock().unwrap().push(k);
+            });
+            while turns_asked(ordinal) < base + k as u64 + 1 {
+                std::thread::yield_now();
+            }
+        }
+        drop(held);
+    });
+    assert_eq!(*order.lock().unwrap(), (0..n).collect::<Vec<_>>());
 }
 
 #[test]
