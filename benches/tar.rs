@@ -21,6 +21,7 @@
 //!    the listed shards fetched whole over 16 kept-open connections.
 //!
 //!    Sections 3 and 4 are in `tar/remote.rs`. Knobs: `PINNABLE_BENCH_CHUNK_KIB` (4096), `PINNABLE_BENCH_READ_AHEAD` (4),
+//!    `PINNABLE_BENCH_CACHE_MIB` (`Remote::cache_bytes`, 256, the library's default),
 //!    `PINNABLE_BENCH_THREADS` (runtime threads, 4); `PINNABLE_BENCH_DECODE=0` leaves the
 //!    decoded rows out.
 //!

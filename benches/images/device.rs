@@ -18,7 +18,7 @@ use pinnable::formats::image::{
 };
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
-use pinnable_harness::bench::Report;
+use pinnable_harness::bench::{Report, cpu_seconds, threads_cpu_seconds};
 
 const BATCH: usize = 64;
 
@@ -26,38 +26,6 @@ const BATCH: usize = 64;
 /// device's decoders: the host decodes ~0.4k images/s a core where the engines make tens of
 /// thousands, so its share is small.
 const HOST_SHARES: [(usize, f64); 3] = [(8, 0.06), (16, 0.10), (16, 0.14)];
-
-/// The process's CPU time so far (user + system), in seconds.
-fn cpu_seconds() -> f64 {
-    // SAFETY: an all-zero rusage is a valid value for the call to overwrite.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a live rusage the call writes.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
-    t(u.ru_utime) + t(u.ru_stime)
-}
-
-/// CPU seconds the loader's threads (named `loader-…`, and the threads they started) have run,
-/// from `/proc/self/task/*/schedstat` (nanoseconds); 0 where there is no such file.
-fn loader_cpu_seconds() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    let mut ns = 0u64;
-    for t in tasks.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("loader-") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
-        ns += stat
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    ns as f64 * 1e-9
-}
 
 /// One measured configuration.
 pub struct Row {
@@ -105,7 +73,11 @@ pub fn measure(
     for b in epoch.by_ref().take(warmup) {
         consume(&b?.0);
     }
-    let (start, cpu0, loader0) = (Instant::now(), cpu_seconds(), loader_cpu_seconds());
+    let (start, cpu0, loader0) = (
+        Instant::now(),
+        cpu_seconds(),
+        threads_cpu_seconds("loader-"),
+    );
     let mut images = 0;
     let mut steps = Vec::with_capacity(batches);
     let mut last = start;
@@ -117,7 +89,7 @@ pub fn measure(
         last = now;
     }
     let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-    let loader_cpu = loader_cpu_seconds() - loader0;
+    let loader_cpu = threads_cpu_seconds("loader-") - loader0;
     steps.sort_by(f64::total_cmp);
     let at = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
     let end = Instant::now();

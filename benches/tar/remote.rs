@@ -9,7 +9,7 @@ use pinnable::formats::image::Transform;
 use pinnable::formats::tar::{Remote, TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
-use pinnable_harness::bench::Report;
+use pinnable_harness::bench::{Report, cpu_seconds, threads_cpu_seconds};
 use pinnable_harness::http::Server;
 
 use super::{BATCH, FieldsOnly, SHARDS, decoding, seconds};
@@ -90,7 +90,7 @@ pub fn over_http(
     let chunk = knob("CHUNK_KIB", 4096);
     let ahead = knob("READ_AHEAD", 4);
     let threads = knob("THREADS", 4);
-    let cache = 48 << 20;
+    let cache = knob("CACHE_MIB", 256) << 20;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
     // The floor: what any client of this server reaches over loopback.
@@ -286,9 +286,49 @@ const REPEAT: usize = 40;
 const SKIP: usize = 128;
 const WINDOW: usize = 1024;
 
+/// Cores busy over a window: the whole process, the loader's workers, the runtime's threads
+/// (`pinnable-remote`); the rest is the server's threads and the consumer.
+struct Cores {
+    process: f64,
+    loader: f64,
+    runtime: f64,
+}
+
+impl Cores {
+    fn now() -> [f64; 3] {
+        [
+            cpu_seconds(),
+            threads_cpu_seconds("loader-"),
+            threads_cpu_seconds("pinnable-remote"),
+        ]
+    }
+
+    fn since(then: [f64; 3], wall: f64) -> Cores {
+        let now = Cores::now();
+        Cores {
+            process: (now[0] - then[0]) / wall,
+            loader: (now[1] - then[1]) / wall,
+            runtime: (now[2] - then[2]) / wall,
+        }
+    }
+}
+
+impl std::fmt::Display for Cores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} ({:.1} workers, {:.1} runtime, {:.1} rest)",
+            self.process,
+            self.loader,
+            self.runtime,
+            self.process - self.loader - self.runtime
+        )
+    }
+}
+
 /// Samples/s of `tar`, fields only, with `w` workers, over a window of [`WINDOW`] batches after
-/// [`SKIP`] of one epoch (which must hold more).
-fn window_rate(tar: &TarShards, w: usize) -> f64 {
+/// [`SKIP`] of one epoch (which must hold more), and the cores busy over it.
+fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
     let loader = Loader::builder(tar.clone())
         .batch_size(BATCH)
         .shuffle(1)
@@ -299,14 +339,15 @@ fn window_rate(tar: &TarShards, w: usize) -> f64 {
     for b in epoch.by_ref().take(SKIP) {
         b.unwrap();
     }
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), Cores::now());
     let mut k = 0;
     for b in epoch.by_ref().take(WINDOW) {
         k += b.unwrap().1.numel();
     }
     let s = t.elapsed().as_secs_f64();
+    let cores = Cores::since(cpu, s);
     assert_eq!(k, WINDOW * BATCH, "the epoch holds the window");
-    k as f64 / s
+    (k as f64 / s, cores)
 }
 
 /// Section 4, steady state. An epoch of the 16 shards lasts 10 to 20 ms, so the rows above
@@ -350,15 +391,17 @@ fn steady(
     ));
     rep.line(
         "| workers | local files, samples/s (GB/s) | over HTTP, samples/s (GB/s) | HTTP / local \
-         | HTTP / ceiling | ceiling / local |",
+         | HTTP / ceiling | ceiling / local | cores busy, local | cores busy, HTTP (the server's \
+         threads in the rest) |",
     );
-    rep.line("| --- | --- | --- | --- | --- | --- |");
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for &(w, ..) in local {
-        let l = window_rate(&on_disk, w);
-        let h = window_rate(&over_http, w);
+        let (l, l_cores) = window_rate(&on_disk, w);
+        let (h, h_cores) = window_rate(&over_http, w);
         let gb = |r: f64| r * per_sample / 1e9;
         rep.line(&format!(
-            "| {w} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× |",
+            "| {w} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× | {l_cores} | \
+             {h_cores} |",
             gb(l),
             gb(h),
             h / l,

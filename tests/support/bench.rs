@@ -215,3 +215,36 @@ impl Table {
         }
     }
 }
+
+/// The process's CPU time so far (user + system), in seconds.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value for the call to overwrite.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a live rusage the call writes.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// CPU seconds run so far by this process's threads whose names start with `prefix` (the
+/// loader's are `loader-…`), from `/proc/self/task/*/schedstat` (nanoseconds); 0 where there
+/// is no such file. Threads that ended are not counted.
+pub fn threads_cpu_seconds(prefix: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    ns as f64 * 1e-9
+}
