@@ -41,16 +41,18 @@ use stream::Streamer;
 ///   cut into the samples' own buffers as it arrives. A sample's bytes are kept until a worker
 ///   takes it (`get`, as the shuffle buffer yields it), then belong to its
 ///   [`TarSample`](super::TarSample): fields are borrowed from them, with no further copy. A
-///   chunk is fetched when a worker asks for one of its samples, and the
-///   [`Remote::read_ahead`] chunks after the furthest asked for (2) go with it, so fetches
-///   run ahead of the workers while they decode; the read-ahead pauses while the samples held
-///   reach [`Remote::cache_bytes`] (256 MiB). Every byte of the run is read once an epoch.
+///   chunk is fetched when a worker asks for one of its samples, and the next chunks in
+///   stream order are fetched ahead, [`Remote::read_ahead`] at a time (2), each landing
+///   starting the next, so fetches run on while the workers decode; the read-ahead pauses
+///   while the samples held and being fetched reach [`Remote::cache_bytes`] (256 MiB). Every
+///   byte of the run is read once an epoch.
 ///   A sample read outside the loader's epoch (`get` by hand, a second loader on the same
 ///   source) is one ranged `GET` of its own bytes. Whole shards are never downloaded first.
 /// - **Memory**: a sample is held from its chunk's arrival until a worker takes it, so the
 ///   samples held are those in the shuffle buffer (its size), those of the batches in flight
 ///   and the rest of the chunk being read (all of which the workers wait on), plus the
-///   read-ahead's chunks while the total is under `cache_bytes`. A resumed epoch reads and
+///   read-ahead's chunks (arrived or being fetched) while the total is under `cache_bytes`:
+///   the stream runs ahead of slow workers up to that cap. A resumed epoch reads and
 ///   holds again at most the 1024 samples before its position (with their chunks).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
@@ -115,7 +117,8 @@ impl Remote {
         self
     }
 
-    /// How many chunks after the furthest one a worker asked for are fetched ahead of it.
+    /// How many chunks are fetched at once ahead of those the workers asked for (each landing
+    /// starts the next, while [`cache_bytes`](Self::cache_bytes) allows).
     pub fn read_ahead(mut self, chunks: usize) -> Remote {
         self.read_ahead = chunks;
         self

@@ -56,6 +56,9 @@ struct Run {
     next: usize,
     /// Chunks before it hold a sample a worker asked for.
     demand: usize,
+    /// Chunks being fetched, and their bytes.
+    fetching: usize,
+    fetching_bytes: u64,
     /// Arrived samples not yet taken, by run position.
     held: HashMap<usize, Arc<Vec<u8>>>,
     held_bytes: u64,
@@ -71,6 +74,8 @@ impl Run {
     fn arrive(&mut self, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
         let floor = self.floor();
         let c = &mut self.chunks[chunk];
+        self.fetching -= 1;
+        self.fetching_bytes -= c.bytes.end - c.bytes.start;
         let Some(parts) = parts else {
             c.fetch = Fetch::Gone;
             return;
@@ -85,20 +90,21 @@ impl Run {
     }
 }
 
+/// What the workers and the fetches share.
 struct Shared {
+    io: Arc<Io>,
+    objects: Vec<Arc<Object>>,
     run: Mutex<Run>,
     arrived: Condvar,
+    chunk: u64,
+    read_ahead: usize,
+    /// Read-ahead stops while the samples held and the bytes being fetched reach it.
+    cap: u64,
 }
 
 /// The streams of one opened source (see the [module docs](self)).
 pub(super) struct Streamer {
-    io: Arc<Io>,
-    objects: Vec<Arc<Object>>,
     shared: Arc<Shared>,
-    chunk: u64,
-    read_ahead: usize,
-    /// Read-ahead stops while the samples held reach it.
-    cap: u64,
 }
 
 impl Streamer {
@@ -110,30 +116,34 @@ impl Streamer {
         cap: usize,
     ) -> Streamer {
         Streamer {
-            io,
-            objects,
             shared: Arc::new(Shared {
+                io,
+                objects,
                 run: Mutex::new(Run::default()),
                 arrived: Condvar::new(),
+                chunk: chunk as u64,
+                read_ahead,
+                cap: cap as u64,
             }),
-            chunk: chunk as u64,
-            read_ahead,
-            cap: cap as u64,
         }
     }
+}
 
-    /// Starts the chunks workers wait on and those within the read-ahead after them (the
-    /// read-ahead only while the samples held are under the cap).
-    fn start(&self, run: &mut Run) {
-        let ahead = if run.held_bytes < self.cap {
-            self.read_ahead
-        } else {
-            0
-        };
-        let to = (run.demand + ahead).min(run.chunks.len());
+impl Shared {
+    /// Starts the chunks workers wait on, then more in stream order while fewer than the
+    /// read-ahead are being fetched and the bytes held and being fetched are under the cap.
+    /// Called when a worker asks and when a fetch lands, so the fetches keep running while
+    /// the workers take what has arrived.
+    fn start(self: &Arc<Self>, run: &mut Run) {
         let floor = run.floor();
-        while run.next < to {
+        while run.next < run.chunks.len() {
             let c = run.next;
+            let waited_on = c < run.demand;
+            let ahead =
+                run.fetching < self.read_ahead && run.held_bytes + run.fetching_bytes < self.cap;
+            if !waited_on && !ahead {
+                break;
+            }
             run.next += 1;
             let chunk = &mut run.chunks[c];
             if chunk.last_out < floor {
@@ -141,14 +151,16 @@ impl Streamer {
                 continue;
             }
             chunk.fetch = Fetch::Running;
+            let range = chunk.bytes.clone();
+            run.fetching += 1;
+            run.fetching_bytes += range.end - range.start;
             let spans: Vec<Range<u64>> = run.run[chunk.runs.clone()]
                 .iter()
                 .map(|p| p.span.clone())
                 .collect();
             let object = self.objects[chunk.shard].clone();
-            let range = chunk.bytes.clone();
             let (retries, timeout) = (self.io.retries, self.io.timeout);
-            let (shared, generation) = (Arc::downgrade(&self.shared), run.generation);
+            let (shared, generation) = (Arc::downgrade(self), run.generation);
             self.io.handle.spawn(async move {
                 let mut split = Split::new(range.start, spans);
                 let fetched =
@@ -162,7 +174,8 @@ impl Streamer {
     }
 }
 
-/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began).
+/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began), and
+/// the next fetches start.
 fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
     let Some(shared) = shared.upgrade() else {
         return;
@@ -170,6 +183,7 @@ fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<
     let mut run = lock(&shared.run);
     if run.generation == generation {
         run.arrive(chunk, parts);
+        shared.start(&mut run);
     }
     drop(run);
     shared.arrived.notify_all();
@@ -187,7 +201,7 @@ impl Streams for Streamer {
                 c.shard == p.shard
                     && prev.index + 1 == p.index
                     && c.bytes.end <= p.span.start
-                    && c.bytes.end - c.bytes.start < self.chunk
+                    && c.bytes.end - c.bytes.start < self.shared.chunk
             });
             match chunks.last_mut() {
                 Some(c) if joins => {
@@ -221,8 +235,8 @@ impl Streams for Streamer {
     }
 
     fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>> {
-        let object = &self.objects[shard];
-        let deadline = self.io.deadline();
+        let object = &self.shared.objects[shard];
+        let deadline = self.shared.io.deadline();
         let mut run = lock(&self.shared.run);
         let q = run
             .at
@@ -234,11 +248,11 @@ impl Streams for Streamer {
             run.least = run.least.min(run.run[q].out);
             let c = run.chunk_of[q];
             run.demand = run.demand.max(c + 1);
-            self.start(&mut run);
+            self.shared.start(&mut run);
             loop {
                 if let Some(bytes) = run.held.remove(&q) {
                     run.held_bytes -= bytes.len() as u64;
-                    self.start(&mut run);
+                    self.shared.start(&mut run);
                     return Ok(bytes);
                 }
                 let now = Instant::now();
@@ -256,9 +270,10 @@ impl Streams for Streamer {
         }
         drop(run);
         // Not in the stream (another plan, taken before, or its chunk failed): its own request.
-        self.io
+        self.shared
+            .io
             .fetch(object, span)
-            .wait(self.io.deadline())
+            .wait(self.shared.io.deadline())
             .map_err(|p| io_error(object, p))
     }
 }
@@ -337,7 +352,8 @@ mod tests {
 
     /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
     /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
-    /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap).
+    /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap,
+    /// which runs on as fetches land however slowly the reader takes).
     #[test]
     fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         let mut rng = seeded("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
@@ -374,7 +390,11 @@ mod tests {
             let buffer = 1 + rng.below(60) as usize;
             let chunk = 1 + rng.below(4 * max_span) as usize;
             let ahead = rng.below(4) as usize;
-            let cap = if case % 2 == 0 { 0 } else { usize::MAX };
+            let cap = if case % 2 == 0 {
+                0
+            } else {
+                rng.below(3 * chunk as u64) as usize
+            };
             let streamer = Streamer::new(io.clone(), objects.clone(), chunk, ahead, cap);
             let out = shuffle_buffer(0..planned.len(), buffer, &mut rng);
             let mut place = vec![0; planned.len()];
@@ -398,7 +418,8 @@ mod tests {
                 + if cap == 0 {
                     0
                 } else {
-                    ahead as u64 * (chunk as u64 + max_span)
+                    // Read-ahead starts while under the cap, each at most a chunk and a span.
+                    cap as u64 + chunk as u64 + max_span
                 };
             let mut most = 0;
             for &q in &out {
