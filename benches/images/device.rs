@@ -18,7 +18,9 @@ use pinnable::formats::image::{
 };
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
-use pinnable_harness::bench::{Report, cpu_seconds, threads_cpu_seconds};
+use pinnable_harness::bench::{
+    Report, busy_threads, cpu_seconds, threads_cpu, threads_cpu_seconds,
+};
 
 const BATCH: usize = 64;
 
@@ -40,6 +42,8 @@ pub struct Row {
     /// The consumer's steps (one batch taken and read) in the window, in milliseconds: median,
     /// 95th percentile and longest.
     pub steps_ms: [f64; 3],
+    /// The threads busy over the window (at least 0.05 cores), `name: cores`.
+    pub threads: String,
 }
 
 /// `batches` batches after a warm-up of `2 × workers + 4`, the files cycled; `consume` reads
@@ -73,6 +77,7 @@ pub fn measure(
     for b in epoch.by_ref().take(warmup) {
         consume(&b?.0);
     }
+    let threads0 = threads_cpu();
     let (start, cpu0, loader0) = (
         Instant::now(),
         cpu_seconds(),
@@ -90,6 +95,7 @@ pub fn measure(
     }
     let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
     let loader_cpu = threads_cpu_seconds("loader-") - loader0;
+    let threads = busy_threads(&threads0, &threads_cpu(), wall, 0.05);
     steps.sort_by(f64::total_cmp);
     let at = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
     let end = Instant::now();
@@ -100,6 +106,7 @@ pub fn measure(
         loader_cores: loader_cpu / wall,
         end_ms: end.elapsed().as_secs_f64() * 1e3,
         steps_ms: [at(50), at(95), steps.last().copied().unwrap_or(0.0)],
+        threads,
     })
 }
 
@@ -140,8 +147,8 @@ pub fn table(
          resize pipeline with ≤ 2 cores busy; with host workers decoding a share ≥ 1.2× its \
          decode alone\n",
     );
-    rep.line("| output | decoder | engine threads | workers | host share | images/s | cores busy (process CPU / wall; the loader's threads) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) |");
-    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    rep.line("| output | decoder | engine threads | workers | host share | images/s | cores busy (process CPU / wall; the loader's threads) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) | threads busy (cores) |");
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let ratio = |v: f64, of: Option<f64>| of.map_or("—".into(), |o| format!("{:.2}×", v / o));
     let mut row = |what: &str,
                    t: &Transform,
@@ -158,7 +165,7 @@ pub fn table(
         rep.line(
             &match measure(files, t, batcher, w, batches, dev, consume) {
                 Ok(r) => format!(
-                    "| {what} | {name} | {engines} | {w} | {:.0}% | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms |",
+                    "| {what} | {name} | {engines} | {w} | {:.0}% | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms | {} |",
                     share * 100.0,
                     r.images_per_s,
                     r.cores,
@@ -168,10 +175,11 @@ pub fn table(
                     r.steps_ms[0],
                     r.steps_ms[1],
                     r.steps_ms[2],
-                    r.end_ms
+                    r.end_ms,
+                    r.threads
                 ),
                 Err(e) => format!(
-                    "| {what} | {name} | {engines} | {w} | {:.0}% | error: {e} | | | | | |",
+                    "| {what} | {name} | {engines} | {w} | {:.0}% | error: {e} | | | | | | |",
                     share * 100.0
                 ),
             },

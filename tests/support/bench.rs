@@ -227,24 +227,63 @@ pub fn cpu_seconds() -> f64 {
 }
 
 /// CPU seconds run so far by this process's threads whose names start with `prefix` (the
-/// loader's are `loader-…`), from `/proc/self/task/*/schedstat` (nanoseconds); 0 where there
-/// is no such file. Threads that ended are not counted.
+/// loader's are `loader-…`). Threads that ended are not counted.
 pub fn threads_cpu_seconds(prefix: &str) -> f64 {
+    threads_cpu()
+        .iter()
+        .filter(|(name, ..)| name.starts_with(prefix))
+        .map(|(.., s)| s)
+        .sum()
+}
+
+/// Every live thread of this process: its name, id and CPU seconds so far, from
+/// `/proc/self/task/*/schedstat` (nanoseconds); empty where there is no such file.
+pub fn threads_cpu() -> Vec<(String, u64, f64)> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
+        return Vec::new();
     };
-    let mut ns = 0u64;
+    let mut out = Vec::new();
     for t in tasks.flatten() {
+        let id = t.file_name().to_string_lossy().parse().unwrap_or(0);
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with(prefix) {
-            continue;
-        }
         let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
-        ns += stat
+        let ns = stat
             .split_whitespace()
             .next()
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
+        out.push((comm.trim_end().to_owned(), id, ns as f64 * 1e-9));
     }
-    ns as f64 * 1e-9
+    out
+}
+
+/// The threads that ran at least `least` cores between two [`threads_cpu`] readings `wall`
+/// seconds apart, busiest first, as `name: cores` (threads of one name summed; the process's
+/// first thread is `main`).
+pub fn busy_threads(
+    then: &[(String, u64, f64)],
+    now: &[(String, u64, f64)],
+    wall: f64,
+    least: f64,
+) -> String {
+    let mut by_name: HashMap<&str, f64> = HashMap::new();
+    for (name, id, s) in now {
+        let before = then
+            .iter()
+            .find(|(_, i, _)| i == id)
+            .map_or(0.0, |(.., b)| *b);
+        // The main thread apart from the threads that took its name (the driver's).
+        let name = if *id == u64::from(std::process::id()) {
+            "main"
+        } else {
+            name.as_str()
+        };
+        *by_name.entry(name).or_default() += (s - before) / wall;
+    }
+    let mut busy: Vec<_> = by_name.into_iter().filter(|(_, c)| *c >= least).collect();
+    busy.sort_by(|a, b| b.1.total_cmp(&a.1));
+    busy.iter()
+        .map(|(n, c)| format!("{n}: {c:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
