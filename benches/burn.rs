@@ -29,17 +29,13 @@ use burn_tensor::{Device, Tensor as BurnTensor, TensorData};
 use pinnable::interop::burn::{BurnLoader, to_burn_float};
 use pinnable::loader::{Loader, Stack, TensorRows};
 use pinnable::{DType, Tensor};
-use pinnable_harness::bench::{Spread, Table, median};
+use pinnable_harness::bench::{Spread, Table, env_usize, median};
 use pinnable_harness::{random_tensor, rng};
 
 const BATCH: usize = 64;
 const IMAGE: [usize; 3] = [3, 224, 224];
 /// Images in the array both loaders read: 4 batches an epoch.
 const IMAGES: usize = 256;
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
-}
 
 fn image_len() -> usize {
     IMAGE.iter().product()

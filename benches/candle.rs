@@ -25,7 +25,7 @@
 use candle_core as candle;
 use pinnable::loader::{Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Device, Gather, Pinnable, Tensor, ToDevice};
-use pinnable_harness::bench::{self, Spread, Throughput, raw_one_copy};
+use pinnable_harness::bench::{self, Spread, Throughput, env_usize, raw_one_copy};
 use pinnable_harness::{cuda_or_skip, random_tensor, rng};
 
 const BATCH: usize = 64;
@@ -41,10 +41,6 @@ const OWN: (usize, usize) = (5, 30);
 struct Batch {
     images: candle::Tensor,
     labels: candle::Tensor,
-}
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
 }
 
 fn batch_bytes() -> usize {

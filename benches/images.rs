@@ -47,15 +47,11 @@ use pinnable::formats::image::{
 };
 use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
-use pinnable_harness::bench::{Report, median, torch_rows};
+use pinnable_harness::bench::{Report, env_usize, median, torch_rows};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, images, rng};
 
 const BATCH: usize = 64;
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
-}
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -26,7 +26,7 @@ use cudarc::driver::{result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
-use pinnable_harness::bench::{Report, Throughput, event_time, median, torch_rows};
+use pinnable_harness::bench::{Report, Throughput, env_usize, event_time, median, torch_rows};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
 
@@ -35,10 +35,6 @@ const IMAGE: [usize; 3] = [3, 224, 224];
 const WARMUP: usize = 16;
 
 type Batch = (Tensor, Tensor);
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
-}
 
 fn worker_counts() -> Vec<usize> {
     if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {

@@ -25,7 +25,7 @@ use std::time::Instant;
 use pinnable::formats::tokens::{PackedBatch, PackedDocs, Separator, TokenDocs, TokenShards};
 use pinnable::loader::{Budget, Loader, SplitMix64, TokenBudget};
 use pinnable::{DType, Device};
-use pinnable_harness::bench::torch_rows;
+use pinnable_harness::bench::{env_usize, torch_rows};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream};
 
@@ -34,10 +34,6 @@ const ROW: usize = 8192;
 const ROWS: [usize; 2] = [8, 64];
 /// The goals: the twin's time over ours.
 const GOAL: f64 = 300.0;
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.trim().parse().ok()
-}
 
 struct Report {
     md: String,

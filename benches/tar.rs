@@ -150,6 +150,17 @@ impl Batcher<TarSample> for FieldsOnly {
     }
 }
 
+/// A loader of `tar`'s samples, fields only: batches of [`BATCH`], shuffled with seed 1, `w`
+/// workers.
+fn fields_loader(tar: &TarShards, w: usize) -> Loader<TarShards, FieldsOnly> {
+    Loader::builder(tar.clone())
+        .batch_size(BATCH)
+        .shuffle(1)
+        .workers(w)
+        .build(FieldsOnly)
+        .expect("a fields-only loader")
+}
+
 /// Seconds for one epoch of `loader`-like iteration, median of three after a warm-up.
 fn seconds(mut epoch: impl FnMut() -> usize, items: usize) -> f64 {
     epoch();
@@ -211,12 +222,7 @@ fn main() {
     ));
     let mut local_rates = Vec::new();
     for &w in &worker_counts() {
-        let loader = Loader::builder(tar.clone())
-            .batch_size(BATCH)
-            .shuffle(1)
-            .workers(w)
-            .build(FieldsOnly)
-            .unwrap();
+        let loader = fields_loader(&tar, w);
         let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
         local_rates.push((w, n as f64 / s, 0.0));
         rep.line(&format!(

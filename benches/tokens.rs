@@ -24,16 +24,12 @@ use std::time::{Duration, Instant};
 use pinnable::formats::tokens::{Residency, TokenBatch, TokenShards, TokenWindows};
 use pinnable::loader::{Loader, Position, SplitMix64};
 use pinnable::{DType, Device};
-use pinnable_harness::bench::{median, raw_one_copy, torch_rows};
+use pinnable_harness::bench::{env_usize, median, raw_one_copy, torch_rows};
 use pinnable_harness::{cuda_or_skip, hold_stream};
 
 const SIZES: [(usize, usize); 3] = [(12, 1024), (64, 2048), (256, 4096)];
 /// The goals: nanoGPT's time over ours.
 const GOALS: [f64; 3] = [10.0, 0.0, 50.0];
-
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.trim().parse().ok()
-}
 
 struct Report {
     md: String,

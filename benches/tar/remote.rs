@@ -9,10 +9,10 @@ use pinnable::formats::image::Transform;
 use pinnable::formats::tar::{Remote, TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
-use pinnable_harness::bench::{Report, cpu_seconds, threads_cpu_seconds};
+use pinnable_harness::bench::{Report, cpu_seconds, env_usize, threads_cpu_seconds};
 use pinnable_harness::http::Server;
 
-use super::{BATCH, FieldsOnly, SHARDS, decoding, seconds};
+use super::{BATCH, SHARDS, decoding, fields_loader, seconds};
 
 /// Labels only: the `.cls` read, the `.jpg` left alone (over HTTP it still arrives: the rate of
 /// the stream itself).
@@ -33,10 +33,7 @@ impl Batcher<TarSample> for LabelsOnly {
 
 /// A `PINNABLE_BENCH_*` knob, or `default`.
 fn knob(name: &str, default: usize) -> usize {
-    std::env::var(format!("PINNABLE_BENCH_{name}"))
-        .ok()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(default)
+    env_usize(&format!("PINNABLE_BENCH_{name}")).unwrap_or(default)
 }
 
 /// One pass of object_store's `get` alone over every shard, all at once on `runtime`, bodies
@@ -186,12 +183,7 @@ pub fn over_http(
             fields * bytes as f64 / n as f64 / 1e9,
             fields * bytes as f64 / n as f64 / 1e9 / ceiling,
         ));
-        let loader = Loader::builder(tar.clone())
-            .batch_size(BATCH)
-            .shuffle(1)
-            .workers(w)
-            .build(FieldsOnly)
-            .unwrap();
+        let loader = fields_loader(&tar, w);
         let (before, asked) = (server.served(), server.log().len());
         // The workers' time in `get` (waiting for the stream) and in the batcher, last epoch.
         let mut spent = (0.0, 0.0);
@@ -329,12 +321,7 @@ impl std::fmt::Display for Cores {
 /// Samples/s of `tar`, fields only, with `w` workers, over a window of [`WINDOW`] batches after
 /// [`SKIP`] of one epoch (which must hold more), and the cores busy over it.
 fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
-    let loader = Loader::builder(tar.clone())
-        .batch_size(BATCH)
-        .shuffle(1)
-        .workers(w)
-        .build(FieldsOnly)
-        .unwrap();
+    let loader = fields_loader(tar, w);
     let mut epoch = loader.iter();
     for b in epoch.by_ref().take(SKIP) {
         b.unwrap();

@@ -287,3 +287,8 @@ pub fn busy_threads(
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// A bench knob: the environment variable `name` as a number, or `None` when unset or not one.
+pub fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}

@@ -332,6 +332,17 @@ impl CudaDevice {
         })
     }
 
+    /// A new stream of the crate's context for the calling thread's own work (a worker's
+    /// decoding or packing), the context bound to the thread first.
+    pub(crate) fn thread_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        self.ctx
+            .new_stream()
+            .map_err(|e| Error::driver("cuStreamCreate", e))
+    }
+
     /// The stream-ordered memory pool batch arenas come from: the crate's own, or the
     /// device's default one where the driver refused ours.
     fn mem_pool(&self) -> Option<sys::CUmemoryPool> {

@@ -96,13 +96,7 @@ impl PackedBatcher {
             if let Some((_, stream)) = s.as_ref().filter(|(o, _)| *o == dev.ordinal) {
                 return Ok(stream.clone());
             }
-            dev.ctx
-                .bind_to_thread()
-                .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-            let stream = dev
-                .ctx
-                .new_stream()
-                .map_err(|e| Error::driver("cuStreamCreate", e))?;
+            let stream = dev.thread_stream()?;
             *s = Some((dev.ordinal, stream.clone()));
             Ok(stream)
         })?;

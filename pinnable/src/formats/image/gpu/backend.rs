@@ -75,9 +75,14 @@ pub(super) fn engine_turn(ordinal: usize, most: usize) -> EngineTurn {
     }
     turns[ordinal].admitted += 1;
     turns[ordinal].inside += 1;
+    let room = turns[ordinal].inside < most;
     drop(turns);
-    // The next ticket may be let in beside this one (when more than one caller is allowed).
-    ENGINES_FREED.notify_all();
+    // The next ticket may be let in beside this one while this caller's limit leaves room.
+    // Without room, waking the waiters would only put them back to sleep: the next leaving
+    // turn wakes them (a waiter that allows more than this caller enters then).
+    if room {
+        ENGINES_FREED.notify_all();
+    }
     EngineTurn(ordinal)
 }
 

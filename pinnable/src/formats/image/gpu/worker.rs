@@ -44,13 +44,7 @@ pub(super) struct Worker {
 
 impl Worker {
     fn new(dev: &Arc<CudaDevice>) -> Result<Worker> {
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        let stream = dev
-            .ctx
-            .new_stream()
-            .map_err(|e| Error::driver("cuStreamCreate", e))?;
+        let stream = dev.thread_stream()?;
         let idle = dev
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
