@@ -19,7 +19,7 @@ use pinnable::formats::image::{
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
 use pinnable_harness::bench::{
-    Report, busy_threads, cpu_seconds, threads_cpu, threads_cpu_seconds,
+    Report, busy_threads, cpu_seconds, env_usize, percentile, threads_cpu, threads_cpu_seconds,
 };
 
 const BATCH: usize = 64;
@@ -58,10 +58,7 @@ pub fn measure(
     dev: &Device,
     consume: &dyn Fn(&Tensor),
 ) -> pinnable::Result<Row> {
-    let prefetch = std::env::var("PINNABLE_BENCH_PREFETCH")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(2);
+    let prefetch = env_usize("PINNABLE_BENCH_PREFETCH").unwrap_or(2);
     let warmup = 2 * workers + 4;
     let tail = workers * prefetch + 2;
     let n = (warmup + batches + tail) * BATCH;
@@ -97,7 +94,13 @@ pub fn measure(
     let loader_cpu = threads_cpu_seconds("loader-") - loader0;
     let threads = busy_threads(&threads0, &threads_cpu(), wall, 0.05);
     steps.sort_by(f64::total_cmp);
-    let at = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
+    let at = |p: f64| {
+        if steps.is_empty() {
+            0.0
+        } else {
+            percentile(&steps, p)
+        }
+    };
     let end = Instant::now();
     drop(epoch);
     Ok(Row {
@@ -105,7 +108,7 @@ pub fn measure(
         cores: cpu / wall,
         loader_cores: loader_cpu / wall,
         end_ms: end.elapsed().as_secs_f64() * 1e3,
-        steps_ms: [at(50), at(95), steps.last().copied().unwrap_or(0.0)],
+        steps_ms: [at(0.50), at(0.95), steps.last().copied().unwrap_or(0.0)],
         threads,
     })
 }

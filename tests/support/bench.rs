@@ -12,7 +12,7 @@ mod repeats;
 mod throughput;
 
 pub use repeats::Spread;
-pub use throughput::{Throughput, Window, epoch, stream};
+pub use throughput::{Throughput, Window, epoch, percentile, stream};
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -184,7 +184,7 @@ impl Window {
 }
 
 /// The nearest-rank `p` percentile of ascending `sorted` (not empty).
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
