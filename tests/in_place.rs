@@ -1,8 +1,9 @@
 //! Samples written in place ([`Collator::write_rows`]): each sample writes its row of the
 //! batch's pinned block itself, and the step allocates nothing per sample — counted by a global
-//! allocator that counts every allocation in this test binary.
+//! allocator that counts every allocation in this test binary, in all and on each thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -16,11 +17,24 @@ struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// This thread's allocations: the harness starts the other test's thread (and allocates
+    /// for it) while a test runs, so a count of one thread's own work must not see it.
+    static ON_THIS_THREAD: Cell<usize> = const { Cell::new(0) };
+}
+
+fn counted() {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    // A const-initialised `Cell` needs no allocation and no destructor; `try_with` only fails
+    // while the thread is being torn down, when nothing here is measuring.
+    let _ = ON_THIS_THREAD.try_with(|n| n.set(n.get() + 1));
+}
+
 // SAFETY: every call is forwarded to `System` with the same arguments; counting touches no
 // memory the caller sees.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        counted();
         // SAFETY: the caller's contract for `alloc` is passed on unchanged.
         unsafe { System.alloc(layout) }
     }
@@ -31,7 +45,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        counted();
         // SAFETY: as `dealloc`, and the caller's contract for `realloc` is passed on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -43,10 +57,18 @@ static GLOBAL: Counting = Counting;
 /// The counter is global: the tests of this binary run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Allocations by every thread while `f` runs (for work spread over a loader's workers).
 fn allocations_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
     let before = ALLOCATIONS.load(Ordering::SeqCst);
     let r = f();
     (r, ALLOCATIONS.load(Ordering::SeqCst) - before)
+}
+
+/// Allocations by this thread alone while `f` runs (for work that stays on it).
+fn allocations_here_during<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = ON_THIS_THREAD.with(Cell::get);
+    let r = f();
+    (r, ON_THIS_THREAD.with(Cell::get) - before)
 }
 
 /// What sample `i` writes at element `k` of its row, under `key`.
@@ -96,7 +118,7 @@ fn writing_rows_in_place_allocates_nothing_per_sample() {
     let mut count = |n: usize| {
         let indices: Vec<usize> = (0..n).map(|_| r.random_range(0..1_000_000)).collect();
         let mut c = Collator::new(&pool);
-        let (b, allocations) = allocations_during(|| batch(key, indices, &mut c).unwrap());
+        let (b, allocations) = allocations_here_during(|| batch(key, indices, &mut c).unwrap());
         check(key, &b);
         allocations
     };
