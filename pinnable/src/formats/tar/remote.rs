@@ -17,6 +17,7 @@ use super::{Shard, ShardBytes, TarShards, list};
 use crate::error::{Error, Result};
 
 mod io;
+mod split;
 mod stream;
 use io::*;
 use stream::Streamer;
@@ -38,9 +39,11 @@ use stream::Streamer;
 /// - **Reads**: each epoch the loader runs streams this rank's run (its samples in shard
 ///   order, before the shuffle buffer) once, in order: the run is cut into chunks of whole
 ///   samples about [`Remote::chunk_size`] long (4 MiB), each one ranged `GET`, whose body is
-///   cut into the samples' own buffers as it arrives. A sample's bytes are kept until a worker
-///   takes it (`get`, as the shuffle buffer yields it), then belong to its
-///   [`TarSample`](super::TarSample): fields are borrowed from them, with no further copy. A
+///   cut into samples as it arrives: a sample that lies inside one received piece of the body
+///   keeps a slice of it (no copy), one cut across pieces is copied into a buffer of its own.
+///   A sample's bytes are kept until a worker takes it (`get`, as the shuffle buffer yields
+///   it), then belong to its [`TarSample`](super::TarSample): fields are borrowed from them,
+///   with no further copy. A
 ///   chunk is fetched when a worker asks for one of its samples, and the next chunks in
 ///   stream order are fetched ahead, [`Remote::read_ahead`] at a time (2), each landing
 ///   starting the next, so fetches run on while the workers decode; the read-ahead pauses
@@ -52,8 +55,15 @@ use stream::Streamer;
 ///   samples held are those in the shuffle buffer (its size), those of the batches in flight
 ///   and the rest of the chunk being read (all of which the workers wait on), plus the
 ///   read-ahead's chunks (arrived or being fetched) while the total is under `cache_bytes`:
-///   the stream runs ahead of slow workers up to that cap. A resumed epoch reads and
-///   holds again at most the 1024 samples before its position (with their chunks).
+///   the stream runs ahead of slow workers up to that cap. A sample that keeps a slice of a
+///   received piece (up to about 400 KiB) keeps the whole piece alive until it is taken, and
+///   a shuffle buffer of small samples spreads a piece's samples over time, so pieces count
+///   whole against the cap, and samples keep slices only while the pieces so kept are under
+///   `cache_bytes`; past it, each arriving sample is copied into a buffer of its own size (as
+///   a cap of 0 always does). The bytes held are then at most the samples' own plus about
+///   `cache_bytes` of pieces. A tensor made over a member of a sample that kept a slice
+///   ([`TarSample::npy`](super::TarSample::npy)) keeps that piece too. A resumed epoch reads
+///   and holds again at most the 1024 samples before its position (with their chunks).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
@@ -125,8 +135,10 @@ impl Remote {
     }
 
     /// The bytes of streamed samples held for the workers above which the read-ahead pauses
-    /// (the chunks workers wait on are fetched still). The shuffle buffer holds its samples'
-    /// bytes: a cap under them only slows the stream to the workers' pace.
+    /// (the chunks workers wait on are fetched still), and the bound on the received pieces
+    /// samples keep slices of instead of copies (0: every sample copied into its own buffer).
+    /// The shuffle buffer holds its samples' bytes: a cap under them only slows the stream to
+    /// the workers' pace.
     pub fn cache_bytes(mut self, bytes: usize) -> Remote {
         self.cache = bytes;
         self

@@ -10,6 +10,9 @@ use crate::formats::npy::NpyArray;
 use crate::loader::{Batcher, Collator};
 use crate::tensor::{HostBytes, Tensor};
 
+/// A sample's bytes held for the worker that takes it (and for tensors made over them).
+pub(crate) type Held = Arc<dyn HostBytes>;
+
 /// One sample of [`TarShards`](super::TarShards): which shard, its key, and where each field's
 /// bytes lie. From local shards nothing is read until a field is asked for; a remote sample
 /// holds its bytes, streamed ahead (see [`Remote`](super::Remote)).
@@ -18,7 +21,7 @@ pub struct TarSample {
     index: Arc<Index>,
     at: usize,
     /// The sample's bytes from the shard and the shard offset of their first, when held.
-    held: Option<(Arc<Vec<u8>>, u64)>,
+    held: Option<(Held, u64)>,
 }
 
 impl std::fmt::Debug for TarSample {
@@ -29,7 +32,7 @@ impl std::fmt::Debug for TarSample {
 
 /// A member's bytes inside a held sample, as the bytes of a tensor: no copy.
 struct HeldBytes {
-    bytes: Arc<Vec<u8>>,
+    bytes: Held,
     from: usize,
     len: usize,
 }
@@ -37,7 +40,7 @@ struct HeldBytes {
 impl HostBytes for HeldBytes {
     fn host_bytes(&self) -> &[u8] {
         let end = self.from.saturating_add(self.len);
-        self.bytes.get(self.from..end).unwrap_or(&[])
+        self.bytes.host_bytes().get(self.from..end).unwrap_or(&[])
     }
 }
 
@@ -69,17 +72,17 @@ impl TarSample {
 
     /// The sample with its bytes, which begin at shard offset `start`.
     #[cfg(feature = "remote")]
-    pub(crate) fn holding(mut self, bytes: Arc<Vec<u8>>, start: u64) -> TarSample {
+    pub(crate) fn holding(mut self, bytes: Held, start: u64) -> TarSample {
         self.held = Some((bytes, start));
         self
     }
 
     /// Where field `f`'s bytes lie in the held bytes, if the sample holds them.
-    fn held_range(&self, f: &Field) -> Option<(&Arc<Vec<u8>>, usize, usize)> {
+    fn held_range(&self, f: &Field) -> Option<(&Held, usize, usize)> {
         let (bytes, start) = self.held.as_ref()?;
         let from = usize::try_from(f.offset.checked_sub(*start)?).ok()?;
         let len = usize::try_from(f.size).ok()?;
-        (from.checked_add(len)? <= bytes.len()).then_some((bytes, from, len))
+        (from.checked_add(len)? <= bytes.host_bytes().len()).then_some((bytes, from, len))
     }
 
     fn group(&self) -> Option<&super::Group> {
@@ -146,7 +149,7 @@ impl TarSample {
     pub fn bytes(&self, ext: &str) -> Result<Cow<'_, [u8]>> {
         let f = self.require(ext)?;
         if let Some((bytes, from, len)) = self.held_range(f) {
-            return Ok(Cow::Borrowed(&bytes[from..from + len]));
+            return Ok(Cow::Borrowed(&bytes.host_bytes()[from..from + len]));
         }
         let len = usize::try_from(f.size).map_err(|_| self.error("too long".into()))?;
         self.shard_bytes()
@@ -191,7 +194,11 @@ impl TarSample {
         let f = self.require(ext)?;
         let name = format!("{}:{}.{ext}", self.shard(), self.key());
         let shard = self.shard_bytes();
-        let held = self.held_range(f);
+        // Held bytes may be a slice of a received piece at any address: a member that does
+        // not start on a 16-byte boundary is copied (a heap buffer is aligned for every dtype).
+        let held = self.held_range(f).filter(|(bytes, from, _)| {
+            (bytes.host_bytes().as_ptr() as usize).wrapping_add(*from) % 16 == 0
+        });
         let bytes: Arc<dyn HostBytes> = match (held, shard.in_memory(), usize::try_from(f.offset)) {
             (Some((bytes, from, len)), _, _) => Arc::new(HeldBytes {
                 bytes: bytes.clone(),
@@ -265,5 +272,104 @@ impl Batcher<TarSample> for TarNpyBatcher {
             None => None,
         };
         Ok((x, y))
+    }
+}
+
+#[cfg(all(test, feature = "remote"))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{Held, TarSample};
+    use crate::formats::tar::TarShards;
+    use crate::loader::{Dataset, SplitMix64};
+    use crate::tensor::HostBytes;
+
+    fn member(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        out.resize(out.len().next_multiple_of(512), 0);
+    }
+
+    fn npy_f64(values: &[f64]) -> Vec<u8> {
+        let dict = format!(
+            "{{'descr': '<f8', 'fortran_order': False, 'shape': ({},), }}",
+            values.len()
+        );
+        let mut header = dict.into_bytes();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(b' ');
+        }
+        header.push(b'\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(&header);
+        values
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        out
+    }
+
+    /// Bytes at `shift` bytes past a 16-byte boundary, as a slice of a received piece may be.
+    struct Shifted {
+        buffer: Vec<u8>,
+        shift: usize,
+    }
+
+    impl HostBytes for Shifted {
+        fn host_bytes(&self) -> &[u8] {
+            &self.buffer[self.shift..]
+        }
+    }
+
+    fn shifted(bytes: &[u8], shift: usize) -> Held {
+        let mut buffer = vec![0u8; 16 + bytes.len()];
+        let to = (16 - buffer.as_ptr() as usize % 16) % 16 + shift;
+        buffer.truncate(to + bytes.len());
+        buffer[to..].copy_from_slice(bytes);
+        let held = Shifted { buffer, shift: to };
+        assert_eq!(held.host_bytes().as_ptr() as usize % 16, shift);
+        Arc::new(held)
+    }
+
+    /// A held sample whose bytes start at any address: its `.npy` member reads as the array
+    /// it holds (copied when it does not lie on a 16-byte boundary, viewed when it does).
+    #[test]
+    fn npy_members_of_held_bytes_at_any_address_read_whole() {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(11, |d| d.as_nanos() as u64);
+        println!("npy_members_of_held_bytes_at_any_address_read_whole: seed {seed}");
+        let mut rng = SplitMix64::for_epoch(seed, 0);
+        let values: Vec<f64> = (0..1 + rng.below(300))
+            .map(|_| rng.next_u64() as f64 / 7.0)
+            .collect();
+        let mut tar = Vec::new();
+        member(&mut tar, "s.cls", b"4");
+        member(&mut tar, "s.npy", &npy_f64(&values));
+        let dir =
+            std::env::temp_dir().join(format!("pinnable-held-npy-{}-{seed}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.tar");
+        std::fs::write(&path, &tar).unwrap();
+        let shards = TarShards::open([path.display().to_string()]).unwrap();
+        let local: TarSample = shards.get(0).unwrap();
+        let start = local.fields()[0].offset;
+        let span = &tar[start as usize..];
+        for shift in [0, 1, 4, 8, 9, 15] {
+            let held = local.clone().holding(shifted(span, shift), start);
+            assert_eq!(held.class("cls").unwrap(), 4);
+            let array = held.npy("npy").unwrap();
+            assert_eq!(array.to_vec::<f64>().unwrap(), values, "shift {shift}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

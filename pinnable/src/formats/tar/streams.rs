@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+pub(crate) use super::sample::Held;
 use super::{Entry, Group, TarSample, TarShards};
 use crate::error::{Error, Result};
 
@@ -28,7 +29,7 @@ pub(crate) trait Streams: Send + Sync {
     fn plan(&self, run: Vec<Planned>, total: usize);
 
     /// The bytes of sample `index`'s span in shard `shard`.
-    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>>;
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held>;
 }
 
 fn span(g: &Group) -> Range<u64> {

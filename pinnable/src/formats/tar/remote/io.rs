@@ -309,7 +309,7 @@ pub(super) async fn fetch(
     let want = usize::try_from(range.end - range.start).map_err(|_| "too long".to_owned())?;
     let mut got = Vec::with_capacity(want);
     fetch_into(store, path, range, retries, timeout, |b| {
-        got.extend_from_slice(b)
+        got.extend_from_slice(&b)
     })
     .await?;
     Ok(Arc::new(got))
@@ -324,7 +324,7 @@ pub(super) async fn fetch_into(
     range: Range<u64>,
     retries: usize,
     timeout: Duration,
-    mut sink: impl FnMut(&[u8]) + Send,
+    mut sink: impl FnMut(bytes::Bytes) + Send,
 ) -> std::result::Result<(), String> {
     let want = range.end - range.start;
     let mut got = 0u64;
@@ -358,8 +358,8 @@ pub(super) async fn fetch_into(
                                     range.start
                                 ));
                             }
-                            sink(&bytes);
                             got += bytes.len() as u64;
+                            sink(bytes);
                         }
                     }
                 }

@@ -1,15 +1,18 @@
 //! Each epoch's run streamed in order: the run (this rank's samples in shard order, before the
 //! shuffle buffer) cut into chunks of whole samples, each fetched once by one ranged `GET`
-//! whose body is split into the samples' own buffers as it arrives; a sample's bytes are kept
-//! until a worker takes it, which is when the shuffle buffer yields it.
+//! whose body is cut into samples as it arrives (slices of the received pieces, or copies; see
+//! [`split`](super::split)); a sample's bytes are kept until a worker takes it, which is when
+//! the shuffle buffer yields it.
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
-use super::super::streams::{Planned, Streams};
+use super::super::streams::{Held, Planned, Streams};
 use super::io::{Io, Object, fetch_into, io_error, lock};
+use super::split::{Ledger, Part, Piece, Split};
 
 /// Samples whose place in the output is this far before the earliest one taken are neither
 /// fetched nor kept: a resumed epoch skips them (the loader never asks for them), so it reads
@@ -60,10 +63,21 @@ struct Run {
     fetching: usize,
     fetching_bytes: u64,
     /// Arrived samples not yet taken, by run position.
-    held: HashMap<usize, Arc<Vec<u8>>>,
+    held: HashMap<usize, Arrived>,
+    /// The bytes of those held in buffers of their own (the pieces others keep slices of are
+    /// in the ledger).
     held_bytes: u64,
     /// The earliest place in the output taken so far.
     least: usize,
+}
+
+/// A sample arrived and not yet taken.
+struct Arrived {
+    bytes: Held,
+    /// The piece it keeps a slice of, counted in the ledger until the sample is taken.
+    piece: Option<Arc<Piece>>,
+    /// The bytes of its own buffer.
+    own: u64,
 }
 
 impl Run {
@@ -71,7 +85,7 @@ impl Run {
         self.least.saturating_sub(LATE)
     }
 
-    fn arrive(&mut self, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+    fn arrive(&mut self, chunk: usize, parts: Option<Vec<Part>>) {
         let floor = self.floor();
         let c = &mut self.chunks[chunk];
         self.fetching -= 1;
@@ -83,8 +97,9 @@ impl Run {
         c.fetch = Fetch::Done;
         for (q, part) in c.runs.clone().zip(parts) {
             if self.run[q].out >= floor {
-                self.held_bytes += part.len() as u64;
-                self.held.insert(q, Arc::new(part));
+                let (bytes, piece, own) = part.into_held();
+                self.held_bytes += own;
+                self.held.insert(q, Arrived { bytes, piece, own });
             }
         }
     }
@@ -94,11 +109,15 @@ impl Run {
 struct Shared {
     io: Arc<Io>,
     objects: Vec<Arc<Object>>,
+    /// The received pieces that held samples keep slices of.
+    pieces: Ledger,
     run: Mutex<Run>,
     arrived: Condvar,
     chunk: u64,
     read_ahead: usize,
-    /// Read-ahead stops while the samples held and the bytes being fetched reach it.
+    /// Read-ahead stops while the samples held (in buffers of their own and in the pieces
+    /// they keep) and the bytes being fetched reach it; samples keep slices of the pieces
+    /// they arrive in only while those pieces are under it.
     cap: u64,
 }
 
@@ -119,6 +138,7 @@ impl Streamer {
             shared: Arc::new(Shared {
                 io,
                 objects,
+                pieces: Ledger::default(),
                 run: Mutex::new(Run::default()),
                 arrived: Condvar::new(),
                 chunk: chunk as u64,
@@ -139,8 +159,8 @@ impl Shared {
         while run.next < run.chunks.len() {
             let c = run.next;
             let waited_on = c < run.demand;
-            let ahead =
-                run.fetching < self.read_ahead && run.held_bytes + run.fetching_bytes < self.cap;
+            let held = run.held_bytes + self.pieces.load(Ordering::Relaxed);
+            let ahead = run.fetching < self.read_ahead && held + run.fetching_bytes < self.cap;
             if !waited_on && !ahead {
                 break;
             }
@@ -161,8 +181,8 @@ impl Shared {
             let object = self.objects[chunk.shard].clone();
             let (retries, timeout) = (self.io.retries, self.io.timeout);
             let (shared, generation) = (Arc::downgrade(self), run.generation);
+            let mut split = Split::new(range.start, spans, &self.pieces, self.cap);
             self.io.handle.spawn(async move {
-                let mut split = Split::new(range.start, spans);
                 let fetched =
                     fetch_into(&*object.store, &object.path, range, retries, timeout, |b| {
                         split.put(b)
@@ -176,7 +196,7 @@ impl Shared {
 
 /// A chunk's fetch ends: its samples are held for the workers (unless a later plan began), and
 /// the next fetches start.
-fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Vec<u8>>>) {
+fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Part>>) {
     let Some(shared) = shared.upgrade() else {
         return;
     };
@@ -234,7 +254,7 @@ impl Streams for Streamer {
         self.shared.arrived.notify_all();
     }
 
-    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Arc<Vec<u8>>> {
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held> {
         let object = &self.shared.objects[shard];
         let deadline = self.shared.io.deadline();
         let mut run = lock(&self.shared.run);
@@ -250,10 +270,11 @@ impl Streams for Streamer {
             run.demand = run.demand.max(c + 1);
             self.shared.start(&mut run);
             loop {
-                if let Some(bytes) = run.held.remove(&q) {
-                    run.held_bytes -= bytes.len() as u64;
+                if let Some(arrived) = run.held.remove(&q) {
+                    run.held_bytes -= arrived.own;
+                    drop(arrived.piece);
                     self.shared.start(&mut run);
-                    return Ok(bytes);
+                    return Ok(arrived.bytes);
                 }
                 let now = Instant::now();
                 if run.generation != generation
@@ -274,62 +295,15 @@ impl Streams for Streamer {
             .io
             .fetch(object, span)
             .wait(self.shared.io.deadline())
+            .map(|bytes| bytes as Held)
             .map_err(|p| io_error(object, p))
-    }
-}
-
-/// Cuts a chunk's body, arriving in pieces, into its samples' buffers (the bytes between
-/// samples, if any, are passed over).
-struct Split {
-    /// The object offset of the next byte to arrive.
-    at: u64,
-    spans: Vec<Range<u64>>,
-    parts: Vec<Vec<u8>>,
-    /// The span being filled.
-    next: usize,
-}
-
-impl Split {
-    fn new(start: u64, spans: Vec<Range<u64>>) -> Split {
-        let parts = spans
-            .iter()
-            .map(|s| Vec::with_capacity((s.end - s.start) as usize))
-            .collect();
-        Split {
-            at: start,
-            spans,
-            parts,
-            next: 0,
-        }
-    }
-
-    fn put(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            let Some(span) = self.spans.get(self.next) else {
-                return;
-            };
-            if self.at >= span.end {
-                self.next += 1;
-                continue;
-            }
-            let (n, copy) = if self.at < span.start {
-                (span.start - self.at, false)
-            } else {
-                (span.end - self.at, true)
-            };
-            let n = n.min(bytes.len() as u64) as usize;
-            if copy {
-                self.parts[self.next].extend_from_slice(&bytes[..n]);
-            }
-            self.at += n as u64;
-            bytes = &bytes[n..];
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     use object_store::memory::InMemory;
     use object_store::path::Path as StorePath;
@@ -339,7 +313,7 @@ mod tests {
     use super::super::super::streams::{Planned, Streams};
     use super::super::Remote;
     use super::super::io::{Io, Object, lock};
-    use super::{Split, Streamer};
+    use super::Streamer;
     use crate::loader::SplitMix64;
 
     fn seeded(test: &str) -> SplitMix64 {
@@ -353,7 +327,8 @@ mod tests {
     /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
     /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
     /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap,
-    /// which runs on as fetches land however slowly the reader takes).
+    /// which runs on as fetches land however slowly the reader takes; and the received pieces
+    /// samples keep slices of, which exist only under a cap and stay near it).
     #[test]
     fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         let mut rng = seeded("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
@@ -421,98 +396,40 @@ mod tests {
                     // Read-ahead starts while under the cap, each at most a chunk and a span.
                     cap as u64 + chunk as u64 + max_span
                 };
-            let mut most = 0;
+            // Pieces are kept while the ledger is under the cap, so past it by at most the
+            // pieces of the fetches running at once: the read-ahead's, and those of the chunks
+            // the buffer's samples lie in, each piece at most a chunk, a span and the gaps.
+            let pieces_bound = if cap == 0 {
+                0
+            } else {
+                cap as u64 + (ahead + buffer + 2) as u64 * (chunk as u64 + 2 * max_span)
+            };
+            let bound = bound + pieces_bound;
+            let held = |s: &Streamer| {
+                let own = lock(&s.shared.run).held_bytes;
+                own + s.shared.pieces.load(Ordering::Relaxed)
+            };
+            let (mut most, mut most_pieces) = (0, 0);
             for &q in &out {
                 let (shard, span) = &planned[q];
                 let got = streamer.take(q, *shard, span.clone()).unwrap();
                 let want = &bodies[*shard][span.start as usize..span.end as usize];
-                assert!(got[..] == *want, "case {case}: sample {q}");
-                most = most.max(lock(&streamer.shared.run).held_bytes);
+                assert!(got.host_bytes() == want, "case {case}: sample {q}");
+                most = most.max(held(&streamer));
+                most_pieces = most_pieces.max(streamer.shared.pieces.load(Ordering::Relaxed));
             }
             assert!(
                 most <= bound,
                 "case {case}: {most} bytes held, over {bound} (buffer {buffer}, {chunk} B \
                  chunks, {ahead} ahead, cap {cap})"
             );
-            assert_eq!(lock(&streamer.shared.run).held_bytes, 0, "case {case}");
+            assert_eq!(held(&streamer), 0, "case {case}");
+            // With room under the cap, samples kept slices of the pieces they came in.
+            assert_eq!(
+                most_pieces > 0,
+                cap > 0,
+                "case {case}: {most_pieces} bytes of pieces"
+            );
         }
-    }
-
-    /// Spans with gaps between them, a body cut into pieces at random: each part is its span.
-    #[test]
-    fn split_cuts_any_pieces_into_the_spans() {
-        let mut rng = seeded("split_cuts_any_pieces_into_the_spans");
-        for _ in 0..50 {
-            let start = rng.below(10_000);
-            let mut at = start;
-            let mut spans = Vec::new();
-            for _ in 0..1 + rng.below(12) {
-                at += rng.below(3) * rng.below(700);
-                let len = 1 + rng.below(3000);
-                spans.push(at..at + len);
-                at += len;
-            }
-            let body: Vec<u8> = (start..at).map(|_| rng.next_u64() as u8).collect();
-            let mut split = Split::new(start, spans.clone());
-            let mut rest = &body[..];
-            while !rest.is_empty() {
-                let n = (1 + rng.below(4000) as usize).min(rest.len());
-                split.put(&rest[..n]);
-                rest = &rest[n..];
-            }
-            for (span, part) in spans.iter().zip(&split.parts) {
-                let from = (span.start - start) as usize;
-                assert_eq!(part.len() as u64, span.end - span.start, "span {span:?}");
-                assert_eq!(part[..], body[from..from + part.len()], "span {span:?}");
-            }
-        }
-    }
-
-    /// Hostile bodies: a server's bytes of any length, in any pieces, cut by spans read from
-    /// the same bytes, never panic and never fill a sample past its span; a body that covers
-    /// every span fills each exactly.
-    #[test]
-    fn fuzzed_bodies_split_within_their_spans() {
-        let seeds: Vec<Vec<u8>> = (0u8..4)
-            .map(|k| {
-                (0..64 + 200 * usize::from(k))
-                    .map(|i| (i * 7 + usize::from(k)) as u8)
-                    .collect()
-            })
-            .collect();
-        crate::fuzz::Fuzz::new("remote_split")
-            .seeds(seeds)
-            .run(|bytes| {
-                let Some((head, body)) = bytes.split_first_chunk::<8>() else {
-                    return Ok(());
-                };
-                let start = u64::from(head[0]);
-                let mut at = start;
-                let spans: Vec<std::ops::Range<u64>> = head[1..6]
-                    .iter()
-                    .map(|&b| {
-                        let span = at + u64::from(b & 3)..at + u64::from(b & 3) + u64::from(b >> 2);
-                        at = span.end;
-                        span
-                    })
-                    .collect();
-                let mut split = Split::new(start, spans.clone());
-                let piece = 1 + usize::from(head[7]);
-                for chunk in body.chunks(piece) {
-                    split.put(chunk);
-                }
-                let covered = start + body.len() as u64 >= at;
-                for (span, part) in spans.iter().zip(&split.parts) {
-                    let len = span.end - span.start;
-                    if part.len() as u64 > len || (covered && part.len() as u64 != len) {
-                        return Err(format!("{} bytes for span {span:?}", part.len()));
-                    }
-                    let from = (span.start - start) as usize;
-                    if part[..] != body[from.min(body.len())..][..part.len()] {
-                        return Err(format!("span {span:?} holds other bytes"));
-                    }
-                }
-                Ok(())
-            });
     }
 }
