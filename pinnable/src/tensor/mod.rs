@@ -19,7 +19,7 @@ pub(crate) use layout::{HostSrc, contiguous_strides};
 pub(crate) use moving::{Arena, Memory, Source};
 use storage::Data;
 pub use storage::HostBytes;
-pub(crate) use storage::{DeviceBuffer, External, HostBuf, Ready, Storage};
+pub(crate) use storage::{AlignedCopy, DeviceBuffer, External, HostBuf, Ready, Storage};
 pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.

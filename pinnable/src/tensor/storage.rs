@@ -175,6 +175,28 @@ pub trait HostBytes: Send + Sync + 'static {
     fn host_bytes(&self) -> &[u8];
 }
 
+/// Bytes copied into a vector aligned for every dtype (8 bytes, the largest element): a
+/// `Vec<u8>` promises only byte alignment.
+pub(crate) struct AlignedCopy(Vec<u64>, usize);
+
+impl AlignedCopy {
+    pub(crate) fn of(bytes: &[u8]) -> AlignedCopy {
+        let mut copy = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: `copy` has at least `bytes.len()` bytes; the two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), copy.as_mut_ptr().cast(), bytes.len())
+        };
+        AlignedCopy(copy, bytes.len())
+    }
+}
+
+impl HostBytes for AlignedCopy {
+    fn host_bytes(&self) -> &[u8] {
+        // SAFETY: the vector holds at least `self.1` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.1) }
+    }
+}
+
 impl HostBytes for Vec<u8> {
     fn host_bytes(&self) -> &[u8] {
         self

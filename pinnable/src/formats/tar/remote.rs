@@ -55,15 +55,16 @@ use stream::Streamer;
 ///   samples held are those in the shuffle buffer (its size), those of the batches in flight
 ///   and the rest of the chunk being read (all of which the workers wait on), plus the
 ///   read-ahead's chunks (arrived or being fetched) while the total is under `cache_bytes`:
-///   the stream runs ahead of slow workers up to that cap. A sample that keeps a slice of a
-///   received piece (up to about 400 KiB) keeps the whole piece alive until it is taken, and
-///   a shuffle buffer of small samples spreads a piece's samples over time, so pieces count
-///   whole against the cap, and samples keep slices only while the pieces so kept are under
-///   `cache_bytes`; past it, each arriving sample is copied into a buffer of its own size (as
-///   a cap of 0 always does). The bytes held are then at most the samples' own plus about
-///   `cache_bytes` of pieces. A tensor made over a member of a sample that kept a slice
-///   ([`TarSample::npy`](super::TarSample::npy)) keeps that piece too. A resumed epoch reads
-///   and holds again at most the 1024 samples before its position (with their chunks).
+///   the stream runs ahead of slow workers up to that cap. A slice of a received piece keeps
+///   the HTTP client's whole read buffer alive (up to about 408 KiB, several pieces), so the
+///   buffers slices keep are counted against the cap: each once, the bytes its kept pieces
+///   span but at least 408 KiB, from its first slice until the last one is dropped (by the
+///   worker's batch, or a tensor made over a member, [`TarSample::npy`](super::TarSample::npy)).
+///   Samples keep slices only while that count is under `cache_bytes`; past it each arriving
+///   sample is copied into a buffer of its own size (as a cap of 0 always does). The bytes
+///   held are then at most the samples' own plus about `cache_bytes` of buffers. A resumed
+///   epoch reads and holds again at most the 1024 samples before its position (with their
+///   chunks).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
@@ -135,7 +136,7 @@ impl Remote {
     }
 
     /// The bytes of streamed samples held for the workers above which the read-ahead pauses
-    /// (the chunks workers wait on are fetched still), and the bound on the received pieces
+    /// (the chunks workers wait on are fetched still), and the bound on the received buffers
     /// samples keep slices of instead of copies (0: every sample copied into its own buffer).
     /// The shuffle buffer holds its samples' bytes: a cap under them only slows the stream to
     /// the workers' pace.

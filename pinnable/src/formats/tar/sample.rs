@@ -8,7 +8,7 @@ use super::{Entry, Field, Index, ShardBytes};
 use crate::error::{Error, Result};
 use crate::formats::npy::NpyArray;
 use crate::loader::{Batcher, Collator};
-use crate::tensor::{HostBytes, Tensor};
+use crate::tensor::{AlignedCopy, HostBytes, Tensor};
 
 /// A sample's bytes held for the worker that takes it (and for tensors made over them).
 pub(crate) type Held = Arc<dyn HostBytes>;
@@ -194,10 +194,10 @@ impl TarSample {
         let f = self.require(ext)?;
         let name = format!("{}:{}.{ext}", self.shard(), self.key());
         let shard = self.shard_bytes();
-        // Held bytes may be a slice of a received piece at any address: a member that does
-        // not start on a 16-byte boundary is copied (a heap buffer is aligned for every dtype).
+        // Held bytes may be a slice of a received buffer at any address: a member that does
+        // not start on an 8-byte boundary (the largest element) is copied into one that does.
         let held = self.held_range(f).filter(|(bytes, from, _)| {
-            (bytes.host_bytes().as_ptr() as usize).wrapping_add(*from) % 16 == 0
+            (bytes.host_bytes().as_ptr() as usize).wrapping_add(*from) % 8 == 0
         });
         let bytes: Arc<dyn HostBytes> = match (held, shard.in_memory(), usize::try_from(f.offset)) {
             (Some((bytes, from, len)), _, _) => Arc::new(HeldBytes {
@@ -210,7 +210,7 @@ impl TarSample {
                 offset,
                 len: usize::try_from(f.size).unwrap_or(usize::MAX),
             }),
-            _ => Arc::new(self.bytes(ext)?.into_owned()),
+            _ => Arc::new(AlignedCopy::of(&self.bytes(ext)?)),
         };
         Ok(NpyArray::from_host_bytes(bytes, &name)?.tensor().clone())
     }
@@ -331,7 +331,7 @@ mod tests {
     }
 
     fn shifted(bytes: &[u8], shift: usize) -> Held {
-        let mut buffer = vec![0u8; 16 + bytes.len()];
+        let mut buffer = vec![0u8; 32 + bytes.len()];
         let to = (16 - buffer.as_ptr() as usize % 16) % 16 + shift;
         buffer.truncate(to + bytes.len());
         buffer[to..].copy_from_slice(bytes);
@@ -341,7 +341,7 @@ mod tests {
     }
 
     /// A held sample whose bytes start at any address: its `.npy` member reads as the array
-    /// it holds (copied when it does not lie on a 16-byte boundary, viewed when it does).
+    /// it holds, viewed in place when it lies on an 8-byte boundary and copied when not.
     #[test]
     fn npy_members_of_held_bytes_at_any_address_read_whole() {
         let seed = std::time::SystemTime::now()
@@ -365,10 +365,15 @@ mod tests {
         let start = local.fields()[0].offset;
         let span = &tar[start as usize..];
         for shift in [0, 1, 4, 8, 9, 15] {
-            let held = local.clone().holding(shifted(span, shift), start);
+            let bytes = shifted(span, shift);
+            let held = local.clone().holding(bytes.clone(), start);
             assert_eq!(held.class("cls").unwrap(), 4);
             let array = held.npy("npy").unwrap();
             assert_eq!(array.to_vec::<f64>().unwrap(), values, "shift {shift}");
+            let data = array.as_slice::<f64>().unwrap().as_ptr() as usize;
+            let inside = bytes.host_bytes().as_ptr_range();
+            let viewed = (inside.start as usize..inside.end as usize).contains(&data);
+            assert_eq!(viewed, shift % 8 == 0, "shift {shift}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

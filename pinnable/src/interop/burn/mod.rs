@@ -65,7 +65,7 @@ use burn_tensor::{AllocationProperty, BoolStore, Bytes, DType as BurnDType, Tens
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::tensor::{HostBytes, Tensor};
+use crate::tensor::{AlignedCopy, HostBytes, Tensor};
 
 fn error(message: impl Into<String>) -> Error {
     Error::Interop {
@@ -221,28 +221,12 @@ impl Tensor {
             let read = bytes
                 .read(Default::default())
                 .map_err(|e| error(format!("cannot read burn's bytes on the host: {e}")))?;
-            // A vector of u64 is aligned for every dtype.
-            let mut copy = vec![0u64; read.len().div_ceil(8)];
-            // SAFETY: `copy` has at least `read.len()` bytes; the two do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(read.as_ptr(), copy.as_mut_ptr().cast(), read.len())
-            };
-            Arc::new(AlignedCopy(copy, read.len()))
+            Arc::new(AlignedCopy::of(read))
         };
         Tensor::from_host_bytes(owner, dtype, &shape, 0).map_err(|e| match e {
             Error::Shape(m) => error(m),
             other => other,
         })
-    }
-}
-
-/// Bytes copied into a vector aligned for every dtype.
-struct AlignedCopy(Vec<u64>, usize);
-
-impl HostBytes for AlignedCopy {
-    fn host_bytes(&self) -> &[u8] {
-        // SAFETY: the vector holds at least `self.1` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.1) }
     }
 }
 

@@ -1,6 +1,12 @@
 //! A chunk's body, arriving in pieces, cut into its samples: a sample that lies inside one
 //! piece keeps a slice of it (no copy) while the pieces so kept stay under a bound; a sample
 //! cut across pieces, or any sample past the bound, is copied into a buffer of its own.
+//!
+//! A piece is a slice of the HTTP client's read buffer, and a slice keeps that whole buffer
+//! alive; consecutive pieces of one buffer lie back to back. So the pieces are charged by
+//! buffer: the pieces that touch share one charge, the bytes they span but at least
+//! [`LEAST_CHARGE`], held until the last slice of them is dropped (by the worker's sample,
+//! a batch or a tensor made over its bytes).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -11,45 +17,51 @@ use bytes::Bytes;
 use super::super::streams::Held;
 use crate::tensor::HostBytes;
 
-/// The bytes of the received pieces that untaken samples keep, shared by a stream's fetches.
+/// The bytes of the received buffers that samples keep slices of, shared by a stream's
+/// fetches.
 pub(super) type Ledger = Arc<AtomicU64>;
 
-/// A received piece some samples keep slices of: its bytes count in the ledger until the
-/// last of those samples is taken (or let go).
+/// The least a buffer's slices are charged: hyper's read buffer grows to 8 KiB + 400 KiB,
+/// and a piece read into it may be much shorter.
+pub(super) const LEAST_CHARGE: u64 = 8192 + 4096 * 100;
+
+/// One received buffer some samples keep slices of: its charge stays in the ledger until the
+/// last of those slices is dropped.
 pub(super) struct Piece {
-    len: u64,
+    charged: AtomicU64,
     ledger: Ledger,
 }
 
 impl Piece {
-    fn new(len: usize, ledger: &Ledger) -> Arc<Piece> {
-        ledger.fetch_add(len as u64, Ordering::Relaxed);
-        Arc::new(Piece {
-            len: len as u64,
-            ledger: ledger.clone(),
-        })
+    fn charge(&self, bytes: u64) {
+        self.charged.fetch_add(bytes, Ordering::Relaxed);
+        self.ledger.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
 impl Drop for Piece {
     fn drop(&mut self) {
-        self.ledger.fetch_sub(self.len, Ordering::Relaxed);
+        self.ledger
+            .fetch_sub(*self.charged.get_mut(), Ordering::Relaxed);
     }
 }
 
-/// A slice of a received piece, as a sample's bytes.
-struct Slice(Bytes);
+/// A slice of a received buffer, as a sample's bytes; the buffer's charge with it.
+struct Slice {
+    bytes: Bytes,
+    _charge: Arc<Piece>,
+}
 
 impl HostBytes for Slice {
     fn host_bytes(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 }
 
 /// A sample's bytes as they arrived.
 pub(super) enum Part {
     Waiting,
-    /// A slice of the one piece that holds them all, and that piece's place in the ledger.
+    /// A slice of the one piece that holds them all, and that piece's buffer's charge.
     Slice(Bytes, Arc<Piece>),
     Own(Vec<u8>),
 }
@@ -64,19 +76,32 @@ impl Part {
         }
     }
 
-    /// The bytes for the worker that takes the sample; the piece's place in the ledger, which
-    /// the stream gives up when the sample is taken; and the bytes held in a buffer of the
-    /// sample's own.
-    pub(super) fn into_held(self) -> (Held, Option<Arc<Piece>>, u64) {
+    /// The bytes for the worker that takes the sample, and the bytes of its own buffer (a
+    /// slice's charge stays with the slice).
+    pub(super) fn into_held(self) -> (Held, u64) {
         match self {
-            Part::Waiting => (Arc::new(Vec::new()), None, 0),
-            Part::Slice(b, piece) => (Arc::new(Slice(b)), Some(piece), 0),
+            Part::Waiting => (Arc::new(Vec::new()), 0),
+            Part::Slice(bytes, charge) => (
+                Arc::new(Slice {
+                    bytes,
+                    _charge: charge,
+                }),
+                0,
+            ),
             Part::Own(v) => {
                 let len = v.len() as u64;
-                (Arc::new(v), None, len)
+                (Arc::new(v), len)
             }
         }
     }
+}
+
+/// The received pieces lying back to back (one buffer) that slices were kept of.
+struct Buffer {
+    /// The address of its first byte and one past its last.
+    start: usize,
+    end: usize,
+    charge: Arc<Piece>,
 }
 
 /// Cuts a chunk's body, arriving in pieces, into its samples' parts (the bytes between
@@ -85,22 +110,27 @@ pub(super) struct Split {
     /// The object offset of the next byte to arrive.
     at: u64,
     spans: Vec<Range<u64>>,
-    pub(super) parts: Vec<Part>,
+    parts: Vec<Part>,
     /// The span being filled.
     next: usize,
     ledger: Ledger,
     /// Samples keep slices of a piece only while the ledger is under this.
     keep_under: u64,
+    /// The least charge of a buffer.
+    least: u64,
+    /// The buffer the last piece lay in, once a slice of it is kept.
+    buffer: Option<Buffer>,
 }
 
 impl Split {
     /// A chunk from object offset `start`, cut at `spans`; slices kept while `ledger` is under
-    /// `keep_under` bytes when their piece arrives.
+    /// `keep_under` bytes when their piece arrives, each buffer charged at least `least`.
     pub(super) fn new(
         start: u64,
         spans: Vec<Range<u64>>,
         ledger: &Ledger,
         keep_under: u64,
+        least: u64,
     ) -> Split {
         let parts = spans.iter().map(|_| Part::Waiting).collect();
         Split {
@@ -110,12 +140,57 @@ impl Split {
             next: 0,
             ledger: ledger.clone(),
             keep_under,
+            least,
+            buffer: None,
         }
     }
 
+    /// The charge of `piece`'s buffer, raised to the bytes from its first kept piece to the
+    /// end of `piece` (the last buffer's when `piece` lies in it, see [`put`](Self::put); a
+    /// new one otherwise).
+    fn charge_for(&mut self, piece: &Bytes) -> Arc<Piece> {
+        let (from, to) = (
+            piece.as_ptr() as usize,
+            piece.as_ptr() as usize + piece.len(),
+        );
+        let buffer = match self.buffer.take() {
+            Some(b) if b.start <= from && to <= b.end => b,
+            _ => Buffer {
+                start: from,
+                end: to,
+                charge: Arc::new(Piece {
+                    charged: AtomicU64::new(0),
+                    ledger: self.ledger.clone(),
+                }),
+            },
+        };
+        let due = ((buffer.end - buffer.start) as u64).max(self.least);
+        let charged = buffer.charge.charged.load(Ordering::Relaxed);
+        buffer.charge.charge(due.saturating_sub(charged));
+        let charge = buffer.charge.clone();
+        self.buffer = Some(buffer);
+        charge
+    }
+
+    /// The samples' parts; the split's own hold on the last buffer's charge ends here, before
+    /// the parts are handed on.
+    pub(super) fn into_parts(self) -> Vec<Part> {
+        self.parts
+    }
+
     pub(super) fn put(&mut self, piece: Bytes) {
+        // A piece that follows the buffer's last back to back is more of that buffer.
+        let (from, to) = (
+            piece.as_ptr() as usize,
+            piece.as_ptr() as usize + piece.len(),
+        );
+        match &mut self.buffer {
+            Some(b) if b.end == from => b.end = to,
+            Some(b) if b.start <= from && to <= b.end => {}
+            _ => self.buffer = None,
+        }
         let keep = self.ledger.load(Ordering::Relaxed) < self.keep_under;
-        let mut place: Option<Arc<Piece>> = None;
+        let mut charge: Option<Arc<Piece>> = None;
         let mut off = 0;
         while off < piece.len() {
             let Some(span) = self.spans.get(self.next) else {
@@ -134,11 +209,14 @@ impl Split {
             }
             let len = span.end - span.start;
             let n = (span.end - self.at).min(rest) as usize;
-            let part = &mut self.parts[self.next];
             if keep && self.at == span.start && n as u64 == len {
-                let place = place.get_or_insert_with(|| Piece::new(piece.len(), &self.ledger));
-                *part = Part::Slice(piece.slice(off..off + n), place.clone());
+                let charge = match &charge {
+                    Some(c) => c.clone(),
+                    None => charge.insert(self.charge_for(&piece)).clone(),
+                };
+                self.parts[self.next] = Part::Slice(piece.slice(off..off + n), charge);
             } else {
+                let part = &mut self.parts[self.next];
                 if !matches!(part, Part::Own(_)) {
                     *part = Part::Own(Vec::with_capacity(len as usize));
                 }
@@ -172,12 +250,14 @@ mod tests {
 
     /// Spans with gaps between them, a body cut into pieces at random: each part is its
     /// span; with room in the ledger, exactly the spans inside one piece are slices of it (no
-    /// copy) and the ledger holds those pieces once each until their last sample goes; with
-    /// none, every part is a copy and the ledger stays empty.
+    /// copy), and the ledger holds each buffer once (pieces of one buffer, back to back: the
+    /// bytes from the first kept piece on; pieces each their own buffer: each kept one), at
+    /// least the least charge, until the last slice goes; with none, every part is a copy and
+    /// the ledger stays empty.
     #[test]
     fn split_cuts_any_pieces_into_the_spans() {
         let mut rng = seeded("split_cuts_any_pieces_into_the_spans");
-        for case in 0..60 {
+        for case in 0..90 {
             let start = rng.below(10_000);
             let mut at = start;
             let mut spans = Vec::new();
@@ -188,24 +268,26 @@ mod tests {
                 at += len;
             }
             let body: Vec<u8> = (start..at).map(|_| rng.next_u64() as u8).collect();
+            let whole = Bytes::from(body.clone());
             let ledger = Arc::new(AtomicU64::new(0));
             let keep = case % 3 != 0;
-            let mut split = Split::new(
-                start,
-                spans.clone(),
-                &ledger,
-                if keep { u64::MAX } else { 0 },
-            );
+            let one_buffer = case % 2 == 0;
+            let least = [0, 1000, 1 << 20][rng.below(3) as usize];
+            let keep_under = if keep { u64::MAX } else { 0 };
+            let mut split = Split::new(start, spans.clone(), &ledger, keep_under, least);
             let mut pieces: Vec<(u64, Bytes)> = Vec::new();
-            let mut rest = &body[..];
             let mut offset = start;
-            while !rest.is_empty() {
-                let n = (1 + rng.below(4000) as usize).min(rest.len());
-                let piece = Bytes::copy_from_slice(&rest[..n]);
+            while offset < at {
+                let n = (1 + rng.below(4000)).min(at - offset);
+                let from = (offset - start) as usize;
+                let piece = if one_buffer {
+                    whole.slice(from..from + n as usize)
+                } else {
+                    Bytes::copy_from_slice(&body[from..from + n as usize])
+                };
                 pieces.push((offset, piece.clone()));
                 split.put(piece);
-                rest = &rest[n..];
-                offset += n as u64;
+                offset += n;
             }
             let mut kept = std::collections::BTreeSet::new();
             for (span, part) in spans.iter().zip(&split.parts) {
@@ -217,11 +299,8 @@ mod tests {
                     .position(|(o, p)| *o <= span.start && span.end <= *o + p.len() as u64);
                 match (part, inside) {
                     (Part::Slice(b, _), Some(k)) if keep => {
-                        let p = &pieces[k].1;
-                        assert_eq!(
-                            b.as_ptr(),
-                            p[(span.start - pieces[k].0) as usize..].as_ptr()
-                        );
+                        let (o, p) = &pieces[k];
+                        assert_eq!(b.as_ptr(), p[(span.start - o) as usize..].as_ptr());
                         kept.insert(k);
                     }
                     (Part::Own(_), None) => {}
@@ -229,9 +308,25 @@ mod tests {
                     _ => panic!("span {span:?}: a slice where a copy was due, or the reverse"),
                 }
             }
-            let want: u64 = kept.iter().map(|&k| pieces[k].1.len() as u64).sum();
+            let want = match (kept.first(), kept.last()) {
+                (None, _) | (_, None) => 0,
+                (Some(&k0), Some(&k1)) if one_buffer => {
+                    let end = pieces[k1].0 + pieces[k1].1.len() as u64;
+                    (end - pieces[k0].0).max(least)
+                }
+                _ => kept
+                    .iter()
+                    .map(|&k| (pieces[k].1.len() as u64).max(least))
+                    .sum(),
+            };
             assert_eq!(ledger.load(Ordering::Relaxed), want, "case {case}");
+            // The charge stays while a slice lives, wherever it went, and only so long.
+            let last = split.parts.pop();
             drop(split);
+            if let Some(Part::Slice(..)) = &last {
+                assert!(ledger.load(Ordering::Relaxed) > 0, "case {case}");
+            }
+            drop(last);
             assert_eq!(ledger.load(Ordering::Relaxed), 0, "case {case}");
         }
     }
@@ -265,8 +360,9 @@ mod tests {
                     })
                     .collect();
                 let ledger = Arc::new(AtomicU64::new(0));
-                let keep_under = u64::from(head[6]) * 64;
-                let mut split = Split::new(start, spans.clone(), &ledger, keep_under);
+                let keep_under = u64::from(head[6] & 0x7f) * 64;
+                let least = u64::from(head[6] >> 7) * 300;
+                let mut split = Split::new(start, spans.clone(), &ledger, keep_under, least);
                 let piece = 1 + usize::from(head[7]);
                 for chunk in body.chunks(piece) {
                     split.put(Bytes::copy_from_slice(chunk));
