@@ -43,7 +43,7 @@ pub(super) struct Segments {
     /// The frame header has three components, not all at one resolution.
     pub(super) subsampled: bool,
     /// Where the frame header's segment starts (at its marker): of several before the first
-    /// scan, the last, which the decoder reads.
+    /// scan, the last (the decoder refuses a file with two).
     pub(super) frame: Option<usize>,
     /// The components the first scan header lists.
     pub(super) scan_components: u8,
@@ -51,53 +51,78 @@ pub(super) struct Segments {
 
 pub(super) fn segments(bytes: &[u8]) -> Segments {
     let mut found = Segments::default();
+    // The host decoder's walk of the headers, step for step: after the start-of-image marker,
+    // a byte after 0xFF is a marker code (fill bytes, 0xFF or 0x00, between them are passed
+    // over; a 0x00 fill leaves the next byte no marker); every marker but a scan's start or
+    // the end of the image opens a segment of the length it gives, known to the decoder or
+    // not (restart, reserved and unknown codes included); other bytes are passed over.
     let mut i = 2;
+    let mut last = 0u8;
     let scan = loop {
-        let Some(&marker) = bytes.get(i + 1) else {
+        let Some(&byte) = bytes.get(i) else {
             found.ends_in_headers = true;
             return found;
         };
-        if bytes[i] != 0xFF || matches!(marker, 0xFF | 0x00 | 0x02..=0xBF) {
-            // Fill bytes, or stray bytes between segments (a 0xFF not followed by a marker
-            // code): step to the next 0xFF, as the decoder does.
-            i += 1;
+        i += 1;
+        let mut marker = byte;
+        if last == 0xFF && matches!(marker, 0xFF | 0x00) {
+            while matches!(marker, 0xFF | 0x00) {
+                last = marker;
+                let Some(&byte) = bytes.get(i) else {
+                    found.ends_in_headers = true;
+                    return found;
+                };
+                i += 1;
+                marker = byte;
+            }
+        }
+        if last != 0xFF {
+            last = marker;
             continue;
         }
+        // The marker's 0xFF is at `at`, its code at `at + 1`, its segment's length after.
+        let at = i - 2;
         match marker {
             0xDA => {
-                found.scan_components = bytes.get(i + 4).copied().unwrap_or(0);
-                break i;
+                found.scan_components = bytes.get(at + 4).copied().unwrap_or(0);
+                break at;
             }
             0xD9 => return found,
-            0x01 | 0xD0..=0xD8 => i += 2,
             _ => {
-                let Some(len) = bytes.get(i + 2..i + 4) else {
+                let Some(len) = bytes.get(i..i + 2) else {
                     found.ends_in_headers = true;
                     return found;
                 };
                 let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
-                // The last frame header before the first scan is the one the decoder reads.
-                if matches!(marker, 0xC0..=0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF) {
-                    found.blocks = frame_blocks(bytes.get(i + 4..).unwrap_or(&[]));
-                    found.frame = Some(i);
-                    found.subsampled = bytes.get(i + 9) == Some(&3)
+                if len < 2 {
+                    // The decoder refuses a segment shorter than its length field.
+                    return found;
+                }
+                // The frame headers the decoder reads (baseline, extended, progressive; it
+                // skips the other kinds' codes as unknown segments). Of several, the last is
+                // counted (the decoder refuses a second).
+                if matches!(marker, 0xC0..=0xC2) {
+                    found.blocks = frame_blocks(bytes.get(at + 4..).unwrap_or(&[]));
+                    found.frame = Some(at);
+                    found.subsampled = bytes.get(at + 9) == Some(&3)
                         && bytes
-                            .get(i + 10..i + 19)
+                            .get(at + 10..at + 19)
                             .is_some_and(|c| c[1] != c[4] || c[1] != c[7]);
                 }
                 // A frame header: precision, height, width, components, then 3 bytes each.
                 if matches!(marker, 0xC0..=0xC2)
-                    && bytes.get(i + 9) == Some(&4)
-                    && let Some(c) = bytes.get(i + 10..i + 22)
+                    && bytes.get(at + 9) == Some(&4)
+                    && let Some(c) = bytes.get(at + 10..at + 22)
                 {
                     let first = c[1];
                     found.key_plane_finer = c
                         .chunks(3)
                         .any(|p| p[1] >> 4 > first >> 4 || p[1] & 15 > first & 15);
                 }
-                i += 2 + len;
+                i += len;
             }
         }
+        last = marker;
     };
     found.whole = bytes[scan..].windows(2).rev().any(|w| w == [0xFF, 0xD9]);
     found.scan_bytes = (bytes.len() - scan) as u64;

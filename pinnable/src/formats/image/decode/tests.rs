@@ -36,6 +36,41 @@ fn a_four_plane_frame_with_a_finer_later_plane_is_noticed() {
 }
 
 #[test]
+fn markers_the_decoder_skips_by_length_hide_what_they_hold() {
+    // SOI, SOF0 (17 × 9, one plane), then a reserved marker (0xFF43) whose segment holds a
+    // second frame header (11 × 7): the decoder skips the reserved segment by its length, so
+    // the frame it reads (and the walk counts) is the first. Found by the fuzz test below.
+    let mut f = vec![
+        0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x0B, 8, 0, 9, 0, 17, 1, 1, 0x11, 0,
+    ];
+    f.extend([
+        0xFF, 0x43, 0x00, 0x0D, 0xFF, 0xC2, 0x00, 0x0B, 8, 0, 7, 0, 11, 1, 1,
+    ]);
+    f.extend([0xFF, 0xDA, 0x00, 0x08, 1, 1, 0, 0, 63, 0, 0x12, 0xFF, 0xD9]);
+    let s = segments(&f);
+    assert_eq!(s.frame, Some(2));
+    assert_eq!(s.blocks, 3 * 2, "17 × 9 is 3 × 2 blocks");
+    // A frame header of a kind the decoder does not read (0xC5, differential) is skipped too.
+    let mut k = f.clone();
+    k[16] = 0xC5;
+    assert_eq!((segments(&k).frame, segments(&k).blocks), (Some(2), 6));
+    // Fill bytes before a code are passed over; a 0x00 fill leaves the next byte no marker.
+    let mut g = f.clone();
+    g.splice(2..2, [0xFF, 0xFF]);
+    assert_eq!(segments(&g).frame, Some(4));
+    // Without the reserved marker, the second header is read, and 0xFF 0x00 0xC2 before it
+    // is none.
+    let mut h = f.clone();
+    h.splice(15..17, [0xFF, 0x00, 0xC2]);
+    assert_eq!(
+        segments(&h).frame,
+        Some(20),
+        "the header at 20, not 0xFF 0x00 0xC2 at 15"
+    );
+    assert_eq!(segments(&h).blocks, 2, "11 × 7 is 2 × 1 blocks");
+}
+
+#[test]
 fn debug_shows_the_size_not_the_pixels() {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
