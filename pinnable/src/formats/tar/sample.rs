@@ -344,11 +344,8 @@ mod tests {
     /// it holds, viewed in place when it lies on an 8-byte boundary and copied when not.
     #[test]
     fn npy_members_of_held_bytes_at_any_address_read_whole() {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(11, |d| d.as_nanos() as u64);
-        println!("npy_members_of_held_bytes_at_any_address_read_whole: seed {seed}");
-        let mut rng = SplitMix64::for_epoch(seed, 0);
+        let mut rng = SplitMix64::for_test("npy_members_of_held_bytes_at_any_address_read_whole");
+        let seed = rng.next_u64();
         let values: Vec<f64> = (0..1 + rng.below(300))
             .map(|_| rng.next_u64() as f64 / 7.0)
             .collect();

@@ -27,19 +27,19 @@ pub(super) const LEAST_CHARGE: u64 = 8192 + 4096 * 100;
 
 /// One received buffer some samples keep slices of: its charge stays in the ledger until the
 /// last of those slices is dropped.
-pub(super) struct Piece {
+pub(super) struct Charge {
     charged: AtomicU64,
     ledger: Ledger,
 }
 
-impl Piece {
+impl Charge {
     fn charge(&self, bytes: u64) {
         self.charged.fetch_add(bytes, Ordering::Relaxed);
         self.ledger.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
-impl Drop for Piece {
+impl Drop for Charge {
     fn drop(&mut self) {
         self.ledger
             .fetch_sub(*self.charged.get_mut(), Ordering::Relaxed);
@@ -49,7 +49,7 @@ impl Drop for Piece {
 /// A slice of a received buffer, as a sample's bytes; the buffer's charge with it.
 struct Slice {
     bytes: Bytes,
-    _charge: Arc<Piece>,
+    _charge: Arc<Charge>,
 }
 
 impl HostBytes for Slice {
@@ -62,7 +62,7 @@ impl HostBytes for Slice {
 pub(super) enum Part {
     Waiting,
     /// A slice of the one piece that holds them all, and that piece's buffer's charge.
-    Slice(Bytes, Arc<Piece>),
+    Slice(Bytes, Arc<Charge>),
     Own(Vec<u8>),
 }
 
@@ -101,7 +101,7 @@ struct Buffer {
     /// The address of its first byte and one past its last.
     start: usize,
     end: usize,
-    charge: Arc<Piece>,
+    charge: Arc<Charge>,
 }
 
 /// Cuts a chunk's body, arriving in pieces, into its samples' parts (the bytes between
@@ -146,24 +146,17 @@ impl Split {
     }
 
     /// The charge of `piece`'s buffer, raised to the bytes from its first kept piece to the
-    /// end of `piece` (the last buffer's when `piece` lies in it, see [`put`](Self::put); a
-    /// new one otherwise).
-    fn charge_for(&mut self, piece: &Bytes) -> Arc<Piece> {
-        let (from, to) = (
-            piece.as_ptr() as usize,
-            piece.as_ptr() as usize + piece.len(),
-        );
-        let buffer = match self.buffer.take() {
-            Some(b) if b.start <= from && to <= b.end => b,
-            _ => Buffer {
-                start: from,
-                end: to,
-                charge: Arc::new(Piece {
-                    charged: AtomicU64::new(0),
-                    ledger: self.ledger.clone(),
-                }),
-            },
-        };
+    /// end of `piece`: the last buffer's, which [`put`](Self::put) keeps only while `piece`
+    /// lies in it, or a new one.
+    fn charge_for(&mut self, piece: &Bytes) -> Arc<Charge> {
+        let buffer = self.buffer.take().unwrap_or_else(|| Buffer {
+            start: piece.as_ptr() as usize,
+            end: piece.as_ptr() as usize + piece.len(),
+            charge: Arc::new(Charge {
+                charged: AtomicU64::new(0),
+                ledger: self.ledger.clone(),
+            }),
+        });
         let due = ((buffer.end - buffer.start) as u64).max(self.least);
         let charged = buffer.charge.charged.load(Ordering::Relaxed);
         buffer.charge.charge(due.saturating_sub(charged));
@@ -190,7 +183,7 @@ impl Split {
             _ => self.buffer = None,
         }
         let keep = self.ledger.load(Ordering::Relaxed) < self.keep_under;
-        let mut charge: Option<Arc<Piece>> = None;
+        let mut charge: Option<Arc<Charge>> = None;
         let mut off = 0;
         while off < piece.len() {
             let Some(span) = self.spans.get(self.next) else {
@@ -240,14 +233,6 @@ mod tests {
     use super::{Part, Split};
     use crate::loader::SplitMix64;
 
-    fn seeded(test: &str) -> SplitMix64 {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.as_nanos() as u64);
-        println!("{test}: seed {seed}");
-        SplitMix64::for_epoch(seed, 0)
-    }
-
     /// Spans with gaps between them, a body cut into pieces at random: each part is its
     /// span; with room in the ledger, exactly the spans inside one piece are slices of it (no
     /// copy), and the ledger holds each buffer once (pieces of one buffer, back to back: the
@@ -256,7 +241,7 @@ mod tests {
     /// the ledger stays empty.
     #[test]
     fn split_cuts_any_pieces_into_the_spans() {
-        let mut rng = seeded("split_cuts_any_pieces_into_the_spans");
+        let mut rng = SplitMix64::for_test("split_cuts_any_pieces_into_the_spans");
         for case in 0..90 {
             let start = rng.below(10_000);
             let mut at = start;

@@ -337,14 +337,6 @@ mod tests {
     use crate::loader::SplitMix64;
     use object_store::chunked::ChunkedStore;
 
-    fn seeded(test: &str) -> SplitMix64 {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(7, |d| d.as_nanos() as u64);
-        println!("{test}: seed {seed}");
-        SplitMix64::for_epoch(seed, 0)
-    }
-
     /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
     /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
     /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap,
@@ -352,7 +344,8 @@ mod tests {
     /// samples keep slices of, which exist only under a cap and stay near it).
     #[test]
     fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
-        let mut rng = seeded("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
+        let mut rng =
+            SplitMix64::for_test("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let io = Io::start(&Remote::new()).unwrap();
         let mut planned = Vec::new();
