@@ -3,11 +3,19 @@
 //! whose body is cut into samples as it arrives (slices of the received pieces, or copies; see
 //! [`split`](super::split)); a sample's bytes are kept until a worker takes it, which is when
 //! the shuffle buffer yields it.
+//!
+//! Every worker takes every sample through here, so a take shares nothing it need not: the
+//! plan is fixed for the epoch, each chunk's samples have a lock of their own (a worker waits
+//! on its chunk alone, and a landing wakes only that chunk's waiters), and the scheduler's
+//! lock is taken only when a worker asks for a chunk not yet started, when a fetch lands, or
+//! when the cap held the read-ahead back and a take brought the bytes held under it. One lock
+//! over all of it made each take wait 4.4 µs for it on an H100 with 8 workers (12.7 µs with
+//! 14), where a worker spends 23 µs a sample in all.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ops::Range;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use super::super::streams::{Held, Planned, Streams};
@@ -23,8 +31,9 @@ use super::split::{LEAST_CHARGE, Ledger, Part, Split};
 const LATE: usize = 1024;
 
 /// What became of a chunk's fetch.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 enum Fetch {
+    #[default]
     Idle,
     Running,
     Done,
@@ -41,40 +50,32 @@ struct Chunk {
     runs: Range<usize>,
     /// The latest place in the output among its samples.
     last_out: usize,
-    fetch: Fetch,
 }
 
-/// The epoch being streamed.
+/// A chunk's samples as they arrive, behind a lock of their own: a worker waits on the chunk
+/// its sample is in, and a landing wakes only that chunk's waiters.
 #[derive(Default)]
-struct Run {
-    /// Bumped by each plan: fetches of an earlier plan are dropped when they land.
-    generation: u64,
-    /// Sample index → its position in `run` (`usize::MAX`: not in this rank's run).
-    at: Vec<usize>,
-    run: Vec<Planned>,
-    /// Run position → its chunk.
-    chunk_of: Vec<usize>,
-    chunks: Vec<Chunk>,
-    /// Chunks before it have been started (or passed over).
-    next: usize,
-    /// Chunks before it hold a sample a worker asked for.
-    demand: usize,
-    /// Chunks being fetched, and their bytes.
-    fetching: usize,
-    fetching_bytes: u64,
-    /// Arrived samples not yet taken, by run position.
-    held: HashMap<usize, Arrived>,
-    /// The bytes of those held in buffers of their own (the buffers others keep slices of are
-    /// in the ledger).
-    held_bytes: u64,
-    /// Samples whose worker stopped waiting for their chunk and asked for them alone: not held
-    /// when the chunk lands.
+struct Slot {
+    state: Mutex<SlotState>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    fetch: Fetch,
+    /// Arrived samples not yet taken, by position in the chunk.
+    held: Vec<Option<Arrived>>,
+    /// Samples whose worker stopped waiting for the chunk and asked for them alone: not
+    /// held when it lands.
     abandoned: HashSet<usize>,
-    /// The most fetches running at once.
-    #[cfg(test)]
-    most_fetching: usize,
-    /// The earliest place in the output taken so far.
-    least: usize,
+}
+
+impl Slot {
+    /// Sets the chunk's fetch and wakes its waiters.
+    fn set(&self, fetch: Fetch) {
+        lock(&self.state).fetch = fetch;
+        self.arrived.notify_all();
+    }
 }
 
 /// A sample arrived and not yet taken.
@@ -86,28 +87,77 @@ struct Arrived {
     own: u64,
 }
 
-impl Run {
+/// One epoch's run: fixed when planned, but for what the workers and the fetches change,
+/// each behind its own lock or in an atomic, so that workers taking samples of different
+/// chunks never wait on each other.
+struct Plan {
+    /// Sample index → its position in `run` (`usize::MAX`: not in this rank's run).
+    at: Vec<usize>,
+    run: Vec<Planned>,
+    /// Run position → its chunk.
+    chunk_of: Vec<usize>,
+    chunks: Vec<Chunk>,
+    slots: Vec<Slot>,
+    /// The earliest place in the output taken so far.
+    least: AtomicUsize,
+    /// Chunks before it hold a sample a worker asked for.
+    demand: AtomicUsize,
+    /// The bytes of the samples held in buffers of their own (the buffers others keep slices
+    /// of are in the ledger).
+    held_bytes: AtomicU64,
+    /// While the read-ahead is stopped by the cap: the held bytes (own and in the ledger)
+    /// under which it could go on (0 while it is not stopped by the cap).
+    resume_below: AtomicU64,
+    /// A later plan replaced it: its fetches are dropped when they land, and its waiting
+    /// workers ask for their samples themselves.
+    retired: AtomicBool,
+    sched: Mutex<Sched>,
+}
+
+/// Which chunks have been started.
+#[derive(Default)]
+struct Sched {
+    /// Chunks before it have been started (or passed over).
+    next: usize,
+    /// Chunks being fetched, and their bytes.
+    fetching: usize,
+    fetching_bytes: u64,
+    /// The most fetches running at once.
+    #[cfg(test)]
+    most_fetching: usize,
+}
+
+impl Plan {
     fn floor(&self) -> usize {
-        self.least.saturating_sub(LATE)
+        self.least.load(Ordering::Relaxed).saturating_sub(LATE)
     }
 
-    fn arrive(&mut self, chunk: usize, parts: Option<Vec<Part>>) {
-        let floor = self.floor();
-        let c = &mut self.chunks[chunk];
-        self.fetching -= 1;
-        self.fetching_bytes -= c.bytes.end - c.bytes.start;
+    /// The chunk's samples, cut from its body, held for the workers (those not before the
+    /// floor nor abandoned); `None`: its fetch failed.
+    fn arrive(&self, chunk: usize, parts: Option<Vec<Part>>) {
+        let slot = &self.slots[chunk];
         let Some(parts) = parts else {
-            c.fetch = Fetch::Gone;
+            slot.set(Fetch::Gone);
             return;
         };
-        c.fetch = Fetch::Done;
-        for (q, part) in c.runs.clone().zip(parts) {
-            if self.run[q].out >= floor && !self.abandoned.remove(&q) {
-                let (bytes, own) = part.into_held();
-                self.held_bytes += own;
-                self.held.insert(q, Arrived { bytes, own });
-            }
+        let floor = self.floor();
+        let runs = self.chunks[chunk].runs.clone();
+        let mut state = lock(&slot.state);
+        let mut held = Vec::with_capacity(runs.len());
+        let mut own = 0;
+        for (q, part) in runs.zip(parts) {
+            let keep = self.run[q].out >= floor && !state.abandoned.remove(&q);
+            held.push(keep.then(|| {
+                let (bytes, o) = part.into_held();
+                own += o;
+                Arrived { bytes, own: o }
+            }));
         }
+        self.held_bytes.fetch_add(own, Ordering::Relaxed);
+        state.held = held;
+        state.fetch = Fetch::Done;
+        drop(state);
+        slot.arrived.notify_all();
     }
 }
 
@@ -119,8 +169,8 @@ struct Shared {
     pieces: Ledger,
     /// The least charge of a received buffer (see [`LEAST_CHARGE`]).
     least: u64,
-    run: Mutex<Run>,
-    arrived: Condvar,
+    /// The epoch being streamed.
+    plan: RwLock<Arc<Plan>>,
     chunk: u64,
     read_ahead: usize,
     /// Read-ahead stops while the samples held (in buffers of their own and in the received
@@ -149,8 +199,7 @@ impl Streamer {
                 objects,
                 pieces: Ledger::default(),
                 least: LEAST_CHARGE,
-                run: Mutex::new(Run::default()),
-                arrived: Condvar::new(),
+                plan: RwLock::new(Arc::new(Plan::new(Vec::new(), 0, 0))),
                 chunk: chunk as u64,
                 read_ahead,
                 cap: cap as u64,
@@ -159,77 +208,10 @@ impl Streamer {
     }
 }
 
-impl Shared {
-    /// Starts the chunks workers wait on, then more in stream order while fewer than the
-    /// read-ahead are being fetched and the bytes held and being fetched are under the cap.
-    /// Called when a worker asks and when a fetch lands, so the fetches keep running while
-    /// the workers take what has arrived.
-    fn start(self: &Arc<Self>, run: &mut Run) {
-        let floor = run.floor();
-        while run.next < run.chunks.len() {
-            let c = run.next;
-            let waited_on = c < run.demand;
-            let held = run.held_bytes + self.pieces.load(Ordering::Relaxed);
-            let ahead = run.fetching < self.read_ahead && held + run.fetching_bytes < self.cap;
-            if !waited_on && !ahead {
-                break;
-            }
-            run.next += 1;
-            let chunk = &mut run.chunks[c];
-            if chunk.last_out < floor {
-                chunk.fetch = Fetch::Gone;
-                continue;
-            }
-            chunk.fetch = Fetch::Running;
-            let range = chunk.bytes.clone();
-            run.fetching += 1;
-            run.fetching_bytes += range.end - range.start;
-            let spans: Vec<Range<u64>> = run.run[chunk.runs.clone()]
-                .iter()
-                .map(|p| p.span.clone())
-                .collect();
-            let object = self.objects[chunk.shard].clone();
-            let (retries, timeout) = (self.io.retries, self.io.timeout);
-            let (shared, generation) = (Arc::downgrade(self), run.generation);
-            #[cfg(test)]
-            {
-                run.most_fetching = run.most_fetching.max(run.fetching);
-            }
-            let mut split = Split::new(range.start, spans, &self.pieces, self.cap, self.least);
-            self.io.handle.spawn(async move {
-                let fetched =
-                    fetch_into(&*object.store, &object.path, range, retries, timeout, |b| {
-                        split.put(b)
-                    })
-                    .await;
-                land(
-                    &shared,
-                    generation,
-                    c,
-                    fetched.ok().map(|()| split.into_parts()),
-                );
-            });
-        }
-    }
-}
-
-/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began), and
-/// the next fetches start.
-fn land(shared: &Weak<Shared>, generation: u64, chunk: usize, parts: Option<Vec<Part>>) {
-    let Some(shared) = shared.upgrade() else {
-        return;
-    };
-    let mut run = lock(&shared.run);
-    if run.generation == generation {
-        run.arrive(chunk, parts);
-        shared.start(&mut run);
-    }
-    drop(run);
-    shared.arrived.notify_all();
-}
-
-impl Streams for Streamer {
-    fn plan(&self, planned: Vec<Planned>, total: usize) {
+impl Plan {
+    /// The run cut into chunks of consecutive samples lying back to back in one shard, each
+    /// under `chunk` bytes but for its last sample.
+    fn new(planned: Vec<Planned>, total: usize, chunk: u64) -> Plan {
         let mut at = vec![usize::MAX; total];
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut chunk_of = Vec::with_capacity(planned.len());
@@ -240,7 +222,7 @@ impl Streams for Streamer {
                 c.shard == p.shard
                     && prev.index + 1 == p.index
                     && c.bytes.end <= p.span.start
-                    && c.bytes.end - c.bytes.start < self.shared.chunk
+                    && c.bytes.end - c.bytes.start < chunk
             });
             match chunks.last_mut() {
                 Some(c) if joins => {
@@ -253,62 +235,178 @@ impl Streams for Streamer {
                     bytes: p.span.clone(),
                     runs: q..q + 1,
                     last_out: p.out,
-                    fetch: Fetch::Idle,
                 }),
             }
             chunk_of.push(chunks.len() - 1);
         }
-        let mut run = lock(&self.shared.run);
-        *run = Run {
-            generation: run.generation + 1,
+        Plan {
             at,
             run: planned,
             chunk_of,
+            slots: chunks.iter().map(|_| Slot::default()).collect(),
             chunks,
-            least: usize::MAX,
-            ..Run::default()
-        };
-        drop(run);
-        // Workers of an earlier plan still waiting ask for their samples themselves.
-        self.shared.arrived.notify_all();
+            least: AtomicUsize::new(usize::MAX),
+            demand: AtomicUsize::new(0),
+            held_bytes: AtomicU64::new(0),
+            resume_below: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
+            sched: Mutex::new(Sched::default()),
+        }
+    }
+}
+
+impl Shared {
+    /// The bytes held: samples in buffers of their own and the received buffers samples
+    /// keep slices of.
+    fn held(&self, plan: &Plan) -> u64 {
+        plan.held_bytes.load(Ordering::Relaxed) + self.pieces.load(Ordering::Relaxed)
+    }
+
+    /// Starts the chunks workers wait on, then more in stream order while fewer than the
+    /// read-ahead are being fetched and the bytes held and being fetched are under the cap.
+    /// Called when a worker asks for a chunk not started, when a fetch lands, and when a
+    /// worker takes a sample while the cap holds the read-ahead back and the bytes held fell
+    /// under it: the fetches keep running while the workers take what has arrived.
+    fn start(self: &Arc<Self>, plan: &Arc<Plan>) {
+        let mut sched = lock(&plan.sched);
+        let floor = plan.floor();
+        plan.resume_below.store(0, Ordering::Relaxed);
+        while sched.next < plan.chunks.len() {
+            let c = sched.next;
+            let waited_on = c < plan.demand.load(Ordering::Relaxed);
+            let held = self.held(plan);
+            let room = sched.fetching < self.read_ahead;
+            let ahead = room && held + sched.fetching_bytes < self.cap;
+            if !waited_on && !ahead {
+                if room {
+                    let below = self.cap.saturating_sub(sched.fetching_bytes);
+                    plan.resume_below.store(below, Ordering::Relaxed);
+                }
+                break;
+            }
+            sched.next += 1;
+            let chunk = &plan.chunks[c];
+            if chunk.last_out < floor {
+                plan.slots[c].set(Fetch::Gone);
+                continue;
+            }
+            plan.slots[c].set(Fetch::Running);
+            let range = chunk.bytes.clone();
+            sched.fetching += 1;
+            sched.fetching_bytes += range.end - range.start;
+            #[cfg(test)]
+            {
+                sched.most_fetching = sched.most_fetching.max(sched.fetching);
+            }
+            let spans: Vec<Range<u64>> = plan.run[chunk.runs.clone()]
+                .iter()
+                .map(|p| p.span.clone())
+                .collect();
+            let object = self.objects[chunk.shard].clone();
+            let (retries, timeout) = (self.io.retries, self.io.timeout);
+            let (shared, weak) = (Arc::downgrade(self), Arc::downgrade(plan));
+            let mut split = Split::new(range.start, spans, &self.pieces, self.cap, self.least);
+            self.io.handle.spawn(async move {
+                let fetched =
+                    fetch_into(&*object.store, &object.path, range, retries, timeout, |b| {
+                        split.put(b)
+                    })
+                    .await;
+                land(&shared, &weak, c, fetched.ok().map(|()| split.into_parts()));
+            });
+        }
+    }
+}
+
+/// A chunk's fetch ends: its samples are held for the workers (unless a later plan began), and
+/// the next fetches start.
+fn land(shared: &Weak<Shared>, plan: &Weak<Plan>, chunk: usize, parts: Option<Vec<Part>>) {
+    let (Some(shared), Some(plan)) = (shared.upgrade(), plan.upgrade()) else {
+        return;
+    };
+    if plan.retired.load(Ordering::Acquire) {
+        return;
+    }
+    plan.arrive(chunk, parts);
+    {
+        let mut sched = lock(&plan.sched);
+        let bytes = &plan.chunks[chunk].bytes;
+        sched.fetching -= 1;
+        sched.fetching_bytes -= bytes.end - bytes.start;
+    }
+    shared.start(&plan);
+}
+
+impl Streams for Streamer {
+    fn plan(&self, planned: Vec<Planned>, total: usize) {
+        let plan = Arc::new(Plan::new(planned, total, self.shared.chunk));
+        let old = std::mem::replace(
+            &mut *self.shared.plan.write().unwrap_or_else(|p| p.into_inner()),
+            plan,
+        );
+        // Workers of the earlier plan still waiting ask for their samples themselves.
+        old.retired.store(true, Ordering::Release);
+        for slot in &old.slots {
+            drop(lock(&slot.state));
+            slot.arrived.notify_all();
+        }
     }
 
     fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held> {
         let object = &self.shared.objects[shard];
         let deadline = self.shared.io.deadline();
-        let mut run = lock(&self.shared.run);
-        let q = run
+        let plan = self
+            .shared
+            .plan
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let q = plan
             .at
             .get(index)
             .copied()
-            .filter(|&q| q != usize::MAX && run.run[q].span == span);
+            .filter(|&q| q != usize::MAX && plan.run[q].span == span);
         if let Some(q) = q {
-            let generation = run.generation;
-            run.least = run.least.min(run.run[q].out);
-            let c = run.chunk_of[q];
-            run.demand = run.demand.max(c + 1);
-            self.shared.start(&mut run);
+            // Loads first: most takes change neither, and a store would make every worker's
+            // next load miss.
+            let out = plan.run[q].out;
+            if plan.least.load(Ordering::Relaxed) > out {
+                plan.least.fetch_min(out, Ordering::Relaxed);
+            }
+            let c = plan.chunk_of[q];
+            if plan.demand.load(Ordering::Relaxed) <= c
+                && plan.demand.fetch_max(c + 1, Ordering::Relaxed) <= c
+            {
+                self.shared.start(&plan);
+            }
+            let slot = &plan.slots[c];
+            let at = q - plan.chunks[c].runs.start;
+            let mut state = lock(&slot.state);
             loop {
-                if let Some(arrived) = run.held.remove(&q) {
-                    run.held_bytes -= arrived.own;
-                    self.shared.start(&mut run);
+                if let Some(arrived) = state.held.get_mut(at).and_then(Option::take) {
+                    drop(state);
+                    plan.held_bytes.fetch_sub(arrived.own, Ordering::Relaxed);
+                    if self.shared.held(&plan) < plan.resume_below.load(Ordering::Relaxed) {
+                        self.shared.start(&plan);
+                    }
                     return Ok(arrived.bytes);
                 }
                 let now = Instant::now();
-                if run.generation != generation || run.chunks[c].fetch != Fetch::Running {
+                // Idle: another worker asked for the chunk and is starting it.
+                let waits = matches!(state.fetch, Fetch::Running | Fetch::Idle);
+                if plan.retired.load(Ordering::Acquire) || !waits {
                     break;
                 }
                 if now >= deadline {
-                    run.abandoned.insert(q);
+                    state.abandoned.insert(q);
                     break;
                 }
-                run = match self.shared.arrived.wait_timeout(run, deadline - now) {
-                    Ok((r, _)) => r,
+                state = match slot.arrived.wait_timeout(state, deadline - now) {
+                    Ok((s, _)) => s,
                     Err(poisoned) => poisoned.into_inner().0,
                 };
             }
         }
-        drop(run);
         // Not in the stream (another plan, taken before, or its chunk failed): its own request.
         self.shared
             .io
@@ -320,158 +418,4 @@ impl Streams for Streamer {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::Ordering;
-
-    use object_store::memory::InMemory;
-    use object_store::path::Path as StorePath;
-    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-
-    use super::super::super::shuffle_buffer;
-    use super::super::super::streams::{Planned, Streams};
-    use super::super::Remote;
-    use super::super::io::{Io, Object, lock};
-    use super::super::split::LEAST_CHARGE;
-    use super::Streamer;
-    use crate::loader::SplitMix64;
-    use object_store::chunked::ChunkedStore;
-
-    /// Two shards of random samples in a store in memory, taken in a shuffle buffer's order
-    /// by one reader: each sample's bytes are its span's, and the bytes held never pass the
-    /// stated bound (the buffer's samples and a chunk's, plus the read-ahead under the cap,
-    /// which runs on as fetches land however slowly the reader takes; and the received pieces
-    /// samples keep slices of, which exist only under a cap and stay near it).
-    #[test]
-    fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
-        let mut rng =
-            SplitMix64::for_test("held_bytes_stay_within_the_buffer_and_the_chunks_ahead");
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let io = Io::start(&Remote::new()).unwrap();
-        let mut planned = Vec::new();
-        let mut objects = Vec::new();
-        let mut bodies = Vec::new();
-        let max_span = 20_000u64;
-        for shard in 0..2 {
-            let mut body = Vec::new();
-            for _ in 0..100 + rng.below(100) {
-                let start = body.len() as u64;
-                let len = 512 + rng.below(max_span - 512);
-                body.extend((0..len).map(|_| rng.next_u64() as u8));
-                planned.push((shard, start..start + len));
-                // The gap a member's padding or the next header leaves.
-                body.extend(std::iter::repeat_n(0u8, rng.below(3) as usize * 512));
-            }
-            let path = StorePath::from(format!("s{shard}.tar"));
-            let (s, p, b) = (store.clone(), path.clone(), body.clone());
-            io.run(async move { s.put(&p, PutPayload::from(b)).await.map(|_| ()) })
-                .unwrap()
-                .unwrap();
-            objects.push(Arc::new(Object {
-                url: format!("memory:///s{shard}.tar"),
-                store: store.clone(),
-                path,
-                len: body.len() as u64,
-            }));
-            bodies.push(body);
-        }
-        for case in 0..8 {
-            let buffer = 1 + rng.below(60) as usize;
-            let chunk = 1 + rng.below(4 * max_span) as usize;
-            let ahead = rng.below(4) as usize;
-            let cap = if case % 2 == 0 {
-                0
-            } else {
-                rng.below(3 * chunk as u64) as usize
-            };
-            // Bodies arrive in pieces of one buffer a request, as an HTTP client's reads do:
-            // small ones (most samples cut across pieces) or at least a span (each request's
-            // first sample inside its first piece).
-            let piece = if case % 4 < 2 {
-                1 + rng.below(4096)
-            } else {
-                max_span + rng.below(3 * max_span)
-            };
-            let chunked: Arc<dyn ObjectStore> =
-                Arc::new(ChunkedStore::new(store.clone(), piece as usize));
-            let objects: Vec<Arc<Object>> = objects
-                .iter()
-                .map(|o| {
-                    Arc::new(Object {
-                        url: o.url.clone(),
-                        store: chunked.clone(),
-                        path: o.path.clone(),
-                        len: o.len,
-                    })
-                })
-                .collect();
-            let least = [0, 1000, LEAST_CHARGE][rng.below(3) as usize];
-            let mut streamer = Streamer::new(io.clone(), objects, chunk, ahead, cap);
-            Arc::get_mut(&mut streamer.shared).unwrap().least = least;
-            let out = shuffle_buffer(0..planned.len(), buffer, &mut rng);
-            let mut place = vec![0; planned.len()];
-            for (o, &q) in out.iter().enumerate() {
-                place[q] = o;
-            }
-            let run: Vec<Planned> = planned
-                .iter()
-                .enumerate()
-                .map(|(q, (shard, span))| Planned {
-                    index: q,
-                    shard: *shard,
-                    span: span.clone(),
-                    out: place[q],
-                })
-                .collect();
-            streamer.plan(run, planned.len());
-            let bound = (buffer as u64 + 1) * max_span
-                + chunk as u64
-                + max_span
-                + if cap == 0 {
-                    0
-                } else {
-                    // Read-ahead starts while under the cap, each at most a chunk and a span.
-                    cap as u64 + chunk as u64 + max_span
-                };
-            let held = |s: &Streamer| {
-                let own = lock(&s.shared.run).held_bytes;
-                own + s.shared.pieces.load(Ordering::Relaxed)
-            };
-            let (mut most, mut most_pieces) = (0, 0);
-            for &q in &out {
-                let (shard, span) = &planned[q];
-                let got = streamer.take(q, *shard, span.clone()).unwrap();
-                let want = &bodies[*shard][span.start as usize..span.end as usize];
-                assert!(got.host_bytes() == want, "case {case}: sample {q}");
-                most = most.max(held(&streamer));
-                most_pieces = most_pieces.max(streamer.shared.pieces.load(Ordering::Relaxed));
-            }
-            // Buffers are charged while the ledger is under the cap, so past it by at most
-            // what the fetches running at once add: each at most its request's bytes (a chunk,
-            // a span, the gaps), or the least charge.
-            let fetching = lock(&streamer.shared.run).most_fetching.max(1) as u64;
-            let pieces_bound = if cap == 0 {
-                0
-            } else {
-                cap as u64 + fetching * (chunk as u64 + 2 * max_span).max(least)
-            };
-            let bound = bound + pieces_bound;
-            assert!(
-                most <= bound,
-                "case {case}: {most} bytes held, over {bound} (buffer {buffer}, {chunk} B \
-                 chunks, {ahead} ahead, cap {cap}, pieces of {piece} B, least charge {least})"
-            );
-            assert_eq!(held(&streamer), 0, "case {case}");
-            // With room under the cap, samples kept slices of the pieces they came in (each
-            // request's first sample does when pieces hold a span); with none, no sample did.
-            if cap == 0 {
-                assert_eq!(most_pieces, 0, "case {case}");
-            } else if piece >= max_span {
-                assert!(
-                    most_pieces > 0,
-                    "case {case}: no slice kept under a cap of {cap}"
-                );
-            }
-        }
-    }
-}
+mod tests;
