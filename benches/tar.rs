@@ -23,7 +23,9 @@
 //!    Sections 3 and 4 are in `tar/remote.rs`. Knobs: `PINNABLE_BENCH_CHUNK_KIB` (4096), `PINNABLE_BENCH_READ_AHEAD` (4),
 //!    `PINNABLE_BENCH_CACHE_MIB` (`Remote::cache_bytes`, 256, the library's default),
 //!    `PINNABLE_BENCH_THREADS` (runtime threads, 4); `PINNABLE_BENCH_DECODE=0` leaves the
-//!    decoded rows out.
+//!    decoded rows out; `PINNABLE_BENCH_REPEAT` (40) and `PINNABLE_BENCH_WINDOW` (1024) set
+//!    section 4's listings and window. Section 4 also gives each row's CPU time a sample and
+//!    the rate it bounds over HTTP: the machine's cores over it (the server shares them).
 //!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
 //! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`

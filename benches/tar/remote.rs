@@ -272,11 +272,15 @@ pub fn over_http(
     ));
 }
 
-/// The shards listed this many times make the long epoch of [`steady`].
-const REPEAT: usize = 40;
+/// The shards listed this many times make the long epoch of [`steady`]
+/// (`PINNABLE_BENCH_REPEAT`, 40).
+static REPEAT: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| env_usize("PINNABLE_BENCH_REPEAT").unwrap_or(40));
 /// Batches skipped at a long epoch's start, then timed.
 const SKIP: usize = 128;
-const WINDOW: usize = 1024;
+/// Batches timed (`PINNABLE_BENCH_WINDOW`, 1024).
+static WINDOW: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| env_usize("PINNABLE_BENCH_WINDOW").unwrap_or(1024));
 
 /// Cores busy over a window: the whole process, the loader's workers, the runtime's threads
 /// (`pinnable-remote`); the rest is the server's threads and the consumer.
@@ -328,12 +332,12 @@ fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
     }
     let (t, cpu) = (Instant::now(), Cores::now());
     let mut k = 0;
-    for b in epoch.by_ref().take(WINDOW) {
+    for b in epoch.by_ref().take(*WINDOW) {
         k += b.unwrap().1.numel();
     }
     let s = t.elapsed().as_secs_f64();
     let cores = Cores::since(cpu, s);
-    assert_eq!(k, WINDOW * BATCH, "the epoch holds the window");
+    assert_eq!(k, *WINDOW * BATCH, "the epoch holds the window");
     (k as f64 / s, cores)
 }
 
@@ -352,14 +356,14 @@ fn steady(
     remote: &Remote,
     local: &[(usize, f64, f64)],
 ) {
-    let long: Vec<String> = (0..REPEAT).flat_map(|_| names.iter().cloned()).collect();
-    let total = bytes * REPEAT as u64;
+    let long: Vec<String> = (0..*REPEAT).flat_map(|_| names.iter().cloned()).collect();
+    let total = bytes * *REPEAT as u64;
     let t = Instant::now();
     assert_eq!(server.get_whole(&long, SHARDS), total);
     let ceiling = total as f64 / t.elapsed().as_secs_f64() / 1e9;
     let per_sample = bytes as f64 / n as f64;
     let on_disk =
-        TarShards::open((0..REPEAT).flat_map(|_| paths.iter().map(|p| p.display().to_string())))
+        TarShards::open((0..*REPEAT).flat_map(|_| paths.iter().map(|p| p.display().to_string())))
             .expect("open the listed shards")
             .shuffle_buffer(256);
     let over_http = remote
@@ -367,33 +371,45 @@ fn steady(
         .expect("open the listed shards over HTTP")
         .shuffle_buffer(256);
     rep.line(&format!(
-        "\n# steady state: the {SHARDS} shards listed {REPEAT} times, one epoch of {} \
-         samples, fields only, a window of {WINDOW} batches after {SKIP}\n",
-        n * REPEAT
+        "\n# steady state: the {SHARDS} shards listed {} times, one epoch of {} \
+         samples, fields only, a window of {} batches after {SKIP}\n",
+        *REPEAT,
+        n * *REPEAT,
+        *WINDOW
     ));
     rep.line(&format!(
         "HTTP ceiling, every listed shard fetched whole over {SHARDS} connections kept open: \
          {ceiling:.2} GB/s ({:.0} samples/s)\n",
         ceiling * 1e9 / per_sample
     ));
-    rep.line(
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    rep.line(&format!(
         "| workers | local files, samples/s (GB/s) | over HTTP, samples/s (GB/s) | HTTP / local \
          | HTTP / ceiling | ceiling / local | cores busy, local | cores busy, HTTP (the server's \
-         threads in the rest) |",
-    );
-    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+         threads in the rest) | CPU a sample, local; HTTP | HTTP's CPU bound: {cores} cores at \
+         its CPU a sample (/ local) | HTTP / its CPU bound |"
+    ));
+    rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for &(w, ..) in local {
         let (l, l_cores) = window_rate(&on_disk, w);
         let (h, h_cores) = window_rate(&over_http, w);
         let gb = |r: f64| r * per_sample / 1e9;
+        // Over HTTP every sample also costs the runtime's receiving and the server's sending,
+        // on the same cores: however the work is spread, the rate cannot pass the cores over
+        // the CPU time a sample takes.
+        let bound = cores * h / h_cores.process;
         rep.line(&format!(
             "| {w} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× | {l_cores} | \
-             {h_cores} |",
+             {h_cores} | {:.1}; {:.1} µs | {bound:.0} ({:.2}×) | {:.2}× |",
             gb(l),
             gb(h),
             h / l,
             gb(h) / ceiling,
-            ceiling / gb(l)
+            ceiling / gb(l),
+            l_cores.process / l * 1e6,
+            h_cores.process / h * 1e6,
+            bound / l,
+            h / bound,
         ));
     }
 }
