@@ -29,7 +29,8 @@
 //!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
 //! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`
-//! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14`). Writes
+//! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14`),
+//! `PINNABLE_BENCH_PREFETCH` (the fields-only loaders' batches ahead). Writes
 //! `$PINNABLE_BENCH_OUT/tar.md`.
 
 use std::path::{Path, PathBuf};
@@ -40,7 +41,7 @@ use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
 use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
-use pinnable_harness::bench::{Report, median};
+use pinnable_harness::bench::{Report, env_usize, median};
 use pinnable_harness::tar::shard;
 use pinnable_harness::{images, rng};
 
@@ -153,14 +154,16 @@ impl Batcher<TarSample> for FieldsOnly {
 }
 
 /// A loader of `tar`'s samples, fields only: batches of [`BATCH`], shuffled with seed 1, `w`
-/// workers.
+/// workers (and `PINNABLE_BENCH_PREFETCH` batches ahead, or the loader's default).
 fn fields_loader(tar: &TarShards, w: usize) -> Loader<TarShards, FieldsOnly> {
-    Loader::builder(tar.clone())
+    let mut builder = Loader::builder(tar.clone())
         .batch_size(BATCH)
         .shuffle(1)
-        .workers(w)
-        .build(FieldsOnly)
-        .expect("a fields-only loader")
+        .workers(w);
+    if let Some(prefetch) = env_usize("PINNABLE_BENCH_PREFETCH") {
+        builder = builder.prefetch(prefetch);
+    }
+    builder.build(FieldsOnly).expect("a fields-only loader")
 }
 
 /// Seconds for one epoch of `loader`-like iteration, median of three after a warm-up.
