@@ -266,9 +266,15 @@ impl Shared {
     /// read-ahead are being fetched and the bytes held and being fetched are under the cap.
     /// Called when a worker asks for a chunk not started, when a fetch lands, and when a
     /// worker takes a sample while the cap holds the read-ahead back and the bytes held fell
-    /// under it: the fetches keep running while the workers take what has arrived.
-    fn start(self: &Arc<Self>, plan: &Arc<Plan>) {
+    /// under it: the fetches keep running while the workers take what has arrived. `landed`:
+    /// the chunk whose fetch just ended, no longer counted as being fetched.
+    fn start(self: &Arc<Self>, plan: &Arc<Plan>, landed: Option<usize>) {
         let mut sched = lock(&plan.sched);
+        if let Some(c) = landed {
+            let bytes = &plan.chunks[c].bytes;
+            sched.fetching -= 1;
+            sched.fetching_bytes -= bytes.end - bytes.start;
+        }
         let floor = plan.floor();
         plan.resume_below.store(0, Ordering::Relaxed);
         while sched.next < plan.chunks.len() {
@@ -328,13 +334,7 @@ fn land(shared: &Weak<Shared>, plan: &Weak<Plan>, chunk: usize, parts: Option<Ve
         return;
     }
     plan.arrive(chunk, parts);
-    {
-        let mut sched = lock(&plan.sched);
-        let bytes = &plan.chunks[chunk].bytes;
-        sched.fetching -= 1;
-        sched.fetching_bytes -= bytes.end - bytes.start;
-    }
-    shared.start(&plan);
+    shared.start(&plan, Some(chunk));
 }
 
 impl Streams for Streamer {
@@ -377,7 +377,7 @@ impl Streams for Streamer {
             if plan.demand.load(Ordering::Relaxed) <= c
                 && plan.demand.fetch_max(c + 1, Ordering::Relaxed) <= c
             {
-                self.shared.start(&plan);
+                self.shared.start(&plan, None);
             }
             let slot = &plan.slots[c];
             let at = q - plan.chunks[c].runs.start;
@@ -387,7 +387,7 @@ impl Streams for Streamer {
                     drop(state);
                     plan.held_bytes.fetch_sub(arrived.own, Ordering::Relaxed);
                     if self.shared.held(&plan) < plan.resume_below.load(Ordering::Relaxed) {
-                        self.shared.start(&plan);
+                        self.shared.start(&plan, None);
                     }
                     return Ok(arrived.bytes);
                 }
