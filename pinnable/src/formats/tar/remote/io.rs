@@ -317,7 +317,8 @@ pub(super) async fn fetch(
 
 /// `range` of the object, each piece of the body handed to `sink` in order as it arrives
 /// (every byte once); retried from the first byte not yet received when a request fails or a
-/// body stops (drops or stalls past `timeout`).
+/// body stops (drops or stalls past `timeout`). An empty range asks for nothing: stores refuse
+/// a ranged `GET` of no bytes.
 pub(super) async fn fetch_into(
     store: &dyn ObjectStore,
     path: &StorePath,
@@ -327,6 +328,9 @@ pub(super) async fn fetch_into(
     mut sink: impl FnMut(bytes::Bytes) + Send,
 ) -> std::result::Result<(), String> {
     let want = range.end - range.start;
+    if want == 0 {
+        return Ok(());
+    }
     let mut got = 0u64;
     let mut attempt = 0;
     loop {

@@ -294,3 +294,98 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
         shards.take(&streamer, q, "the next epoch");
     }
 }
+
+/// What a remote shard serves is hostile too: bytes unlike the ones indexed, shorter than the
+/// spans planned over them (a shard replaced after the index pass), arriving in pieces of any
+/// size. Over arbitrary bytes, a plan of arbitrary spans (some past the end, some empty, some
+/// overlapping) taken in a shuffled order, with any chunk, read-ahead and cap: every take is
+/// the span's bytes when it lies inside the object (an empty span anywhere: no bytes) and an
+/// error when it does not; never a panic or a hang, and nothing is held once all are taken.
+#[test]
+fn arbitrary_bytes_and_spans_give_the_bytes_or_an_error() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // No retries: a span past the end fails at once instead of after backoffs.
+    let io = Io::start(&Remote::new().retries(0)).unwrap();
+    let path = StorePath::from("fuzz.tar");
+    crate::fuzz::Fuzz::new("remote_stream")
+        .seeds([vec![0u8; 1024], (0..=255u8).cycle().take(5000).collect()])
+        .run(move |bytes| {
+            let len = bytes.len() as u64;
+            let mut rng = SplitMix64::new(
+                bytes
+                    .iter()
+                    .fold(len, |h, &b| h.wrapping_mul(0x100_0000_01b3) ^ u64::from(b)),
+            );
+            let (s, p, b) = (store.clone(), path.clone(), bytes.to_vec());
+            io.run(async move { s.put(&p, PutPayload::from(b)).await.map(|_| ()) })
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let piece = 1 + rng.below(len + 64) as usize;
+            let chunked: Arc<dyn ObjectStore> = Arc::new(ChunkedStore::new(store.clone(), piece));
+            let object = Arc::new(Object {
+                url: "memory:///fuzz.tar".into(),
+                store: chunked,
+                path: path.clone(),
+                len,
+            });
+            let n = 1 + rng.below(24) as usize;
+            let spans: Vec<Range<u64>> = (0..n)
+                .map(|_| {
+                    let start = rng.below(len + 32);
+                    start..start + rng.below(len.min(4096) + 32)
+                })
+                .collect();
+            let out = shuffle_buffer(0..n, 1 + rng.below(8) as usize, &mut rng);
+            let mut place = vec![0; n];
+            for (o, &q) in out.iter().enumerate() {
+                place[q] = o;
+            }
+            let run = spans
+                .iter()
+                .enumerate()
+                .map(|(q, span)| Planned {
+                    index: q,
+                    shard: 0,
+                    span: span.clone(),
+                    out: place[q],
+                })
+                .collect();
+            let streamer = Streamer::new(
+                io.clone(),
+                vec![object],
+                1 + rng.below(2 * len + 64) as usize,
+                rng.below(4) as usize,
+                [0, rng.below(4 * len + 64) as usize, 1 << 30][rng.below(3) as usize],
+            );
+            streamer.plan(run, n);
+            for &q in &out {
+                let span = spans[q].clone();
+                // An empty span asks for nothing, wherever it starts.
+                let inside = span.end <= len || span.is_empty();
+                match streamer.take(q, 0, span.clone()) {
+                    Ok(got) if inside => {
+                        let want = bytes.get(span.start as usize..span.end as usize);
+                        let want = want.unwrap_or_default();
+                        if got.host_bytes() != want {
+                            return Err(format!("sample {q} ({span:?}): other bytes"));
+                        }
+                    }
+                    Ok(got) => {
+                        return Err(format!(
+                            "sample {q} ({span:?}) past the {len} bytes came back with {}",
+                            got.host_bytes().len()
+                        ));
+                    }
+                    Err(e) if inside => {
+                        return Err(format!("sample {q} ({span:?}) inside {len} bytes: {e}"));
+                    }
+                    Err(_) => {}
+                }
+            }
+            let plan = streamer.shared.plan.read().unwrap().clone();
+            match streamer.shared.held(&plan) {
+                0 => Ok(()),
+                held => Err(format!("{held} bytes held once every sample was taken")),
+            }
+        });
+}
