@@ -8,7 +8,8 @@
 //! - the pool: per-class LIFO free lists, each behind its own mutex; no OS or driver call
 //!   (`mmap`, `mlock`, `cuMemHostAlloc`, `cuMemHostRegister`, frees) while any lock is held.
 //! - stream safety: a dropped block whose recorded [`Fence`]s are incomplete waits on a pending
-//!   list, polled on allocation, and is reused only once they complete; dropping never blocks.
+//!   list, polled on allocation, on every block's return and on [`PinnedPool::stats`], and is
+//!   reused only once they complete; dropping never blocks.
 //! - limits: a byte budget ([`PoolConfig::max_bytes`]) with a bounded wait, a cap on cached
 //!   bytes, [`PinnedPool::trim`] and [`PinnedPool::empty_cache`].
 //! - [`PoolStats`]: in use, cached, pending, peak, hits, misses, backend calls and their times.

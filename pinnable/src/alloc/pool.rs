@@ -28,7 +28,8 @@ use crate::error::{Error, Result};
 /// - the pool: per-class LIFO free lists, each behind its own mutex; no OS or driver call
 ///   (`mmap`, `mlock`, `cuMemHostAlloc`, `cuMemHostRegister`, frees) while any lock is held.
 /// - stream safety: a dropped block whose recorded [`Fence`]s are incomplete waits on a pending
-///   list, polled on allocation, and is reused only once they complete; dropping never blocks.
+///   list, polled on allocation, on every block's return, on [`stats`](PinnedPool::stats) and
+///   when a loader's epoch ends, and is reused only once they complete; dropping never blocks.
 /// - limits: a byte budget ([`PoolConfig::max_bytes`]) with a bounded wait, a cap on cached
 ///   bytes, [`PinnedPool::trim`] and [`PinnedPool::empty_cache`].
 /// - [`PoolStats`]: in use, cached, pending, peak, hits, misses, backend calls and their times.
@@ -50,7 +51,7 @@ use crate::error::{Error, Result};
 /// ```
 #[derive(Clone)]
 pub struct PinnedPool {
-    inner: Arc<PoolInner>,
+    pub(super) inner: Arc<PoolInner>,
 }
 
 /// A block's memory while the pool owns it.
@@ -174,21 +175,30 @@ impl PinnedPool {
         Ok(PinnedBlock::new(raw, bytes, class, self.inner.clone()))
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters, taken after every pending block whose copies have completed
+    /// has moved to the cache, so `pending_bytes` counts only blocks a copy may still read.
+    /// Never waits on a copy: the poll asks each pending fence once (a poll another thread is
+    /// running finishes first).
     pub fn stats(&self) -> PoolStats {
+        {
+            let _polling = lock(&self.inner.polling);
+            self.inner.poll_pending_locked(false);
+        }
+        self.counters_now()
+    }
+
+    /// The counters as they are, without polling the pending list.
+    fn counters_now(&self) -> PoolStats {
         let c = &self.inner.config;
         self.inner
             .counters
             .snapshot(c.max_bytes, c.max_cached_bytes)
     }
 
-    /// Moves pending blocks whose copies completed to the cache, then takes a snapshot of the
-    /// counters in which no such block counts as pending: a poll another thread is running
-    /// finishes first.
-    pub(crate) fn reclaimed_stats(&self) -> PoolStats {
-        let _polling = lock(&self.inner.polling);
-        self.inner.poll_pending_locked(false);
-        self.stats()
+    /// Moves pending blocks whose copies completed to the cache, without waiting on a copy or
+    /// on a poll another thread is running. The loader calls it when an epoch's threads end.
+    pub(crate) fn reclaim(&self) {
+        self.inner.poll_pending(false);
     }
 
     /// Frees every idle cached block (after moving pending blocks whose copies completed to the
@@ -210,7 +220,7 @@ impl std::fmt::Debug for PinnedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PinnedPool")
             .field("config", &self.inner.config)
-            .field("stats", &self.stats())
+            .field("stats", &self.counters_now())
             .finish()
     }
 }
@@ -329,13 +339,19 @@ impl PoolInner {
 
     /// A handed-out block came back (its counters already updated): cached, or pending while
     /// `fences` (already pruned of completed ones) run. Never blocks on a fence.
+    /// Blocks returned earlier whose copies have completed since are polled here too (unless
+    /// another thread is polling), so a pool that hands out nothing more still notices them.
     pub(crate) fn give_back(&self, raw: RawBlock, class: SizeClass, fences: Vec<Arc<dyn Fence>>) {
+        let earlier = self.counters.pending_blocks.load(Relaxed) > 0;
         if fences.is_empty() {
             self.cache(raw, class);
         } else {
             self.counters.pending.fetch_add(class.capacity, Relaxed);
             self.counters.pending_blocks.fetch_add(1, Relaxed);
             lock(&self.pending).push(Pending { raw, class, fences });
+        }
+        if earlier {
+            self.poll_pending(false);
         }
         self.signal();
     }

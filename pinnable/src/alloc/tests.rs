@@ -31,6 +31,15 @@ impl Fence for Flag {
     }
 }
 
+/// Completes its fences when dropped.
+struct Completes(Vec<Arc<Flag>>);
+
+impl Drop for Completes {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|f| f.complete());
+    }
+}
+
 fn pool(config: PoolConfig) -> PinnedPool {
     PinnedPool::heap(config)
 }
@@ -146,6 +155,56 @@ fn block_with_running_copy_is_not_reused_until_its_fence_completes() {
     }
     assert!(seen, "the block came back once its fence completed");
     assert_eq!(p.stats().pending_blocks, 0);
+}
+
+/// A pool asked for nothing more after its last block came back still reports the block as
+/// free once the copy reading it has completed: `stats` polls the pending list itself.
+#[test]
+fn stats_after_the_last_copy_completes_report_nothing_pending() {
+    let p = pool(PoolConfig::default());
+    let page = page_size();
+    let fences: Vec<Arc<Flag>> = (0..3).map(|_| Arc::new(Flag::default())).collect();
+    // Dropped before the pool, which waits for its pending blocks: a failed assertion fails
+    // the test instead of hanging it.
+    let _done = Completes(fences.clone());
+    for (i, fence) in fences.iter().enumerate() {
+        let b = p.alloc((i + 1) * page).unwrap();
+        b.record_use(fence.clone());
+        drop(b);
+    }
+    let s = p.stats();
+    assert_eq!((s.pending_blocks, s.pending_bytes), (3, 6 * page), "{s}");
+    fences[1].complete();
+    let s = p.stats();
+    assert_eq!((s.pending_blocks, s.pending_bytes), (2, 4 * page), "{s}");
+    assert_eq!(s.cached_bytes, 2 * page);
+    for f in &fences {
+        f.complete();
+    }
+    // No allocation since: the snapshot alone must see the completed copies.
+    let s = p.stats();
+    assert_eq!((s.pending_blocks, s.pending_bytes), (0, 0), "{s}");
+    assert_eq!((s.in_use_bytes, s.cached_bytes), (0, 6 * page), "{s}");
+    balanced(&s);
+}
+
+/// A block coming back polls the blocks that came back before it.
+#[test]
+fn a_returned_block_moves_earlier_completed_blocks_to_the_cache() {
+    let p = pool(PoolConfig::default());
+    let page = page_size();
+    let fence = Arc::new(Flag::default());
+    let _done = Completes(vec![fence.clone()]);
+    let a = p.alloc(page).unwrap();
+    let b = p.alloc(2 * page).unwrap();
+    a.record_use(fence.clone());
+    drop(a);
+    fence.complete();
+    drop(b); // polls `a`'s fence on its way back
+    let pending = p.inner.counters.pending_blocks.load(Ordering::Relaxed);
+    assert_eq!(pending, 0, "the earlier block is still pending");
+    let s = p.stats();
+    assert_eq!((s.cached_bytes, s.pending_bytes), (3 * page, 0), "{s}");
 }
 
 #[test]

@@ -183,6 +183,9 @@ pub(crate) struct Pipeline<T> {
     abandoned: Abandoned,
     /// The number of the batch delivered last.
     last: usize,
+    /// The pool the batches' blocks come from: polled once the threads are joined, so blocks
+    /// whose copies have completed are cached rather than counted as pending.
+    pool: PinnedPool,
 }
 
 impl<T: ToDevice + Send + 'static> Pipeline<T> {
@@ -200,7 +203,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             jobs: Mutex::new((0, spec.jobs)),
             dataset: spec.dataset,
             batcher: spec.batcher,
-            pool: spec.pool,
+            pool: spec.pool.clone(),
             seed: spec.seed,
             gate: gate.clone(),
             counters: counters.clone(),
@@ -218,6 +221,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             watch,
             abandoned: spec.abandoned,
             last: 0,
+            pool: spec.pool.clone(),
         };
         // On a host with several memory nodes, every thread runs on the device's node.
         let cpus = crate::numa::device_affinity(&spec.device).map(|a| a.cpus);
@@ -368,6 +372,9 @@ impl<T> Pipeline<T> {
                 });
             }
         }
+        // The batches in flight are dropped and the threads gone: blocks whose copies have
+        // completed go back to the cache now rather than at the pool's next allocation.
+        self.pool.reclaim();
         died
     }
 }

@@ -61,7 +61,7 @@ impl Counters {
         // each allocation catches its peak. Pending blocks whose copies have completed are
         // free memory the pool has not noticed yet: let it notice first (waiting for a poll
         // another worker is running, whose done blocks would still count as pending).
-        let s = pool.reclaimed_stats();
+        let s = pool.stats();
         self.held_peak
             .fetch_max(s.in_use_bytes + s.pending_bytes, Relaxed);
     }
