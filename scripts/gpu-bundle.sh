@@ -83,6 +83,12 @@ for line in open(src):
 PY
 cp bench/torch_baseline.py bench/torch_loader.py bench/nanogpt_get_batch.py bench/torch_images.py "$out/" 2>/dev/null || true
 cp bench/kernels/batch.cu "$out/kernels.cu"
+# The files the tests read at run time, under their paths from the repository's root; run.sh
+# points PINNABLE_FIXTURES at them.
+for d in tests/data pinnable/tests/data; do
+  mkdir -p "$out/fixtures/$d"
+  cp -r "$d/." "$out/fixtures/$d/"
+done
 cp examples/launch_ranks.sh "$out/"
 
 cat >"$out/run.sh" <<'RUN'
@@ -95,6 +101,8 @@ cat >"$out/run.sh" <<'RUN'
 set -u
 cd "$(dirname "$0")"
 export PINNABLE_REQUIRE_GPU=1
+# The tests' fixtures travel with the bundle: a test that cannot find one fails here.
+export PINNABLE_FIXTURES=${PINNABLE_FIXTURES:-$PWD/fixtures}
 # candle's CUDA backend links cuBLAS, cuRAND and NVRTC (CUDA 13): from PyTorch's wheels when
 # there is no toolkit.
 if command -v python3 >/dev/null; then
@@ -122,7 +130,17 @@ esac
 fail=0
 run() { echo "=== $*"; "$@" || { echo "FAILED: $*"; fail=1; }; }
 if [ "$what" = all ] || [ "$what" = tests ]; then
-  for t in tests/*; do run "$t" --test-threads=1; done
+  log=$(mktemp)
+  for t in tests/*; do run "$t" --test-threads=1; done 2>&1 | tee "$log"
+  grep -q '^FAILED: ' "$log" && fail=1
+  # Every skip again, one a line, and the totals of every test binary.
+  skips=$(grep -c '^skipped: ' "$log")
+  echo "=== run.sh tests: $skips skipped"
+  grep '^skipped: ' "$log" | sed 's/^/    /'
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1);
+         if ($(i) ~ /^failed/) f += $(i-1); if ($(i) ~ /^ignored/) g += $(i-1) } }
+       END { printf "tests: %d passed, %d failed, %d ignored\n", p, f, g }' "$log"
+  rm -f "$log"
 fi
 if [ "$what" = all ] || [ "$what" = examples ]; then
   for e in examples/*; do run "$e"; done

@@ -747,7 +747,7 @@ fn small_jpegs_match_libjpeg_turbo_s_decode_by_pillow() {
     // from 1 × 1 to 17 × 17 at 4:2:0, 4:2:2 and 4:4:4, and pictures at most 4 pixels wide and
     // up to 40 tall, one of them progressive:
     // pinnable/tests/data/make_small_jpegs.py.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pinnable/tests/data/small420");
+    let dir = pinnable_harness::fixture("pinnable/tests/data/small420");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -158,9 +158,7 @@ fn kinds(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
         ),
     ));
     // Files the repository keeps for the image tests, if any.
-    if let Ok(dir) =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/images"))
-    {
+    if let Ok(dir) = std::fs::read_dir(pinnable_harness::fixture("tests/data/images")) {
         for e in dir.flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x.eq_ignore_ascii_case("jpg")) {

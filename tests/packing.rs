@@ -4,7 +4,7 @@
 //! worker count; a run resumes at any batch; an over-budget document is an error naming it, or
 //! is split; on a GPU, packed batches equal the host path.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use pinnable::formats::npy::NpyArray;
@@ -204,32 +204,22 @@ fn random_batches_equal_the_flattening_definition() {
 #[test]
 fn batches_equal_hugging_faces_collator_output() {
     let _s = serial();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/packing");
-    let load = |name: &str| -> Option<Tensor> {
-        let path = dir.join(name);
-        if !path.exists() {
-            return None;
-        }
-        // SAFETY: the fixture is only read.
-        let a = unsafe { NpyArray::open(&path) }.unwrap();
-        Some(a.tensor().clone())
+    let test = "batches_equal_hugging_faces_collator_output";
+    // Written by bench/packing_twin.py --write-reference on a machine with transformers.
+    let Some(dir) = pinnable_harness::fixture_or_skip(test, "tests/data/packing") else {
+        return;
     };
-    let (Some(tokens), Some(lengths), Some(sizes), Some(members)) = (
+    let load = |name: &str| -> Tensor {
+        // SAFETY: the fixture is only read.
+        let a = unsafe { NpyArray::open(dir.join(name)) }.unwrap();
+        a.tensor().clone()
+    };
+    let (tokens, lengths, sizes, members) = (
         load("docs.npy"),
         load("lengths.npy"),
         load("batch_sizes.npy"),
         load("batch_docs.npy"),
-    ) else {
-        // Written to the stream directly, so the harness's capture cannot hide the skip.
-        use std::io::Write;
-        let line = format!(
-            "skipped: batches_equal_hugging_faces_collator_output: no fixture in {} (written \
-             by bench/packing_twin.py --write-reference on a machine with transformers)\n",
-            dir.display()
-        );
-        let _ = std::io::stderr().write_all(line.as_bytes());
-        return;
-    };
+    );
     let tokens = tokens.to_vec::<u16>().unwrap();
     let mut docs = Vec::new();
     let mut at = 0;
@@ -266,7 +256,7 @@ fn batches_equal_hugging_faces_collator_output() {
             .batch_of(pieces, &mut Collator::new(PinnedPool::global()))
             .unwrap();
         let got = values(&b);
-        let want = |f: &str| load(&format!("batch{k}_{f}.npy")).unwrap();
+        let want = |f: &str| load(&format!("batch{k}_{f}.npy"));
         assert_eq!(got.input_ids, as_i64(&want("input_ids")), "batch {k}");
         assert_eq!(want("input_ids").shape(), b.input_ids.shape().as_slice());
         assert_eq!(got.labels, as_i64(&want("labels")), "batch {k}");

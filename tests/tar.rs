@@ -12,7 +12,10 @@ use pinnable_harness::tar::{folder, random_sample, random_shards, shard};
 use pinnable_harness::{cuda_or_skip, rng};
 use rand::Rng;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tar");
+/// The archives Python's `tarfile` wrote, and webdataset's groupings of them.
+fn data() -> std::path::PathBuf {
+    pinnable_harness::fixture("tests/data/tar")
+}
 
 /// Our grouping of a shard in webdataset's expected-file format (see `make_archives.py`).
 fn grouping(shards: &TarShards) -> (Vec<String>, Option<Error>) {
@@ -35,13 +38,13 @@ fn grouping(shards: &TarShards) -> (Vec<String>, Option<Error>) {
 #[test]
 fn grouping_matches_webdataset_on_awkward_archives() {
     for name in ["awkward_gnu", "pax", "ustar", "duplicate"] {
-        let expected = std::fs::read_to_string(format!("{DATA}/{name}.expected")).unwrap();
+        let expected = std::fs::read_to_string(data().join(format!("{name}.expected"))).unwrap();
         let mut want: Vec<&str> = expected.lines().collect();
         let error = want.last().is_some_and(|l| l.starts_with("error "));
         if error {
             want.pop();
         }
-        let path = format!("{DATA}/{name}.tar");
+        let path = data().join(format!("{name}.tar")).display().to_string();
         let shards = TarShards::open([&path]).unwrap();
         let (got, err) = grouping(&shards);
         assert_eq!(got, want, "{name}");

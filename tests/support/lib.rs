@@ -59,6 +59,40 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
     }
 }
 
+/// A file or folder the tests read, named by its path from the repository's root
+/// (`"tests/data/tar"`, `"pinnable/tests/data/small420"`): under `PINNABLE_FIXTURES` when it is
+/// set (the GPU bundle's `run.sh` sets it to the fixtures it carries), else in the checkout the
+/// tests were built from.
+pub fn fixture(path: &str) -> std::path::PathBuf {
+    let root = std::env::var_os("PINNABLE_FIXTURES").map_or_else(
+        || env!("CARGO_MANIFEST_DIR").into(),
+        std::path::PathBuf::from,
+    );
+    root.join(path)
+}
+
+/// [`fixture`], or `None` after printing `skipped: <test>: <reason>` on its own line when it is
+/// missing.
+///
+/// # Panics
+///
+/// When it is missing and `PINNABLE_REQUIRE_GPU=1`: where every check must run, a missing
+/// fixture is a failure, not a skip.
+pub fn fixture_or_skip(test: &str, path: &str) -> Option<std::path::PathBuf> {
+    let p = fixture(path);
+    if p.exists() {
+        return Some(p);
+    }
+    let why = format!(
+        "no fixture {} (set PINNABLE_FIXTURES to the folder holding the repository's {path})",
+        p.display()
+    );
+    assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {why}");
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("skipped: {test}: {why}\n").as_bytes());
+    None
+}
+
 /// CUDA devices 0 and 1, or `None` after printing `skipped: <test>: <reason>` on its own line.
 /// A one-GPU machine is not a missing GPU: there, the skip never fails, even under
 /// `PINNABLE_REQUIRE_GPU=1`.
