@@ -82,7 +82,7 @@ fn main() {
         GatherRoute::Auto,
     ]);
     // Host staging's rows last: on some instances the routes that read pinned memory in place
-    // ran slower for a while after it in the same process (`bench/results`, round 3).
+    // ran slower for a while after it in the same process (BENCHMARKS.md, `gather`).
     let (host, others): (Vec<GatherRoute>, Vec<GatherRoute>) = routes
         .iter()
         .partition(|&&route| route == GatherRoute::Host);

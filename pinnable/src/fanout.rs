@@ -19,7 +19,7 @@ pub enum FanoutRoute {
 }
 
 /// Up to this many devices, [`FanoutRoute::Auto`] copies from the host to each. Measured on two
-/// H200s (NVLink between them, each on its own PCIe Gen5 x16 link): see `bench/results`.
+/// H200s (NVLink between them, each on its own PCIe Gen5 x16 link): see BENCHMARKS.md.
 pub(crate) const HOST_TO_EACH_MAX: usize = 4;
 
 impl FanoutRoute {

@@ -34,8 +34,8 @@
 //! GPU: tensors share memory copy-on-write, every asynchronous copy carries a ready event that
 //! readers wait for, memory is freed only after its recorded readers, device views are ordered
 //! on the one stream they were made for, and the cudarc handles users get keep cudarc's own
-//! ordering. `SAFETY.md`, at the root of the repository, states the whole contract, and which
-//! functions are `unsafe` and why.
+//! ordering. The [safety chapter](guide::safety) of the guide states the contract for users and
+//! what each `unsafe` function asks; `SAFETY.md`, at the root of the repository, is the audit.
 //!
 //! **The derives.** `#[derive(Pinnable, ToDevice)]` walks every field with its path, so an
 //! error names where it happened (`batch.extra["mask"]`, `Sample::Pair.1`). Every field's type
@@ -114,10 +114,13 @@
 //! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
 //!   moved to the device by worker threads out;
 //! - [`formats`]: the files the loader reads, one module each: `.npy` arrays, token shards and
-//!   (the `image` feature) folders of JPEG and PNG files decoded straight into the batch's
-//!   pinned block, with the standard crops and flips;
+//!   packed documents, WebDataset tar shards (local, or S3 and HTTP with the `remote` feature),
+//!   and (the `image` feature) JPEG and PNG images decoded on the host or the GPU;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
 //! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on.
+//!
+//! The [`guide`] (modules with no items) explains each job's knobs, every error, resume and
+//! ranks, the safety contract and performance tuning.
 
 #![warn(missing_docs)]
 // On docs.rs (nightly), items behind a cargo feature show the feature they need.
@@ -134,6 +137,7 @@ mod error;
 mod fanout;
 pub mod formats;
 mod gather;
+pub mod guide;
 mod impls;
 pub mod interop;
 pub mod loader;

@@ -1,5 +1,7 @@
-//! The file formats the loader reads, one module each: [`npy`] arrays, [`tokens`] shards (llm.c,
-//! nanoGPT, `.npy`) and, with the `image` feature, [`image`] folders of JPEG and PNG files.
+//! The file formats the loader reads, one module each: [`npy`] arrays; [`tokens`] shards
+//! (llm.c, nanoGPT, `.npy`) as windows or as documents packed for varlen attention; [`tar`]
+//! WebDataset shards, local or (the `remote` feature) in S3 and on HTTP(S) servers; and, with
+//! the `image` feature, [`image`]: JPEG and PNG files decoded on the host or on the GPU.
 //!
 //! Each format implements the loader's traits ([`Dataset`](crate::loader::Dataset),
 //! [`Batcher`](crate::loader::Batcher)) from outside the loader: the loader is generic and

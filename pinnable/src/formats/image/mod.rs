@@ -1,5 +1,6 @@
-//! Image datasets (the `image` feature): JPEG and PNG files decoded straight into the batch's
-//! pinned block, `u8` pixels over the link.
+//! Image datasets (the `image` feature): JPEG and PNG files decoded on the host straight into
+//! the batch's pinned block (`u8` pixels over the link), or decoded and transformed on the GPU
+//! ([`DeviceImageBatcher`]: nvJPEG's engines, the crate's kernels).
 //!
 //! ```text
 //!  ImageFolder ──get(i)──► ImageFile (a path and a label: nothing read yet)

@@ -2,7 +2,7 @@
 //! shards themselves plan, so that reads stay sequential within a shard.
 //!
 //! ```text
-//!  shard list ──expand──► shards (mapped) ──index pass at open──► every sample: (shard, fields)
+//!  shard list ──expand──► shards (read) ───index pass at open──► every sample: (shard, fields)
 //!   braces, globs           ShardBytes          headers only           fields = byte ranges
 //!                                                                           │
 //!   epoch plan (seed, epoch, rank, world, buffer) ◄─────────────────────────┘
@@ -16,8 +16,9 @@
 //! - **Reader** ([`members`]): ustar, pax (`path`, `size`; per-member and global headers), GNU
 //!   long names; checksums checked; every length checked against the shard's size; errors
 //!   ([`Error::Tar`]) name the shard and the byte offset. Our own reader rather than the `tar`
-//!   crate: members must stay byte ranges of the mapped shard (the `tar` crate reads through
-//!   `io::Read` into buffers), and the index pass reads headers only.
+//!   crate: members must stay byte ranges of the shard (read where they lie, or viewed in a
+//!   mapping; the `tar` crate reads through `io::Read` into buffers), and the index pass reads
+//!   headers only.
 //! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
 //!   is an error naming the shard and the key, `__*__` members skipped.
@@ -34,8 +35,8 @@
 //!   sample being assembled when it is found is dropped, as webdataset drops it (its members
 //!   may be incomplete).
 //! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
-//!   through object_store, streamed in ranged chunks with a bounded read-ahead; its module docs
-//!   tell what the index pass and the reads cost. [`TarShards::open`] takes a list of URLs with
+//!   through object_store, streamed in ranged chunks with a bounded read-ahead; the guide's
+//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost. [`TarShards::open`] takes a list of URLs with
 //!   `Remote`'s defaults. Other sources of ranged bytes implement [`ShardBytes`] and go to
 //!   [`TarShards::from_shards`].
 //! - **A resume over other shards** is refused: positions carry a hash of the shards' file

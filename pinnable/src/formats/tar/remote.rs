@@ -23,60 +23,34 @@ use io::*;
 use stream::Streamer;
 
 /// Opens tar shards in object storage or on web servers (S3 and S3-compatible stores, plain
-/// HTTP(S)) through object_store, on a small tokio runtime (two threads by default) that the
-/// opened source owns and joins when its last clone is dropped: settings for the reads, then
-/// [`open`](Remote::open).
+/// HTTP(S)) through object_store, on a small tokio runtime that the opened source owns and
+/// joins when its last clone is dropped: settings for the reads, then [`open`](Remote::open).
 ///
-/// - **Open**: brace ranges expand as for local paths; globs (`*`, `?` within one path
-///   component) only for `s3://`, whose keys can be listed (a web server gives no listing).
-///   Every shard's size comes from one `HEAD`; a missing shard (404) or a refused one
-///   (401/403) is an [`Error::Tar`] naming its URL, before any sample is read.
-/// - **Index pass**: member headers only, each through a ranged `GET` of a small window
-///   ([`Remote::index_window`], 4 KiB): the headers of a sample's small members (`.cls`,
-///   `.json`) and of the next sample's first member share one window, so the pass costs about
-///   one request and 4 KiB per sample whose members are larger than the window (about 12% of
-///   shards of 33 KiB JPEGs), and reads shards of small members through once.
-/// - **Reads**: each epoch the loader runs streams this rank's run (its samples in shard
-///   order, before the shuffle buffer) once, in order: the run is cut into chunks of whole
-///   samples about [`Remote::chunk_size`] long (4 MiB), each one ranged `GET`, whose body is
-///   cut into samples as it arrives: a sample that lies inside one received piece of the body
-///   keeps a slice of it (no copy), one cut across pieces is copied into a buffer of its own.
-///   A sample's bytes are kept until a worker takes it (`get`, as the shuffle buffer yields
-///   it), then belong to its [`TarSample`](super::TarSample): fields are borrowed from them,
-///   with no further copy. A
-///   chunk is fetched when a worker asks for one of its samples, and the next chunks in
-///   stream order are fetched ahead, [`Remote::read_ahead`] at a time (2), each landing
-///   starting the next, so fetches run on while the workers decode; the read-ahead pauses
-///   while the samples held and being fetched reach [`Remote::cache_bytes`] (256 MiB). Every
-///   byte of the run is read once an epoch.
-///   A sample read outside the loader's epoch (`get` by hand, a second loader on the same
-///   source) is one ranged `GET` of its own bytes. Whole shards are never downloaded first.
-/// - **Memory**: a sample is held from its chunk's arrival until a worker takes it, so the
-///   samples held are those in the shuffle buffer (its size), those of the batches in flight
-///   and the rest of the chunk being read (all of which the workers wait on), plus the
-///   read-ahead's chunks (arrived or being fetched) while the total is under `cache_bytes`:
-///   the stream runs ahead of slow workers up to that cap. A slice of a received piece keeps
-///   the HTTP client's whole read buffer alive (up to about 408 KiB, several pieces), so the
-///   buffers slices keep are counted against the cap: each once, the bytes its kept pieces
-///   span but at least 408 KiB, from its first slice until the last one is dropped (by the
-///   worker's batch, or a tensor made over a member, [`TarSample::npy`](super::TarSample::npy)).
-///   Samples keep slices only while that count is under `cache_bytes`; past it each arriving
-///   sample is copied into a buffer of its own size (as a cap of 0 always does). The bytes
-///   held are then at most the samples' own plus about `cache_bytes` of buffers. A resumed
-///   epoch reads and holds again at most the 1024 samples before its position (with their
-///   chunks).
-/// - **Speed**: receiving costs CPU (see [`Remote::threads`]), and so does a server on the same
-///   host; the runtime's threads, the server's and the loader's workers then share the cores,
-///   and a worker put off the CPU holds up every batch after its own, since the loader
-///   delivers in order. Let the loader make batches ahead
-///   ([`LoaderBuilder::prefetch`](crate::loader::LoaderBuilder::prefetch), about as many as
-///   workers): on an H100 host (16 cores) serving the shards itself over loopback, 8 workers
-///   read 0.75× the local-file rate with the default of 2 and 0.90× with 8, with 2 MiB chunks,
-///   16 read ahead and 8 runtime threads.
-/// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
-///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
-///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
-///   403, a shard changed while read) are not retried.
+/// - **Open**: brace ranges expand as for local paths; globs only for `s3://`, whose keys can
+///   be listed. Credentials come from the `AWS_*` variables or [`option`](Remote::option). A
+///   missing (404) or refused (401/403) shard is an [`Error::Tar`] naming its URL, before any
+///   sample is read.
+/// - **Index pass**: member headers only, through ranged `GET`s of
+///   [`index_window`](Remote::index_window) bytes; whole shards are never downloaded first.
+/// - **Reads**: each epoch streams this rank's run once, in chunks of whole samples about
+///   [`chunk_size`](Remote::chunk_size) long (one ranged `GET` each), with
+///   [`read_ahead`](Remote::read_ahead) chunks in flight ahead of the workers; every byte is
+///   read once an epoch, whatever the shuffle buffer or worker count. A sample read outside
+///   the loader's epoch is one `GET` of its own bytes.
+/// - **Memory**: samples are held from their chunk's arrival until a worker takes them; the
+///   read-ahead pauses while they (and the received buffers they keep slices of) reach
+///   [`cache_bytes`](Remote::cache_bytes).
+/// - **Speed**: receiving costs CPU ([`threads`](Remote::threads)); when the host is shared,
+///   let the loader make about as many batches ahead as it has workers
+///   ([`LoaderBuilder::prefetch`](crate::loader::LoaderBuilder::prefetch)), since a worker put
+///   off the CPU holds up every batch after its own.
+/// - **Retries**: object_store's, and ours around them: a request or body that fails or stalls
+///   past [`timeout`](Remote::timeout) is asked for again from the first byte not received, up
+///   to [`retries`](Remote::retries) times. Permanent errors (404, 403, a shard changed while
+///   read) are not retried.
+///
+/// The guide's [`tar`](crate::guide::tar) chapter tells what each setting costs and how to
+/// choose it.
 ///
 /// # Examples
 ///
@@ -172,10 +146,9 @@ impl Remote {
         self
     }
 
-    /// The runtime's threads (at least 1). They receive the bodies, and receiving costs CPU:
-    /// over loopback on an H100 host, about a core for each 3.5–4 GB/s (the kernel's copy out
-    /// of the socket, mostly). Two serve a link of a few GB/s; a faster one wants more, with a
-    /// longer [`read_ahead`](Self::read_ahead) to keep them busy.
+    /// The runtime's threads (at least 1). They receive the bodies, and receiving costs CPU
+    /// (the kernel's copy out of the socket, mostly): two serve a link of a few GB/s; a faster
+    /// one wants more, with a longer [`read_ahead`](Self::read_ahead) to keep them busy.
     pub fn threads(mut self, threads: usize) -> Remote {
         self.threads = threads.max(1);
         self

@@ -1,8 +1,9 @@
-//! Language-model data: shards of token ids as one stream of tokens ([`TokenShards`]), cut into
-//! windows of `context + 1` tokens ([`TokenWindows`]), batched into `x` and `y` — the first
-//! `context` tokens of each window and the same shifted by one — widened to i64 or i32
-//! ([`TokenBatcher`], [`TokenBatch`]): on the GPU for a CUDA device, so only the u16 or u32
-//! tokens cross the link, by the loader's workers for the host.
+//! Language-model data: shards of token ids as one stream of tokens ([`TokenShards`]), either
+//! split into documents ([`TokenDocs`]) packed for varlen attention ([`PackedDocs`],
+//! [`PackedBatcher`]), or cut into windows of `context + 1` tokens ([`TokenWindows`]), batched
+//! into `x` and `y` — the first `context` tokens of each window and the same shifted by one —
+//! widened to i64 or i32 ([`TokenBatcher`], [`TokenBatch`]): on the GPU for a CUDA device, so
+//! only the u16 or u32 tokens cross the link, by the loader's workers for the host.
 //!
 //! **Shards** are files of u16 or u32 token ids in any of three formats ([`ShardFormat`]):
 //! raw little-endian (nanoGPT's `train.bin`), llm.c's (a 256 × i32 header, then the tokens),

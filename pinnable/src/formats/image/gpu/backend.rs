@@ -32,12 +32,10 @@ fn setup() -> MutexGuard<'static, ()> {
 
 /// Threads at most in the engines' batched decode of one device at once, whatever a batcher
 /// asks. The call keeps its thread busy until the engines are done (nvJPEG waits for them
-/// itself, whatever the context's scheduling flags; measured on an H100), so every thread
-/// inside is a core spent waiting: one at a time (a batcher's default), the next batches' files
-/// are read and parsed by other workers while the engines decode (two workers: 40 600–43 200
-/// images/s on 1.65 cores, H100), where two at a time made 45 500 on 2.0. With four or more
-/// inside, a run now and then never returned (every thread stopped in nvJPEG, H200, nvJPEG
-/// 13.3, about one run in ten); two never did.
+/// itself, whatever the context's scheduling flags), so every thread inside is a core spent
+/// waiting: one at a time (a batcher's default), the next batches' files are read and parsed by
+/// other workers while the engines decode. Four or more callers at once can stop inside
+/// nvJPEG, every thread waiting in the call; two cannot.
 const ENGINE_CALLERS: usize = 2;
 
 /// The engines' turns of one device: taken in the order they were asked for, so a worker's

@@ -100,12 +100,12 @@ impl DeviceImageBatcher {
     }
 
     /// How many of the loader's workers may be in the JPEG engines' batched decode at once: 1
-    /// (the default) or 2 (0 counts as 1, more as 2). The call keeps its thread busy until the engines are done, so each
-    /// thread inside is a core spent waiting; with one, the other workers read and parse the
-    /// next batches meanwhile. Two decode faster by 0–33% (two workers, four runs on an H100:
-    /// 37 600–45 200 images/s against 34 000–37 900) for about 0.4 more cores; use them when
-    /// cores are there to spend, as with a [`cpu_share`](Self::cpu_share). More are not
-    /// allowed: with four in the call, nvJPEG 13.3 now and then never returned.
+    /// (the default) or 2 (0 counts as 1, more as 2). The call keeps its thread busy until the
+    /// engines are done, so each thread inside is a core spent waiting; with one, the other
+    /// workers read and parse the next batches meanwhile. Two decode faster by up to a third
+    /// for about 0.4 more cores; use them when cores are there to spend, as with a
+    /// [`cpu_share`](Self::cpu_share). More are not allowed: four callers at once can stop
+    /// inside nvJPEG.
     pub fn engine_threads(mut self, threads: usize) -> DeviceImageBatcher {
         self.engine_threads = threads.clamp(1, 2);
         self

@@ -5,12 +5,11 @@
 //! the shuffle buffer yields it.
 //!
 //! Every worker takes every sample through here, so a take shares nothing it need not: the
-//! plan is fixed for the epoch, each chunk's samples have a lock of their own (a worker waits
-//! on its chunk alone, and a landing wakes only that chunk's waiters), and the scheduler's
+//! plan is fixed for the epoch (read behind an `RwLock`), each chunk's samples have a lock and
+//! a condition variable of their own (a worker waits on its chunk alone, and a landing wakes
+//! only that chunk's waiters), the demand and the bytes held are atomics, and the scheduler's
 //! lock is taken only when a worker asks for a chunk not yet started, when a fetch lands, or
-//! when the cap held the read-ahead back and a take brought the bytes held under it. One lock
-//! over all of it made each take wait 4.4 µs for it on an H100 with 8 workers (12.7 µs with
-//! 14), where a worker spends 23 µs a sample in all.
+//! when the cap held the read-ahead back and a take brought the bytes held under it.
 
 use std::collections::HashSet;
 use std::ops::Range;
