@@ -169,7 +169,7 @@ fn fail_at<T: ToDevice>(device: &Device, batch: &T, reads: &Reads, k: usize) -> 
             "k={k}: pinned block {i} read by the move has no pending fence"
         );
     }
-    let s = pool.reclaimed_stats();
+    let s = pool.stats();
     assert_eq!(s.in_use_bytes, 0, "k={k}: {s:?}");
     assert_eq!(
         s.cached_bytes, 0,
@@ -178,7 +178,7 @@ fn fail_at<T: ToDevice>(device: &Device, batch: &T, reads: &Reads, k: usize) -> 
     assert!(s.pending_blocks >= 1, "k={k}: {s:?}");
     drop(gate);
     dev.copy_stream.synchronize().expect("copy stream");
-    let s = pool.reclaimed_stats();
+    let s = pool.stats();
     assert_eq!((s.in_use_bytes, s.pending_bytes), (0, 0), "k={k}: {s:?}");
     assert_eq!(s.cached_bytes, s.reserved_bytes, "k={k}: {s:?}");
     assert!(reads.blocks.iter().all(|b| b.pending_uses() == 0), "k={k}");
@@ -397,5 +397,5 @@ fn a_panic_while_the_batch_is_built_still_fences_the_copies_already_started() {
     drop(gate);
     dev.copy_stream.synchronize().expect("copy stream");
     assert_eq!(block.pending_uses(), 0);
-    assert_eq!(pool.reclaimed_stats().in_use_bytes, 0);
+    assert_eq!(pool.stats().in_use_bytes, 0);
 }

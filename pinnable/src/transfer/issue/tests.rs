@@ -57,7 +57,7 @@ fn fenced_blocks_stay_out_of_the_free_lists_until_the_fence_completes() {
     .expect("fenced");
     assert!(held.iter().all(|b| b.pending_uses() == 1));
     drop(held);
-    let s = pool.reclaimed_stats();
+    let s = pool.stats();
     assert_eq!((s.in_use_bytes, s.cached_bytes), (0, 0), "{s:?}");
     assert_eq!(s.pending_blocks, sizes.len());
     assert_eq!(s.pending_bytes, s.reserved_bytes);
@@ -71,7 +71,7 @@ fn fenced_blocks_stay_out_of_the_free_lists_until_the_fence_completes() {
     );
     drop(again);
     fence.0.store(true, Ordering::SeqCst);
-    let s = pool.reclaimed_stats();
+    let s = pool.stats();
     assert_eq!((s.pending_blocks, s.in_use_bytes), (0, 0), "{s:?}");
     assert_eq!(s.cached_bytes, s.reserved_bytes);
 }
@@ -96,7 +96,7 @@ fn without_a_fence_the_work_is_waited_for_before_the_error_comes_back() {
     // Nothing is left to wait for: the blocks go straight back.
     assert!(held.iter().all(|b| b.pending_uses() == 0));
     drop(held);
-    let s = pool.reclaimed_stats();
+    let s = pool.stats();
     assert_eq!(s.pending_blocks, 0);
     assert_eq!(s.cached_bytes, s.reserved_bytes);
 }
