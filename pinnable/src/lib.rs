@@ -134,6 +134,7 @@ mod error;
 mod fanout;
 pub mod formats;
 mod gather;
+mod hash;
 mod impls;
 pub mod interop;
 pub mod loader;
