@@ -138,6 +138,7 @@ mod fanout;
 pub mod formats;
 mod gather;
 pub mod guide;
+mod hash;
 mod impls;
 pub mod interop;
 pub mod loader;

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use super::sampler::{SplitMix64, permutation};
 use crate::error::{Error, Result};
+use crate::hash::Fingerprint;
 
 /// What a batch may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -282,14 +283,32 @@ impl TokenBudget {
     }
 
     /// A digest of the settings and the lengths: positions carry it, so a run resumes only
-    /// under the same plan.
+    /// under the same plan. FNV-1a over the fields in a fixed layout, the same value in every
+    /// release and on every machine, shifted right by 1 (below 2⁶³): the budget's kind (one
+    /// byte, 0 for tokens, 1 for packed rows) and its numbers (`max_tokens` and
+    /// `count_padding`, or `row_tokens` and `rows`), the sort window, the seed (a byte 0 for
+    /// none, or 1 and the seed), `split_long`, `max_pieces_per_row` (as the seed), the number of
+    /// lengths and each length (4 bytes); numbers little-endian, 8 bytes unless said, booleans
+    /// one byte.
     pub fn digest(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.options.hash(&mut h);
-        self.lengths.hash(&mut h);
-        // Positions store it in 63 bits.
-        h.finish() >> 1
+        let o = &self.options;
+        let mut h = Fingerprint::new();
+        match o.budget {
+            Budget::Tokens {
+                max_tokens,
+                count_padding,
+            } => h.u8(0).usize(max_tokens).bool(count_padding),
+            Budget::Packed { row_tokens, rows } => h.u8(1).usize(row_tokens).usize(rows),
+        };
+        h.usize(o.sort_window)
+            .opt_u64(o.seed)
+            .bool(o.split_long)
+            .opt_u64(o.max_pieces_per_row.map(|n| n as u64))
+            .usize(self.lengths.len());
+        for &len in self.lengths.iter() {
+            h.u32(len);
+        }
+        h.finish63()
     }
 
     /// The batches of epoch `epoch`, all ranks' together: exactly [`len`](Self::len).

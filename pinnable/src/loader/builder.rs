@@ -549,16 +549,7 @@ where
 fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
     // The plan setting first: a mix with other weights has another length too, and its
     // setting says why.
-    if position.plan() != sampler.plan_setting().map(|(_, v)| v) {
-        let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
-        return Err(Error::Resume {
-            setting: sampler
-                .plan_setting()
-                .map_or("plan setting", |(name, _)| name),
-            saved: show(position.plan()),
-            current: show(sampler.plan_setting().map(|(_, v)| v)),
-        });
-    }
+    position.check_plan(sampler.plan_setting())?;
     position.check_settings(&sampler.position_at(0, 0))?;
     if position.batch() > sampler.len() as u64 {
         return Err(Error::Resume {

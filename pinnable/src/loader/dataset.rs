@@ -111,7 +111,10 @@ pub trait Dataset: Send + Sync {
     /// For a dataset that plans its epochs ([`order`](Self::order)): the one setting of its
     /// own the plan depends on beyond the loader's, its name and value (a tar source's
     /// shuffle buffer). Positions carry it, and resuming refuses a position saved with
-    /// another value, naming it. `None` (the default) for the others.
+    /// another value, naming it. `None` (the default) for the others. Compute it the same way
+    /// in every build (a hash of your own, such as FNV-1a, over fixed-width little-endian
+    /// fields, not `std`'s `DefaultHasher`, which Rust may change between releases), so that a
+    /// position resumes after a toolchain upgrade.
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
         None
     }

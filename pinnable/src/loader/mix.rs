@@ -10,12 +10,15 @@
 //! sources' lengths and the mix's settings; each rank takes its part of it. It never depends on
 //! the worker count or on timing, so [`Position`](super::Position)s resume a mix exactly, and
 //! refuse a position saved with other sources, weights or stop rule (the setting named
-//! `mix (sources, weights and stop rule)`).
+//! `mix (sources, weights and stop rule)`, or `mix (sources, their plans, weights and stop
+//! rule)` when a source plans its own epochs).
 
 mod plan;
 
 use super::dataset::Dataset;
+use super::position::MIX_OF_PLANS;
 use crate::error::{Error, Result};
+use crate::hash::Fingerprint;
 
 /// When a mix's epoch ends. The names follow torchdata's stop criteria.
 ///
@@ -351,47 +354,40 @@ impl<D: Dataset> Mix<D> {
     }
 
     /// A number that changes when the sources' count or lengths, their own plan settings, the
-    /// shares or the stop rule change: positions carry it.
-    fn fingerprint(&self) -> u64 {
-        let mut h = Fingerprint(0xCBF2_9CE4_8422_2325);
+    /// shares or the stop rule change: positions carry it. FNV-1a over 64-bit words
+    /// ([`Fingerprint`]), the same value in every release. With it, whether a source plans its
+    /// own epochs.
+    fn fingerprint(&self) -> (u64, bool) {
+        let mut h = Fingerprint::new();
         match &self.shares {
             Shares::Weights(w) => {
-                h.add(1);
-                w.iter().for_each(|w| h.add(w.to_bits()));
+                h.u64(1);
+                w.iter().for_each(|&w| {
+                    h.f64(w);
+                });
             }
             Shares::Counts(c) => {
-                h.add(2);
-                c.iter().for_each(|&c| h.add(c as u64));
+                h.u64(2);
+                c.iter().for_each(|&c| {
+                    h.usize(c);
+                });
             }
         }
         match self.stop {
-            Stop::AllExhausted => h.add(10),
-            Stop::FirstExhausted => h.add(11),
-            Stop::EachOnce => h.add(12),
-            Stop::Forever { samples } => {
-                h.add(13);
-                h.add(samples as u64);
-            }
-        }
-        h.add(self.sources.len() as u64);
+            Stop::AllExhausted => h.u64(10),
+            Stop::FirstExhausted => h.u64(11),
+            Stop::EachOnce => h.u64(12),
+            Stop::Forever { samples } => h.u64(13).usize(samples),
+        };
+        h.usize(self.sources.len());
+        let mut planned = false;
         for d in &self.sources {
-            h.add(d.len() as u64);
-            h.add(d.plan_setting().map_or(u64::MAX, |(_, v)| v));
+            h.usize(d.len());
+            let plan = d.plan_setting().map(|(_, v)| v);
+            planned |= plan.is_some();
+            h.u64(plan.unwrap_or(u64::MAX));
         }
-        // Positions print it; a number below 2⁶³ reads well in other tools too.
-        h.0 >> 1
-    }
-}
-
-/// FNV-1a over 64-bit words.
-struct Fingerprint(u64);
-
-impl Fingerprint {
-    fn add(&mut self, v: u64) {
-        for b in v.to_le_bytes() {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01B3);
-        }
+        (h.finish63(), planned)
     }
 }
 
@@ -439,7 +435,8 @@ impl<D: Dataset> Dataset for Mix<D> {
     }
 
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        Some((SETTING, self.fingerprint()))
+        let (fingerprint, planned) = self.fingerprint();
+        Some((if planned { MIX_OF_PLANS } else { SETTING }, fingerprint))
     }
 
     fn planned_batch_size(&self) -> Option<usize> {

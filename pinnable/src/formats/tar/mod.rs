@@ -116,6 +116,7 @@ pub use remote::Remote;
 pub use sample::{TarNpyBatcher, TarSample};
 
 use crate::error::{Error, Result};
+use crate::hash::Fingerprint;
 use crate::loader::{Dataset, SplitMix64, permutation};
 use local::open_file;
 
@@ -424,17 +425,18 @@ fn shuffle_buffer(
     out
 }
 
-/// A hash (FNV-1a, folded to 32 bits) of the shards' file names — the last component of each
-/// path or URL — in list order: a resume with another shard list of the same length is
-/// refused, while the same files moved to another folder or a bucket still resume.
-fn names_hash<'a>(names: impl Iterator<Item = &'a str>) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// A hash (FNV-1a, [`Fingerprint`], folded to 32 bits) of the shards' file names — the last
+/// component of each path or URL — in list order: a resume with another shard list of the same
+/// length is refused, while the same files moved to another folder or a bucket still resume.
+/// Each name is ended by a zero byte, which no file name holds, rather than preceded by its
+/// length: positions saved before [`Fingerprint`] hashed names so, and still resume.
+pub(crate) fn names_hash<'a>(names: impl Iterator<Item = &'a str>) -> u32 {
+    let mut h = Fingerprint::new();
     for name in names {
         let file = name.rsplit(['/', '\\']).next().unwrap_or(name);
-        for &b in file.as_bytes().iter().chain(&[0]) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        h.raw(file.as_bytes()).u8(0);
     }
+    let h = h.finish();
     (h ^ (h >> 32)) as u32
 }
 

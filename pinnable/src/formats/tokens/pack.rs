@@ -14,6 +14,7 @@ use crate::gather::Gather;
 use crate::loader::batcher::Batcher;
 use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
+use crate::loader::position::PACKING_PLAN;
 use crate::loader::{Piece, TokenBudget};
 use crate::path::Walk;
 use crate::pin::{PinContext, Pinnable};
@@ -170,7 +171,7 @@ impl Dataset for PackedDocs {
     }
 
     fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        Some(("packing plan", self.plan.digest()))
+        Some((PACKING_PLAN, self.plan.digest()))
     }
 }
 

@@ -17,9 +17,14 @@ use crate::error::{Error, Result};
 /// The version of [`Position`]'s byte and string forms this build writes and reads.
 const VERSION: u16 = 1;
 /// The version written for a position that holds a plan setting (see [`Position::plan`]):
-/// version 1 and one more word. Positions without one stay version 1, byte for byte.
-const VERSION_PLAN: u16 = 2;
-/// The length of a version-2 position.
+/// version 1 and one more word, a fingerprint from [`Fingerprint`](crate::hash::Fingerprint).
+/// Positions without one stay version 1, byte for byte.
+const VERSION_PLAN: u16 = 3;
+/// The version a position holding a plan setting had before fingerprints went through
+/// [`Fingerprint`](crate::hash::Fingerprint): the same layout, read still (see
+/// [`Position::check_plan`]).
+const VERSION_PLAN_2: u16 = 2;
+/// The length of a position with a plan setting (versions 2 and 3).
 const BYTES_PLAN: usize = 72;
 /// The first bytes of [`Position::to_bytes`].
 const MAGIC: &[u8; 4] = b"PNPS";
@@ -31,6 +36,13 @@ const HAS_SEED: u16 = 1;
 const HAS_SAMPLES: u16 = 2;
 const DROP_LAST: u16 = 4;
 const AHEAD: u16 = 8;
+
+/// The plan setting of a packed-documents plan ([`TokenBudget::digest`](super::TokenBudget::digest)),
+/// whose fingerprint in format version 2 came from a hash no longer computed.
+pub(crate) const PACKING_PLAN: &str = "packing plan";
+/// The plan setting of a [`Mix`](super::Mix) with sources that plan their own epochs: its
+/// fingerprint holds theirs, so a format-2 one may hold a packing plan's.
+pub(crate) const MIX_OF_PLANS: &str = "mix (sources, their plans, weights and stop rule)";
 
 /// Where a loader is: the epoch, how many of its batches the consumer has received, and the
 /// settings those numbers depend on (the seed, the shard, the dataset's length, the batch size,
@@ -44,7 +56,16 @@ const AHEAD: u16 = 8;
 /// (and their stream counterparts). At the end of an epoch it is the start of the next one.
 ///
 /// A position saved by a loader with another dataset length, batch size, world size, rank,
-/// seed or `drop_last` is refused with [`Error::Resume`] naming the setting.
+/// seed, `drop_last` or plan setting is refused with [`Error::Resume`] naming the setting.
+///
+/// **Format versions.** A position without a plan setting is format version 1; one with a
+/// plan setting is version 3, whose fingerprints pinnable computes with its own hash, the same
+/// under every Rust release. Version 2 (the same layout, written by releases whose packing
+/// plans were fingerprinted with Rust's `DefaultHasher`, which Rust may change between its
+/// releases) is read: such a position resumes exactly where its fingerprint is one version 3
+/// computes alike (tar shards, mixes of sources that do not plan their own epochs), and is
+/// refused with [`Error::Position`] for a packing plan or a mix of planned sources, with the
+/// ways to go on.
 ///
 /// # Examples
 ///
@@ -86,6 +107,8 @@ pub struct Position {
     /// The setting of a dataset that plans its own epochs, e.g. a tar source's shuffle
     /// buffer; `None` for the others.
     plan: Option<u64>,
+    /// Whether `plan` was read from format version 2.
+    plan_2: bool,
     /// Whether batches past `batch` were delivered already (out of order): such a position
     /// cannot be resumed.
     ahead: bool,
@@ -117,13 +140,18 @@ impl Position {
             batch_size: batch_size as u64,
             drop_last,
             plan: None,
+            plan_2: false,
             ahead: false,
         }
     }
 
     /// The same position with the plan setting `plan`.
     pub(crate) fn with_plan(self, plan: Option<u64>) -> Position {
-        Position { plan, ..self }
+        Position {
+            plan,
+            plan_2: false,
+            ..self
+        }
     }
 
     /// The same settings at batch `batch` of epoch `epoch`.
@@ -191,15 +219,15 @@ impl Position {
     }
 
     fn version(&self) -> u16 {
-        if self.plan.is_some() {
-            VERSION_PLAN
-        } else {
-            VERSION
+        match (self.plan, self.plan_2) {
+            (None, _) => VERSION,
+            (Some(_), false) => VERSION_PLAN,
+            (Some(_), true) => VERSION_PLAN_2,
         }
     }
 
     /// The position as 64 bytes (little-endian, with a magic number and a format version), for
-    /// a binary checkpoint; 72 (format version 2) when it holds a [`plan`](Self::plan) setting.
+    /// a binary checkpoint; 72 (format version 3) when it holds a [`plan`](Self::plan) setting.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut flags = 0;
         if self.seed.is_some() {
@@ -272,11 +300,8 @@ impl Position {
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
         check_version(u64::from(version))?;
-        let want = if version == VERSION_PLAN {
-            BYTES_PLAN
-        } else {
-            BYTES
-        };
+        let planned = version == VERSION_PLAN || version == VERSION_PLAN_2;
+        let want = if planned { BYTES_PLAN } else { BYTES };
         if bytes.len() != want {
             return Err(bad(format!(
                 "{} bytes for format version {version}, which has {want}",
@@ -305,7 +330,8 @@ impl Position {
             samples: (flags & HAS_SAMPLES != 0).then(|| word(5)),
             batch_size: word(6),
             drop_last: flags & DROP_LAST != 0,
-            plan: (version == VERSION_PLAN).then(|| word(7)),
+            plan: planned.then(|| word(7)),
+            plan_2: version == VERSION_PLAN_2,
             ahead: flags & AHEAD != 0,
         };
         p.validate()?;
@@ -409,6 +435,54 @@ impl Position {
         }
         Ok(())
     }
+
+    /// Refuses a position whose plan setting differs from `current` (the name and value of the
+    /// loader's dataset's, [`Dataset::plan_setting`](super::Dataset::plan_setting)), naming
+    /// it; or, for a format-2 position whose kind of fingerprint this release computes with
+    /// another hash, with [`Error::Position`] saying how to go on.
+    pub(crate) fn check_plan(&self, current: Option<(&'static str, u64)>) -> Result<()> {
+        let value = current.map(|(_, v)| v);
+        if self.plan == value {
+            return Ok(());
+        }
+        if self.plan_2
+            && let Some((name, value)) = current
+            && (name == PACKING_PLAN || name == MIX_OF_PLANS)
+        {
+            let what = if name == PACKING_PLAN {
+                "packing plans"
+            } else {
+                "packing plans, which a mix's fingerprint holds when a source plans its own \
+                 epochs,"
+            };
+            let (epoch, batch) = (self.epoch, self.batch);
+            let upgraded = self.with_plan(Some(value));
+            return Err(Error::Position {
+                problem: format!(
+                    "it is format version 2, written by a release that fingerprinted \
+                     {what} with Rust's `DefaultHasher`, which Rust does not keep the same \
+                     between its releases; this release fingerprints them with a fixed hash \
+                     of its own (format version 3) and cannot check the old fingerprint, so it \
+                     cannot tell whether this loader's {name} (now {value}) is the one the \
+                     position was saved under (saved {saved}). To go on: build the loader \
+                     without `resume` and call `set_epoch({epoch})` to run epoch {epoch} again \
+                     from its first batch ({batch} of its batches had been received); or \
+                     finish epoch {epoch} with the release that saved the position; or, only \
+                     if the data and every setting are the ones the position was saved under, \
+                     resume from `{upgraded}` (the position with this loader's fingerprint)",
+                    saved = self
+                        .plan
+                        .map_or_else(|| "none".to_owned(), |v| v.to_string()),
+                ),
+            });
+        }
+        let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
+        Err(Error::Resume {
+            setting: current.map_or("plan setting", |(name, _)| name),
+            saved: show(self.plan),
+            current: show(value),
+        })
+    }
 }
 
 /// Refuses to run an epoch whose end could not be saved as a position.
@@ -426,11 +500,19 @@ pub(crate) fn check_epoch(epoch: u64) -> Result<()> {
 }
 
 fn check_version(version: u64) -> Result<()> {
-    if version != u64::from(VERSION) && version != u64::from(VERSION_PLAN) {
+    if ![VERSION, VERSION_PLAN_2, VERSION_PLAN]
+        .map(u64::from)
+        .contains(&version)
+    {
+        let newer = if version > u64::from(VERSION_PLAN) {
+            ": a newer release of pinnable wrote it; resume with that release or a later one"
+        } else {
+            ""
+        };
         return Err(Error::Position {
             problem: format!(
                 "format version {version}; this build of pinnable reads versions {VERSION} \
-                 and {VERSION_PLAN}"
+                 to {VERSION_PLAN}{newer}"
             ),
         });
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{PREFIX, Position, VERSION_PLAN, check_version};
+use super::{PREFIX, Position, VERSION_PLAN, VERSION_PLAN_2, check_version};
 use crate::error::{Error, Result};
 
 /// `pinnable-position/1 epoch=3 batch=17 seed=42 shard=0/8 samples=1000 batch_size=12
@@ -56,6 +56,7 @@ impl FromStr for Position {
             .parse()
             .map_err(|_| bad(format!("format version {version:?} is not a number")))?;
         check_version(version)?;
+        let planned = version == u64::from(VERSION_PLAN) || version == u64::from(VERSION_PLAN_2);
         const KEYS: [&str; 9] = [
             "epoch",
             "batch",
@@ -109,7 +110,7 @@ impl FromStr for Position {
                 "false" => false,
                 v => return Err(bad(format!("drop_last={v:?} is not true or false"))),
             },
-            plan: match (version == u64::from(VERSION_PLAN), values[7]) {
+            plan: match (planned, values[7]) {
                 (true, Some(v)) => Some(number(7, v)?),
                 (false, None) => None,
                 (true, None) => return Err(bad("plan is missing".into())),
@@ -119,6 +120,7 @@ impl FromStr for Position {
                     )));
                 }
             },
+            plan_2: version == u64::from(VERSION_PLAN_2),
             ahead: match values[8] {
                 None | Some("false") => false,
                 Some("true") => true,

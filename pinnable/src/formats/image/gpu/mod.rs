@@ -36,6 +36,7 @@ mod memory;
 mod notice;
 pub(crate) mod nvjpeg;
 pub(crate) mod plan;
+mod search;
 mod worker;
 
 use std::fmt;
@@ -94,11 +95,17 @@ static CHOSEN: Mutex<Vec<Arc<OnceLock<DecoderChoice>>>> = Mutex::new(Vec::new())
 /// (no nvJPEG library, or the host as the device). Decided once per device, said once on
 /// standard error.
 ///
-/// nvJPEG is looked for as `PINNABLE_NVJPEG` (a path; when set, only there), then
-/// `libnvjpeg.so.13` and `.12` on the loader's path, in a CUDA toolkit (`$CUDA_HOME`,
-/// `/usr/local/cuda*`), and in Python's site-packages (`nvidia/cu13/lib` of the
-/// `nvidia-nvjpeg` wheel, `nvidia/nvjpeg/lib` of `nvidia-nvjpeg-cu12`; `$VIRTUAL_ENV`,
-/// `~/.local`, `/usr/lib`, `/usr/local/lib`, `/opt/*/.venv`).
+/// nvJPEG is looked for only where the user points or the system's administrator installs
+/// (a library in a folder any user can write to would run its code in this process):
+/// `PINNABLE_NVJPEG` (a path; when set, only there), then `libnvjpeg.so.13` and `.12` by the
+/// system loader (`LD_LIBRARY_PATH`, the ldconfig cache), then CUDA toolkits (`$CUDA_HOME`,
+/// `$CUDA_PATH`, `$CUDA_ROOT`, `/usr/local/cuda*`). A Python environment's NVIDIA wheels
+/// (`nvidia/cu13/lib` of the `nvidia-nvjpeg` wheel, `nvidia/nvjpeg/lib` of
+/// `nvidia-nvjpeg-cu12`, torchvision's copy in `torchvision.libs`) are searched only when
+/// asked: `PINNABLE_NVJPEG_FROM_PYTHON=1` for the active environment (`$VIRTUAL_ENV`, else
+/// `$CONDA_PREFIX`), or `PINNABLE_NVJPEG_FROM_PYTHON=/path/to/env` (its `sys.prefix`).
+/// `~/.local` and `/opt` are never searched. When nothing is found, the reason lists where it
+/// looked.
 ///
 /// # Examples
 ///

@@ -1,18 +1,15 @@
 //! nvJPEG, NVIDIA's JPEG codec library, loaded at run time: the few functions the device
-//! decoder calls, declared with the C signatures of `nvjpeg.h` (CUDA 12 and 13 agree on them),
-//! and where the library is looked for.
+//! decoder calls, declared with the C signatures of `nvjpeg.h` (CUDA 12 and 13 agree on them).
 //!
-//! Nothing is linked at build time. [`Library::load`] tries, in order: `PINNABLE_NVJPEG` (a
-//! path to the library; if set, nothing else is tried), the loader's own search
-//! (`libnvjpeg.so.13`, then `.12`, on `LD_LIBRARY_PATH` and the system's paths), a CUDA toolkit
-//! (`$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda*/`), then the Python wheels users already have
-//! (`nvidia/cu13/lib/` of `nvidia-nvjpeg`, `nvidia/nvjpeg/lib/` of `nvidia-nvjpeg-cu12`, and
-//! the copy torchvision's wheels carry in `torchvision.libs/`) in the usual site-packages
-//! folders.
+//! Nothing is linked at build time. [`Library::load`] looks where [`search`] says: a path the
+//! user names (`PINNABLE_NVJPEG`), the system loader's search, CUDA toolkits, and a Python
+//! environment's NVIDIA wheels only when `PINNABLE_NVJPEG_FROM_PYTHON` asks for them.
 
 use std::ffi::{c_int, c_uchar, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+use super::search::{NAMES, search};
 
 /// `nvjpegStatus_t`.
 pub(crate) type Status = c_int;
@@ -152,115 +149,6 @@ pub(crate) fn check(call: &str, s: Status) -> Result<(), (String, Status)> {
     }
 }
 
-/// The file names tried, newest first.
-const NAMES: [&str; 2] = ["libnvjpeg.so.13", "libnvjpeg.so.12"];
-
-/// Where the library is looked for after the loader's own search: toolkits, then the Python
-/// wheels' folders under every site-packages folder found. `env` reads a variable.
-pub(crate) fn candidates(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
-        if let Some(v) = env(var).filter(|v| !v.is_empty()) {
-            dirs.push(Path::new(&v).join("lib64"));
-            dirs.push(Path::new(&v).join("lib"));
-        }
-    }
-    dirs.extend(glob_dirs(
-        "/usr/local",
-        "cuda",
-        &["lib64", "targets/x86_64-linux/lib"],
-    ));
-    let mut sites: Vec<PathBuf> = Vec::new();
-    if let Some(venv) = env("VIRTUAL_ENV").filter(|v| !v.is_empty()) {
-        sites.extend(python_sites(&Path::new(&venv).join("lib"), "site-packages"));
-    }
-    if let Some(home) = env("HOME").filter(|v| !v.is_empty()) {
-        sites.extend(python_sites(
-            &Path::new(&home).join(".local/lib"),
-            "site-packages",
-        ));
-    }
-    for (lib, leaf) in [
-        ("/usr/local/lib", "dist-packages"),
-        ("/usr/local/lib", "site-packages"),
-        ("/usr/lib", "dist-packages"),
-        ("/usr/lib", "site-packages"),
-    ] {
-        sites.extend(python_sites(Path::new(lib), leaf));
-    }
-    for opt in read_dir_sorted(Path::new("/opt")) {
-        sites.extend(python_sites(&opt.join(".venv/lib"), "site-packages"));
-        sites.extend(python_sites(&opt.join("venv/lib"), "site-packages"));
-    }
-    let mut bundled = Vec::new();
-    for site in &sites {
-        dirs.push(site.join("nvidia/cu13/lib"));
-        dirs.push(site.join("nvidia/nvjpeg/lib"));
-        // torchvision's wheels carry their own copy under a hashed name.
-        bundled.extend(
-            read_dir_sorted(&site.join("torchvision.libs"))
-                .into_iter()
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("libnvjpeg") && n.contains(".so"))
-                }),
-        );
-    }
-    let mut out = Vec::new();
-    for dir in dirs {
-        for name in NAMES {
-            let p = dir.join(name);
-            if !out.contains(&p) {
-                out.push(p);
-            }
-        }
-    }
-    out.extend(bundled);
-    out
-}
-
-/// Entries of `dir`, sorted; none if it cannot be listed.
-fn read_dir_sorted(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// `lib/python3*/leaf` under `lib`, newest Python first.
-fn python_sites(lib: &Path, leaf: &str) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = read_dir_sorted(lib)
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("python3"))
-        })
-        .map(|p| p.join(leaf))
-        .filter(|p| p.is_dir())
-        .collect();
-    v.reverse();
-    v
-}
-
-/// `base/prefix*/sub` for each `sub`, newest (last in order) first.
-fn glob_dirs(base: &str, prefix: &str, subs: &[&str]) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = read_dir_sorted(Path::new(base))
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .collect();
-    v.reverse();
-    v.into_iter()
-        .flat_map(|d| subs.iter().map(move |s| d.join(s)))
-        .collect()
-}
-
 static LOADED: OnceLock<Result<Library, String>> = OnceLock::new();
 
 impl Library {
@@ -276,37 +164,33 @@ impl Library {
             .map_err(Clone::clone)
     }
 
-    /// Finds and loads the library (see the module's docs), reading variables with `env`.
+    /// Finds and loads the library where [`search`] says, reading variables with `env`.
     pub(crate) fn load(env: &dyn Fn(&str) -> Option<String>) -> Result<Library, String> {
-        if let Some(path) = env("PINNABLE_NVJPEG").filter(|p| !p.is_empty()) {
-            return Library::open(Path::new(&path)).map_err(|e| {
-                format!("PINNABLE_NVJPEG={path} cannot be loaded ({e}); unset it or point it at libnvjpeg.so")
+        let search = search(env, Path::new("/"));
+        if let Some(path) = &search.explicit {
+            return Library::open(path).map_err(|e| {
+                format!(
+                    "PINNABLE_NVJPEG={} cannot be loaded ({e}); unset it or point it at \
+                     libnvjpeg.so.13",
+                    path.display()
+                )
             });
         }
-        let mut tried = Vec::new();
+        let mut last = None;
         for name in NAMES {
             match Library::open(Path::new(name)) {
                 Ok(l) => return Ok(l),
-                Err(e) => tried.push(e),
+                Err(e) => last = Some(e),
             }
         }
-        let candidates = candidates(env);
-        for path in candidates.iter().filter(|p| p.is_file()) {
+        // A file that is there but does not load is the more useful error.
+        for path in search.files.iter().filter(|p| p.is_file()) {
             match Library::open(path) {
                 Ok(l) => return Ok(l),
-                Err(e) => tried.push(e),
+                Err(e) => last = Some(e),
             }
         }
-        Err(format!(
-            "libnvjpeg.so.13 or .12 was not found on the loader's path, in a CUDA toolkit or \
-             in a Python wheel (pip install nvidia-nvjpeg; or set PINNABLE_NVJPEG to the \
-             library's path); {} places looked at{}",
-            NAMES.len() + candidates.len(),
-            tried
-                .last()
-                .map(|e| format!(", last error: {e}"))
-                .unwrap_or_default()
-        ))
+        Err(search.not_found(last.as_deref()))
     }
 
     fn open(path: &Path) -> Result<Library, String> {
