@@ -109,6 +109,12 @@ if command -v python3 >/dev/null; then
   libs=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null) &&
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# nvJPEG from this Python environment's wheels (torchvision's copy where there is no toolkit):
+# searched only when asked.
+if command -v python3 >/dev/null && [ -z "${PINNABLE_NVJPEG_FROM_PYTHON:-}" ]; then
+  prefix=$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null) &&
+    export PINNABLE_NVJPEG_FROM_PYTHON="$prefix"
+fi
 export PINNABLE_BENCH_OUT=${PINNABLE_BENCH_OUT:-$PWD/bench-out}
 mkdir -p "$PINNABLE_BENCH_OUT"
 # The test and bench kernels (a stand-in consumer and compute step), compiled here to PTX when a

@@ -9,12 +9,9 @@ use pinnable::formats::tokens::{PackedDocs, TokenDocs};
 use pinnable::loader::{Budget, Collator, Loader, Mix, Position, TokenBudget};
 use pinnable::{DType, Device, Error, Result, Tensor, ToDevice};
 
-/// The folder of test data: `PINNABLE_FIXTURES`, else the harness's `tests/data`.
+/// The repository's `tests/data`, wherever the tests run (`pinnable_harness::fixture`).
 fn fixtures() -> std::path::PathBuf {
-    std::env::var_os("PINNABLE_FIXTURES").map_or_else(
-        || concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data").into(),
-        Into::into,
-    )
+    pinnable_harness::fixture("tests/data")
 }
 
 fn ints(samples: Vec<i64>, c: &mut Collator) -> Result<Tensor> {
