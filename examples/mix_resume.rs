@@ -37,7 +37,7 @@ fn read(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut r = pinnable_harness::rng("mix_resume");
     let sizes = [
-        r.random_range(600..1000),
+        r.random_range(700..1000),
         r.random_range(100..300),
         r.random_range(20..60),
     ];
