@@ -257,7 +257,10 @@ impl Remote {
         // Index reads wait on the network, not the CPU: more threads than cores.
         let threads = shards.len().clamp(1, 32);
         let streams = Streamer::new(io, objects, self.chunk, self.read_ahead, self.cache);
-        Ok(TarShards::build(shards, Some(index_readers), threads)?.with_streams(Arc::new(streams)))
+        Ok(
+            TarShards::build(shards, Some(index_readers), threads, self.chunk)?
+                .with_streams(Arc::new(streams)),
+        )
     }
 
     fn store(&self, url: &Url, name: &str) -> Result<Arc<dyn ObjectStore>> {
