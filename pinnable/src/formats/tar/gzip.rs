@@ -1,21 +1,24 @@
 //! Gzip-compressed shards (`.tar.gz`, told by their first two bytes, `1f 8b`, whatever their
 //! name): decompressed as a stream by flate2 (its pure-Rust miniz_oxide backend), never held
-//! whole.
+//! whole. Their members are copies, decompressed; never views of a mapping.
 //!
 //! A compressed shard cannot be read at an offset without decompressing everything before it,
 //! so it is read in order: the index pass decompresses it once, reading its headers; each
 //! epoch the loader runs, the samples of the compressed shards in the epoch's run are
-//! decompressed in stream order by the worker that first needs one, and the samples passed
-//! on the way are held until their workers take them (the shuffle buffer's worth and the
-//! batches in flight, as for remote shards). Offsets in errors count decompressed bytes.
-//! A sample read outside the epoch's run decompresses from where the shard's decoder stands,
-//! or from the start when the sample lies before it.
+//! decompressed in stream order by the worker that first needs one of them (one worker a
+//! shard at a time), and the samples passed on the way are held until their workers take
+//! them: the shuffle buffer's worth and the batches in flight, as for remote shards, and for
+//! a resumed epoch at most 1024 samples before its position. Offsets in errors count
+//! decompressed bytes. A sample read outside the epoch's run decompresses from where the
+//! shard's decoder stands, or from the start when the sample lies before it. Compressed bytes
+//! are read a chunk at a time (1 MiB from a file, [`Remote::chunk_size`](super::Remote) from
+//! a store), each read when decompression needs it.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufRead, Read};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use flate2::bufread::MultiGzDecoder;
@@ -287,13 +290,27 @@ impl ShardBytes for Gz {
     }
 }
 
+/// A sample taken this many places after the epoch's first taken (its output position) may
+/// still come: samples passed on the way are held unless they lie further before it. A
+/// resumed epoch thus holds at most this many samples before its position.
+const LATE: usize = 1024;
+
 /// One compressed shard's part of an epoch's run: its samples not yet decompressed, in
 /// stream order, and those decompressed but not yet taken.
 #[derive(Default)]
 struct Queue {
     order: Mutex<VecDeque<(usize, Range<u64>)>>,
-    /// `None`: waiting in `order`; `Some`: decompressed, its bytes.
-    held: Mutex<HashMap<usize, Option<Held>>>,
+    /// By sample: its output position, and `None` while waiting in `order` or its bytes once
+    /// decompressed.
+    held: Mutex<HashMap<usize, (usize, Option<Held>)>>,
+}
+
+/// An epoch's run, shard by shard.
+#[derive(Default)]
+struct Plan {
+    queues: HashMap<usize, Queue>,
+    /// The least output position taken so far.
+    least: AtomicUsize,
 }
 
 /// Streams each epoch's samples of the compressed shards in order to the workers (see the
@@ -301,7 +318,7 @@ struct Queue {
 pub(crate) struct GzStreams {
     /// Shard by shard: its decoder, for a compressed shard.
     gz: Vec<Option<Arc<Gz>>>,
-    plan: RwLock<Arc<HashMap<usize, Queue>>>,
+    plan: RwLock<Arc<Plan>>,
 }
 
 impl GzStreams {
@@ -323,9 +340,8 @@ impl GzStreams {
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         let plan = self.plan.read().unwrap_or_else(|p| p.into_inner()).clone();
-        plan.values()
-            .map(|q| lock(&q.held).values().filter(|h| h.is_some()).count())
-            .sum()
+        let held = |q: &Queue| lock(&q.held).values().filter(|h| h.1.is_some()).count();
+        plan.queues.values().map(held).sum()
     }
 
     /// Whether shard `shard` is compressed.
@@ -333,22 +349,22 @@ impl GzStreams {
         self.gz.get(shard).is_some_and(Option::is_some)
     }
 
-    /// The next epoch's run: `(index, shard, span)` of each sample in stream order (those of
-    /// plain shards are passed over).
-    pub(crate) fn plan(&self, run: impl Iterator<Item = (usize, usize, Range<u64>)>) {
+    /// The next epoch's run: `(index, shard, span, out)` of each sample in stream order (`out`
+    /// its output position; those of plain shards are passed over).
+    pub(crate) fn plan(&self, run: impl Iterator<Item = (usize, usize, Range<u64>, usize)>) {
         let mut queues: HashMap<usize, Queue> = HashMap::new();
-        for (index, shard, span) in run.filter(|(_, s, _)| self.has(*s)) {
+        for (index, shard, span, out) in run.filter(|r| self.has(r.1)) {
             let q = queues.entry(shard).or_default();
-            q.order
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back((index, span));
-            q.held
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(index, None);
+            let order = q.order.get_mut().unwrap_or_else(|p| p.into_inner());
+            order.push_back((index, span));
+            let held = q.held.get_mut().unwrap_or_else(|p| p.into_inner());
+            held.insert(index, (out, None));
         }
-        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(queues);
+        let plan = Plan {
+            queues,
+            least: AtomicUsize::new(usize::MAX),
+        };
+        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plan);
     }
 
     /// Sample `index`'s bytes (`span` of compressed shard `shard`): held if decompressed on
@@ -359,16 +375,19 @@ impl GzStreams {
             return Err(io::Error::other("not a compressed shard"));
         };
         let plan = self.plan.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let queue = plan.get(&shard);
-        let planned = queue.is_some_and(|q| lock(&q.held).contains_key(&index));
-        if let Some(q) = queue.filter(|_| planned) {
+        let queue = plan.queues.get(&shard);
+        let out = queue.and_then(|q| lock(&q.held).get(&index).map(|h| h.0));
+        if let (Some(q), Some(out)) = (queue, out) {
+            plan.least.fetch_min(out, Ordering::Relaxed);
             let mut order = lock(&q.order);
             loop {
                 {
                     let mut held = lock(&q.held);
                     match held.get(&index) {
-                        Some(Some(_)) => return Ok(held.remove(&index).flatten().expect("held")),
-                        Some(None) => {}
+                        Some((_, Some(_))) => {
+                            return Ok(held.remove(&index).and_then(|h| h.1).expect("held"));
+                        }
+                        Some((_, None)) => {}
                         None => break,
                     }
                 }
@@ -379,15 +398,20 @@ impl GzStreams {
                 if order.is_empty() {
                     gz.release();
                 }
+                let floor = plan.least.load(Ordering::Relaxed).saturating_sub(LATE);
                 let mut held = lock(&q.held);
                 match bytes {
                     Ok(b) if i == index && s == span => {
                         held.remove(&i);
                         return Ok(b);
                     }
-                    Ok(b) => {
-                        held.insert(i, Some(b));
-                    }
+                    // Before the floor: a resumed epoch's, which no worker will take.
+                    Ok(b) => match held.get_mut(&i) {
+                        Some((o, h)) if *o >= floor => *h = Some(b),
+                        _ => {
+                            held.remove(&i);
+                        }
+                    },
                     Err(e) => {
                         held.remove(&i);
                         return Err(e);

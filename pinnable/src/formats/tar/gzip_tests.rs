@@ -129,3 +129,47 @@ fn each_epoch_decompresses_every_shard_once_and_reads_the_plain_samples() {
     }
     assert_eq!(starts(&gz), vec![5; counts.len()]);
 }
+
+#[test]
+fn a_resumed_epoch_holds_few_samples_before_its_position() {
+    let mut r = SplitMix64::for_test("a_resumed_epoch_holds_few_samples_before_its_position");
+    let n = 2600 + r.below(400) as usize;
+    let mut tar = Vec::new();
+    for i in 0..n {
+        member(&mut tar, &format!("{i:05}.cls"), i.to_string().as_bytes());
+    }
+    let shards = open(&[gzipped(&tar, 1)]).shuffle_buffer(1);
+    let build = || Loader::builder(shards.clone()).batch_size(50).workers(2);
+    let labels = |samples: Vec<TarSample>, c: &mut crate::loader::Collator| {
+        let y = samples
+            .iter()
+            .map(|s| s.class("cls"))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let y = c.stack_scalars("y", y)?;
+        c.finish()?.take(y)
+    };
+    let loader = build().build_with(labels).expect("a loader");
+    let stop = 48 + r.below(4) as usize;
+    let mut epoch = loader.iter();
+    for _ in 0..stop {
+        epoch.next().expect("a batch").expect("a batch");
+    }
+    let saved = epoch.position().clone();
+    drop(epoch);
+    let resumed = build().resume(saved).build_with(labels).expect("a loader");
+    let mut epoch = resumed.iter();
+    let first = epoch.next().expect("a batch").expect("a batch");
+    let want: Vec<i64> = (stop * 50..stop * 50 + 50).map(|i| i as i64).collect();
+    assert_eq!(first.to_vec::<i64>().expect("i64"), want);
+    let z = shards.index.gzip.as_ref().expect("compressed");
+    // The samples before the position that a late first batch could still want, and those
+    // of the batches made ahead: not the 2400 and more before it.
+    let held = z.held();
+    assert!(held <= 1024 + 200, "{held} samples held");
+    let rest: Vec<i64> = epoch
+        .flat_map(|b| b.expect("a batch").to_vec::<i64>().expect("i64"))
+        .collect();
+    assert_eq!(rest.len(), n - (stop + 1) * 50);
+    // Those before the position stay held until the next epoch's plan.
+    assert!(z.held() <= 1024, "{} samples held", z.held());
+}

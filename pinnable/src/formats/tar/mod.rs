@@ -508,10 +508,18 @@ impl Dataset for TarShards {
         self.stream(&run, &out);
         if let Some(gzip) = &self.index.gzip {
             let index = &self.index;
-            gzip.plan(run.iter().filter_map(|&i| match &index.entries[i] {
-                Entry::Sample(g) => Some((i, index.shard_of[i] as usize, g.span())),
-                Entry::Broken { .. } => None,
-            }));
+            let mut place = vec![0; run.len()];
+            for (o, &p) in out.iter().enumerate() {
+                place[p] = o;
+            }
+            gzip.plan(
+                run.iter()
+                    .zip(place)
+                    .filter_map(|(&i, o)| match &index.entries[i] {
+                        Entry::Sample(g) => Some((i, index.shard_of[i] as usize, g.span(), o)),
+                        Entry::Broken { .. } => None,
+                    }),
+            );
         }
         Some(out.into_iter().map(|p| run[p]).collect())
     }

@@ -73,6 +73,10 @@ use stream::Streamer;
 ///   workers): on an H100 host (16 cores) serving the shards itself over loopback, 8 workers
 ///   read 0.75× the local-file rate with the default of 2 and 0.90× with 8, with 2 MiB chunks,
 ///   16 read ahead and 8 runtime threads.
+/// - **Gzip-compressed shards** (told by their first bytes) cannot be read by range: the
+///   index pass reads each whole, and each epoch reads it again, decompressing as it goes, in
+///   ranged `GET`s of [`Remote::chunk_size`] made one at a time as decompression needs them
+///   (not read ahead); see [the module docs](super).
 /// - **Retries**: object_store's retries (backoff, 5xx, dropped bodies), and ours around them:
 ///   a request or body that fails or stalls past [`Remote::timeout`] is asked for again from
 ///   the first byte not yet received, up to [`Remote::retries`] times. Permanent errors (404,
