@@ -157,7 +157,8 @@ impl Gz {
         Some(self.len.load(Ordering::Acquire)).filter(|&l| l != UNKNOWN)
     }
 
-    /// Drops the decoder and its buffers (the next read starts again from the first byte).
+    /// Drops the shard's decoder and its buffers (the next read starts again from the first
+    /// byte).
     pub(crate) fn release(&self) {
         *lock(&self.cursor) = None;
     }
@@ -168,14 +169,24 @@ impl Gz {
     ///
     /// A compressed byte that cannot be read, a stream that is not valid gzip or deflate.
     fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut cursor = lock(&self.cursor);
-        let read = self.read_with(&mut cursor, offset, len);
-        if let Some(c) = cursor.as_ref() {
+        self.read_through(&mut lock(&self.cursor), offset, len)
+    }
+
+    /// As [`read`](Self::read), through the decoder in `slot` (an epoch's own, or the
+    /// shard's).
+    fn read_through(
+        &self,
+        slot: &mut Option<Cursor>,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Vec<u8>> {
+        let read = self.read_with(slot, offset, len);
+        if let Some(c) = slot.as_ref() {
             self.furthest.fetch_max(c.pos, Ordering::Relaxed);
         }
         if read.is_err() {
             // A decoder that failed is not used again.
-            *cursor = None;
+            *slot = None;
         }
         read
     }
@@ -226,11 +237,11 @@ impl Gz {
         Ok(out)
     }
 
-    /// The bytes of `span`, whole.
-    fn span(&self, span: &Range<u64>) -> io::Result<Held> {
+    /// The bytes of `span`, whole, through the decoder in `slot`.
+    fn span(&self, slot: &mut Option<Cursor>, span: &Range<u64>) -> io::Result<Held> {
         let len = usize::try_from(span.end - span.start)
             .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "a sample too long"))?;
-        let bytes = self.read(span.start, len)?;
+        let bytes = self.read_through(slot, span.start, len)?;
         if bytes.len() != len {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -296,17 +307,16 @@ impl ShardBytes for Gz {
 const LATE: usize = 1024;
 
 /// One compressed shard's part of an epoch's run: its samples not yet decompressed, in
-/// stream order, and those decompressed but not yet taken.
+/// stream order, with the decoder that reads them, and those decompressed but not yet taken.
 #[derive(Default)]
 struct Queue {
-    order: Mutex<VecDeque<(usize, Range<u64>)>>,
+    order: Mutex<(VecDeque<(usize, Range<u64>)>, Option<Cursor>)>,
     /// By sample: its output position, and `None` while waiting in `order` or its bytes once
     /// decompressed.
     held: Mutex<HashMap<usize, (usize, Option<Held>)>>,
 }
 
 /// An epoch's run, shard by shard.
-#[derive(Default)]
 struct Plan {
     queues: HashMap<usize, Queue>,
     /// The least output position taken so far.
@@ -318,7 +328,9 @@ struct Plan {
 pub(crate) struct GzStreams {
     /// Shard by shard: its decoder, for a compressed shard.
     gz: Vec<Option<Arc<Gz>>>,
-    plan: RwLock<Arc<Plan>>,
+    /// The latest plan of each rank (`(rank, world)`): loaders built per device share the
+    /// shards, each its own run and decoders.
+    plans: RwLock<HashMap<(usize, usize), Arc<Plan>>>,
 }
 
 impl GzStreams {
@@ -326,7 +338,7 @@ impl GzStreams {
     pub(crate) fn new(gz: Vec<Option<Arc<Gz>>>) -> Option<GzStreams> {
         gz.iter().any(Option::is_some).then(|| GzStreams {
             gz,
-            plan: RwLock::new(Arc::default()),
+            plans: RwLock::default(),
         })
     }
 
@@ -339,9 +351,13 @@ impl GzStreams {
     /// The samples decompressed and not yet taken.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
-        let plan = self.plan.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let plans = self.plans.read().unwrap_or_else(|p| p.into_inner());
         let held = |q: &Queue| lock(&q.held).values().filter(|h| h.1.is_some()).count();
-        plan.queues.values().map(held).sum()
+        plans
+            .values()
+            .flat_map(|p| p.queues.values())
+            .map(held)
+            .sum()
     }
 
     /// Whether shard `shard` is compressed.
@@ -349,14 +365,18 @@ impl GzStreams {
         self.gz.get(shard).is_some_and(Option::is_some)
     }
 
-    /// The next epoch's run: `(index, shard, span, out)` of each sample in stream order (`out`
-    /// its output position; those of plain shards are passed over).
-    pub(crate) fn plan(&self, run: impl Iterator<Item = (usize, usize, Range<u64>, usize)>) {
+    /// Rank `rank` (of `world`)'s next epoch's run: `(index, shard, span, out)` of each sample
+    /// in stream order (`out` its output position; those of plain shards are passed over).
+    pub(crate) fn plan(
+        &self,
+        (rank, world): (usize, usize),
+        run: impl Iterator<Item = (usize, usize, Range<u64>, usize)>,
+    ) {
         let mut queues: HashMap<usize, Queue> = HashMap::new();
         for (index, shard, span, out) in run.filter(|r| self.has(r.1)) {
             let q = queues.entry(shard).or_default();
             let order = q.order.get_mut().unwrap_or_else(|p| p.into_inner());
-            order.push_back((index, span));
+            order.0.push_back((index, span));
             let held = q.held.get_mut().unwrap_or_else(|p| p.into_inner());
             held.insert(index, (out, None));
         }
@@ -364,22 +384,30 @@ impl GzStreams {
             queues,
             least: AtomicUsize::new(usize::MAX),
         };
-        *self.plan.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(plan);
+        let mut plans = self.plans.write().unwrap_or_else(|p| p.into_inner());
+        plans.insert((rank, world), Arc::new(plan));
     }
 
     /// Sample `index`'s bytes (`span` of compressed shard `shard`): held if decompressed on
-    /// the way to another, decompressed up to it if it is waiting in the epoch's run, read
-    /// on its own otherwise.
+    /// the way to another, decompressed up to it if it is waiting in a rank's run, read on
+    /// its own otherwise.
     pub(crate) fn take(&self, index: usize, shard: usize, span: Range<u64>) -> io::Result<Held> {
         let Some(Some(gz)) = self.gz.get(shard) else {
             return Err(io::Error::other("not a compressed shard"));
         };
-        let plan = self.plan.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let queue = plan.queues.get(&shard);
-        let out = queue.and_then(|q| lock(&q.held).get(&index).map(|h| h.0));
-        if let (Some(q), Some(out)) = (queue, out) {
+        let planned = {
+            let plans = self.plans.read().unwrap_or_else(|p| p.into_inner());
+            plans.values().find_map(|plan| {
+                let out = lock(&plan.queues.get(&shard)?.held).get(&index)?.0;
+                Some((plan.clone(), out))
+            })
+        };
+        if let Some((plan, out)) = planned
+            && let Some(q) = plan.queues.get(&shard)
+        {
             plan.least.fetch_min(out, Ordering::Relaxed);
             let mut order = lock(&q.order);
+            let (order, cursor) = &mut *order;
             loop {
                 {
                     let mut held = lock(&q.held);
@@ -394,9 +422,9 @@ impl GzStreams {
                 let Some((i, s)) = order.pop_front() else {
                     break;
                 };
-                let bytes = gz.span(&s);
+                let bytes = gz.span(cursor, &s);
                 if order.is_empty() {
-                    gz.release();
+                    *cursor = None;
                 }
                 let floor = plan.least.load(Ordering::Relaxed).saturating_sub(LATE);
                 let mut held = lock(&q.held);
@@ -419,6 +447,6 @@ impl GzStreams {
                 }
             }
         }
-        gz.span(&span)
+        gz.span(&mut lock(&gz.cursor), &span)
     }
 }

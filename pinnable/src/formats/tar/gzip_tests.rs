@@ -173,3 +173,63 @@ fn a_resumed_epoch_holds_few_samples_before_its_position() {
     // Those before the position stay held until the next epoch's plan.
     assert!(z.held() <= 1024, "{} samples held", z.held());
 }
+
+/// Loaders built per device share the shards, each rank with its own run and decoders: run
+/// at once, each gives the plain shards' batches, and a shard is decompressed once by the index
+/// pass and once by each rank's run (twice by the run that wraps to the epoch's start to give
+/// every rank as many samples), not again and again as the ranks' reads interleave.
+#[test]
+fn loaders_per_device_stream_their_own_runs_at_once() {
+    let mut r = SplitMix64::for_test("loaders_per_device_stream_their_own_runs_at_once");
+    let counts: Vec<usize> = (0..1 + r.below(4))
+        .map(|_| 20 + r.below(80) as usize)
+        .collect();
+    let (plain, compressed) = shards(&mut r, &counts);
+    let run = |shards: TarShards| -> Vec<Vec<i64>> {
+        let devices = [crate::Device::cpu(), crate::Device::cpu()];
+        let loaders = Loader::builder(shards.shuffle_buffer(8))
+            .batch_size(4)
+            .shuffle(3)
+            .workers(2)
+            .build_per_device(
+                &devices,
+                |samples: Vec<TarSample>, c: &mut crate::loader::Collator| {
+                    let y = samples
+                        .iter()
+                        .map(|s| s.class("cls"))
+                        .collect::<crate::Result<Vec<_>>>()?;
+                    let y = c.stack_scalars("y", y)?;
+                    c.finish()?.take(y)
+                },
+            )
+            .expect("loaders");
+        std::thread::scope(|scope| {
+            let epochs: Vec<_> = loaders
+                .iter()
+                .map(|l| {
+                    scope.spawn(move || {
+                        l.iter()
+                            .flat_map(|b| b.expect("a batch").to_vec::<i64>().expect("i64"))
+                            .collect::<Vec<i64>>()
+                    })
+                })
+                .collect();
+            epochs
+                .into_iter()
+                .map(|e| e.join().expect("an epoch"))
+                .collect()
+        })
+    };
+    let want = run(open(&plain));
+    let gz = open(&compressed);
+    assert_eq!(run(gz.clone()), want);
+    let z = gz.index.gzip.as_ref().expect("compressed");
+    for s in 0..counts.len() {
+        let starts = z
+            .decoder(s)
+            .expect("compressed")
+            .starts
+            .load(Ordering::Relaxed);
+        assert!(starts <= 4, "shard {s} decompressed {starts} times");
+    }
+}

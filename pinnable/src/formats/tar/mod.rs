@@ -513,6 +513,7 @@ impl Dataset for TarShards {
                 place[p] = o;
             }
             gzip.plan(
+                shard,
                 run.iter()
                     .zip(place)
                     .filter_map(|(&i, o)| match &index.entries[i] {
