@@ -306,11 +306,19 @@ impl ShardBytes for Gz {
 /// resumed epoch thus holds at most this many samples before its position.
 const LATE: usize = 1024;
 
-/// One compressed shard's part of an epoch's run: its samples not yet decompressed, in
-/// stream order, with the decoder that reads them, and those decompressed but not yet taken.
+/// A shard's samples of a run not yet decompressed (index and span), in stream order, and
+/// the decoder that reads them.
+#[derive(Default)]
+struct Waiting {
+    samples: VecDeque<(usize, Range<u64>)>,
+    decoder: Option<Cursor>,
+}
+
+/// One compressed shard's part of an epoch's run: its samples waiting, and those
+/// decompressed but not yet taken.
 #[derive(Default)]
 struct Queue {
-    order: Mutex<(VecDeque<(usize, Range<u64>)>, Option<Cursor>)>,
+    order: Mutex<Waiting>,
     /// By sample: its output position, and `None` while waiting in `order` or its bytes once
     /// decompressed.
     held: Mutex<HashMap<usize, (usize, Option<Held>)>>,
@@ -376,7 +384,7 @@ impl GzStreams {
         for (index, shard, span, out) in run.filter(|r| self.has(r.1)) {
             let q = queues.entry(shard).or_default();
             let order = q.order.get_mut().unwrap_or_else(|p| p.into_inner());
-            order.0.push_back((index, span));
+            order.samples.push_back((index, span));
             let held = q.held.get_mut().unwrap_or_else(|p| p.into_inner());
             held.insert(index, (out, None));
         }
@@ -406,8 +414,11 @@ impl GzStreams {
             && let Some(q) = plan.queues.get(&shard)
         {
             plan.least.fetch_min(out, Ordering::Relaxed);
-            let mut order = lock(&q.order);
-            let (order, cursor) = &mut *order;
+            let mut waiting = lock(&q.order);
+            let Waiting {
+                samples: order,
+                decoder: cursor,
+            } = &mut *waiting;
             loop {
                 {
                     let mut held = lock(&q.held);
