@@ -3,8 +3,9 @@
 //!
 //! It yields each member's path and the byte range of its data in the shard; nothing is read
 //! but headers. Every header's checksum is checked, every length is checked against the
-//! shard's size before anything is read, and every error names the shard and the byte offset
-//! of the header at fault.
+//! shard's size before anything is read (for a gzip-compressed shard, whose size is known
+//! only at its end, by decompressing up to the member's last byte), and every error names the
+//! shard and the byte offset of the header at fault.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
