@@ -22,10 +22,12 @@
 //!   bytes (`1f 8b`), whatever their names, local or remote, and decompressed as a stream
 //!   (flate2, pure Rust): the index pass decompresses each once; each epoch decompresses the
 //!   compressed shards of its run once, in order, holding the samples passed on the way until
-//!   their workers take them (about the shuffle buffer's worth). Their members are copies,
-//!   never views of a mapping (also under [`TarShards::open_mapped`]); offsets in their
-//!   errors count decompressed bytes. bzip2, xz and zstd shards are refused with a message
-//!   naming the compression.
+//!   their workers take them (about the shuffle buffer's worth). One worker at a time
+//!   decompresses a shard: about 0.6 GB/s of tar on one core of an x86 server for shards of
+//!   JPEGs compressed by Python's `gzip` (levels 6 and 9); plain shards serve a fast GPU
+//!   better. Their members are copies, never views of a mapping (also under
+//!   [`TarShards::open_mapped`]); offsets in their errors count decompressed bytes. bzip2, xz
+//!   and zstd shards are refused with a message naming the compression.
 //! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
 //!   is an error naming the shard and the key, `__*__` members skipped. Keys are bytes, as the
