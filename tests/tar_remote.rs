@@ -14,7 +14,7 @@ use pinnable::loader::{Collator, Dataset, Loader};
 use pinnable::{Result, Tensor};
 use pinnable_harness::http::{Fault, Server};
 use pinnable_harness::rng;
-use pinnable_harness::tar::{Sample, folder, random_shards, shard};
+use pinnable_harness::tar::{Sample, folder, gzip, random_shards, shard};
 use rand::Rng;
 
 /// Settings that fail fast: small chunks (several per shard), short timeouts, few retries.
@@ -47,7 +47,7 @@ fn contents(shards: &TarShards) -> Vec<Sample> {
                 .iter()
                 .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
                 .collect();
-            (s.key().to_owned(), fields)
+            (s.key().unwrap().to_owned(), fields)
         })
         .collect()
 }
@@ -583,5 +583,82 @@ fn s3_shards_through_an_s3_compatible_server() {
             && err.to_string().contains("404"),
         "{err}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Over HTTP as from files: gzip-compressed shards (told by their bytes) read sample for
+/// sample equal to their plain tar, in the plain order, the compressed bytes read once an
+/// epoch; a damaged shard gives the samples before the damage, then the same error.
+#[test]
+fn gzip_and_damaged_shards_over_http_read_as_the_local_files() {
+    let mut r = rng("gzip_and_damaged_shards_over_http_read_as_the_local_files");
+    let dir = folder("http-gzip");
+    let counts: Vec<usize> = (0..r.random_range(2..5))
+        .map(|_| r.random_range(5..120))
+        .collect();
+    let (pattern, all) = random_shards(&dir, &mut r, &counts);
+    let mut compressed = 0;
+    for s in 0..counts.len() {
+        let bytes = std::fs::read(dir.join(format!("train-{s:03}.tar"))).unwrap();
+        let gz = gzip(&bytes, r.random_range(1..=9));
+        compressed += gz.len() as u64;
+        std::fs::write(dir.join(format!("gz-{s:03}.tar.gz")), gz).unwrap();
+    }
+    let server = Server::start(&dir);
+    let local = TarShards::open([&pattern]).unwrap().shuffle_buffer(32);
+    let url = format!(
+        "{}/gz-{{000..{:03}}}.tar.gz",
+        server.url(),
+        counts.len() - 1
+    );
+    let before = server.served();
+    let over_http = remote().open([url]).unwrap().shuffle_buffer(32);
+    // Once each, and the first window (4 KiB) that tells gzip from plain.
+    let indexed = server.served() - before;
+    let bound = compressed + 4096 * counts.len() as u64;
+    assert!(
+        indexed <= bound,
+        "the index pass read {indexed} of {compressed} bytes"
+    );
+    assert_eq!(contents(&over_http), contents(&local));
+    let want = epoch(&local, 1);
+    let before = server.served();
+    assert_eq!(
+        epoch(&over_http, 3),
+        want,
+        "the local order, with 3 workers"
+    );
+    let read = server.served() - before;
+    assert!(
+        read <= compressed,
+        "an epoch read {read} bytes of {compressed}"
+    );
+    // A header spoiled after a whole sample: the samples before it, then the damage.
+    let samples = &all[0];
+    let (mut bytes, starts) = shard(samples);
+    let bad = r
+        .random_range(1..samples.len().max(2))
+        .min(samples.len() - 1);
+    bytes[starts[bad] as usize + 3] ^= 0x55;
+    std::fs::write(dir.join("damaged.tar"), bytes).unwrap();
+    let local = TarShards::open([dir.join("damaged.tar").to_str().unwrap()]).unwrap();
+    let over_http = remote()
+        .open([format!("{}/damaged.tar", server.url())])
+        .unwrap();
+    assert_eq!(over_http.len(), local.len());
+    let until_error = |shards: &TarShards| -> (usize, String) {
+        let n = (0..shards.len())
+            .take_while(|&i| shards.get(i).is_ok())
+            .count();
+        let Err(Error::Tar {
+            offset, problem, ..
+        }) = shards.get(n)
+        else {
+            panic!("no damage at {n}")
+        };
+        (n, format!("{offset}: {problem}"))
+    };
+    assert_eq!(until_error(&over_http), until_error(&local));
+    assert_eq!(until_error(&local).0, bad);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,9 +7,14 @@ use rand::Rng;
 
 /// One member: a ustar header block (name, size, checksum), the data, zero padding.
 pub fn member(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+    member_bytes(out, name.as_bytes(), data);
+}
+
+/// One member whose name is any bytes (UTF-8 or not), as [`member`] writes it.
+pub fn member_bytes(out: &mut Vec<u8>, name: &[u8], data: &[u8]) {
     assert!(name.len() <= 100, "ustar names hold 100 bytes");
     let mut h = [0u8; 512];
-    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[..name.len()].copy_from_slice(name);
     h[100..108].copy_from_slice(b"0000644\0");
     h[108..116].copy_from_slice(b"0000000\0");
     h[116..124].copy_from_slice(b"0000000\0");
@@ -80,4 +85,26 @@ pub fn random_shards(dir: &Path, r: &mut impl Rng, counts: &[usize]) -> (String,
         counts.len() - 1
     );
     (pattern, all)
+}
+
+/// A key as the expected files show it: UTF-8 as it is, other bytes as `\xNN` (Python's
+/// `backslashreplace`).
+pub fn shown(key: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in key.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// `bytes` gzip-compressed (as `gzip` or Python's `tarfile` in mode `w:gz` write them) at
+/// `level` (0 to 9).
+pub fn gzip(bytes: &[u8], level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    out.write_all(bytes).expect("compress in memory");
+    out.finish().expect("compress in memory")
 }

@@ -3,9 +3,11 @@ gives them (`<name>.expected`), so the Rust grouping is compared with the refere
 
 Run from this folder: `python3 make_archives.py` (needs `pip install webdataset`).
 
-Expected-file format, one line each: `sample <key>`, then `field <ext> <data>` for each of its
-fields (the data is ASCII without newlines); or one line `error <message>` where webdataset
-raises, after the samples it yielded first.
+Expected-file format, one line each: `sample <key>` (bytes of the key that are not UTF-8 as
+`\\xNN`), then `field <ext> <data>` for each of its fields (the data is ASCII without
+newlines); or one line `error <message>` where webdataset raises, after the samples it yielded
+first. Where Python's `tarfile` stops silently at a damaged header (`damaged_*`), webdataset
+yields the samples before it and raises nothing.
 """
 
 import io
@@ -20,7 +22,7 @@ def add(tar, name, data=None, kind=tarfile.REGTYPE, **kw):
     info.mtime = 1_700_000_000
     if kind == tarfile.SYMTYPE:
         info.linkname = "elsewhere"
-    payload = (data if data is not None else "data of " + name).encode()
+    payload = (data if data is not None else "data of " + name).encode("utf-8", "surrogateescape")
     if kind in (tarfile.REGTYPE, tarfile.AREGTYPE):
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
@@ -74,11 +76,47 @@ def duplicate(tar):
     add(tar, "c.txt")
 
 
+def nonutf8(tar):
+    # Names that differ only in bytes that are not UTF-8 (tarfile writes them back through
+    # surrogateescape; GNU headers hold the bytes, pax headers mark them hdrcharset=BINARY).
+    add(tar, "k\udcff.txt", "1")
+    add(tar, "k\udcff.cls", "1")
+    add(tar, "k\udcfe.txt", "2")
+    add(tar, "k\udcfe.cls", "2")
+    add(tar, "caf\u00e9\udce9.TXT", "3")
+    add(tar, LONG + "\udc80.txt", "4")
+    add(tar, LONG + "\udc81.txt", "5")
+
+
+def samples(tar):
+    for key in ["a", "b", "c", "d"]:
+        add(tar, key + ".txt")
+        add(tar, key + ".cls", str(ord(key)))
+
+
+def corrupt(at):
+    """Flips a name byte of the header at `at`: its checksum no longer matches."""
+    def damage(raw):
+        raw[at + 3] ^= 0x55
+        return raw
+    return damage
+
+
 ARCHIVES = {
     "awkward_gnu": (awkward_gnu, dict(format=tarfile.GNU_FORMAT)),
     "pax": (pax, dict(format=tarfile.PAX_FORMAT, pax_headers={"comment": "global record"})),
     "ustar": (ustar, dict(format=tarfile.USTAR_FORMAT)),
     "duplicate": (duplicate, dict(format=tarfile.GNU_FORMAT)),
+    "nonutf8": (nonutf8, dict(format=tarfile.GNU_FORMAT)),
+    "nonutf8_pax": (nonutf8, dict(format=tarfile.PAX_FORMAT)),
+}
+
+# Shards of `samples` (members of 512 + 512 bytes) damaged where tarfile stops: a bad header
+# after a whole sample (c.txt), a bad header inside a sample (b.cls), a header cut short.
+DAMAGED = {
+    "damaged_header": corrupt(4 * 1024),
+    "damaged_member": corrupt(3 * 1024),
+    "damaged_cut": lambda raw: raw[: 4 * 1024 + 100],
 }
 
 
@@ -86,7 +124,8 @@ def reference(path):
     lines = []
     try:
         for sample in wti.tarfile_samples([dict(url=path)]):
-            lines.append(f"sample {sample['__key__']}")
+            key = sample["__key__"].encode("utf-8", "surrogateescape")
+            lines.append(f"sample {key.decode('utf-8', 'backslashreplace')}")
             for ext, value in sample.items():
                 if ext.startswith("__"):
                     continue
@@ -99,5 +138,12 @@ def reference(path):
 for name, (fill, opts) in ARCHIVES.items():
     with tarfile.open(f"{name}.tar", "w", **opts) as tar:
         fill(tar)
+for name, damage in DAMAGED.items():
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        samples(tar)
+    with open(f"{name}.tar", "wb") as f:
+        f.write(damage(bytearray(whole.getvalue())))
+for name in [*ARCHIVES, *DAMAGED]:
     with open(f"{name}.expected", "w") as f:
         f.write(reference(f"{name}.tar"))

@@ -7,16 +7,13 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::decode::{Decoder, Image, MAX_PIXELS};
+use super::decode::{Decoder, EXTENSIONS, Image, MAX_PIXELS};
 use super::transform::Transform;
 use crate::batch::TensorMut;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::loader::{Batcher, Collator, Dataset, SplitMix64};
 use crate::tensor::Tensor;
-
-/// The extensions listed (compared without case); the decoder tells JPEG from PNG by the bytes.
-const EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
 
 #[derive(Clone, Debug)]
 struct Folder {

@@ -67,6 +67,7 @@ mod orient;
 mod resample;
 mod transform;
 
+pub(crate) use decode::EXTENSIONS;
 pub use decode::{Decoder, Image, MAX_PIXELS};
 pub use folder::{ImageBatcher, ImageFile, ImageFolder};
 pub use gpu::{DecoderChoice, DeviceImageBatcher, JpegDecoder, gpu_decoder};

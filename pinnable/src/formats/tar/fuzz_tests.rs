@@ -1,6 +1,7 @@
 //! Tar shards are hostile input: the reader and the index pass are fed arbitrary bytes (real
-//! ustar, pax and GNU archives, mutated) and must answer each with members inside the input or
-//! an [`Error::Tar`] naming the shard; never a panic, a hang, or metadata held past its bound.
+//! ustar, pax and GNU archives, mutated, plain and gzip-compressed) and must answer each with
+//! members inside the input or an [`Error::Tar`] naming the shard; never a panic, a hang, or
+//! metadata held past its bound.
 
 use std::sync::Arc;
 
@@ -62,7 +63,66 @@ fn reader_answers_arbitrary_bytes_with_members_inside_them_or_errors() {
                 if let Entry::Sample(g) = entry
                     && g.fields.iter().any(|f| f.offset + f.size > len)
                 {
-                    return Err(format!("a field of {} outside the shard", g.key));
+                    return Err(format!("a field of {:?} outside the shard", g.key));
+                }
+            }
+            Ok(())
+        });
+}
+
+/// `bytes` gzip-compressed at `level`.
+fn gzipped(bytes: &[u8], level: u32) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    out.write_all(bytes).expect("compress in memory");
+    out.finish().expect("compress in memory")
+}
+
+#[test]
+fn gzip_shards_answer_arbitrary_bytes_with_samples_inside_them_or_errors() {
+    // Stored (level 0) seeds keep mutations of the tar inside a valid stream; compressed ones
+    // put them in the deflate data and the gzip header and trailer.
+    let seeds = SEEDS
+        .iter()
+        .flat_map(|s| [gzipped(s, 0), gzipped(s, 6)])
+        .chain([gzipped(
+            &[gzipped(SEEDS[1], 1), gzipped(SEEDS[2], 9)].concat(),
+            0,
+        )]);
+    Fuzz::new("tar_gzip")
+        .seeds(seeds)
+        .tokens(&[
+            b"\x1f\x8b\x08\x00",
+            b"\x1f\x8b\x08\x08",
+            b"ustar\0",
+            b"path=",
+            b"\x00\x00\xff\xff",
+        ])
+        .run(|bytes| {
+            let shard: Arc<dyn ShardBytes> = Arc::new(bytes.to_vec());
+            let Ok(shards) = TarShards::from_shards([("fuzz.tar.gz".to_owned(), shard)]) else {
+                return Err("one shard is a valid list".into());
+            };
+            let decompressed = shards.index.shards[0].bytes.len();
+            for (i, entry) in shards.index.entries.iter().enumerate() {
+                match entry {
+                    Entry::Broken { problem, .. } if problem.contains("panicked") => {
+                        return Err(problem.clone());
+                    }
+                    Entry::Broken { .. } => {}
+                    Entry::Sample(g) => {
+                        if g.fields.iter().any(|f| f.offset + f.size > decompressed) {
+                            return Err(format!("a field of {:?} outside the shard", g.key));
+                        }
+                        let sample = crate::loader::Dataset::get(&shards, i)
+                            .map_err(|e| format!("sample {i} indexed but not read: {e}"))?;
+                        for f in sample.fields() {
+                            let got = sample.bytes(&f.ext).map_err(|e| e.to_string())?;
+                            if got.len() as u64 != f.size {
+                                return Err(format!("{} bytes of {}", got.len(), f.size));
+                            }
+                        }
+                    }
                 }
             }
             Ok(())

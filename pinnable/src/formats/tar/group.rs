@@ -9,6 +9,9 @@
 //!   component and the extension the rest, lower-cased; a name with no dot in its last
 //!   component (`README`) is passed over; a last component that starts with a dot
 //!   (`dir/.hidden`) takes the key `dir/` when the component before it has no dot;
+//! - keys are the path's bytes as stored (Python's `tarfile` decodes them with
+//!   `surrogateescape`, which keeps every byte): two names that differ only in bytes that are
+//!   not UTF-8 are two keys;
 //! - consecutive members with one key form a sample; a sample never spans two shards;
 //! - a second member with an extension a sample already has (or the extension `__key__` or
 //!   `__url__`, which webdataset's sample dictionary already holds) is an error.
@@ -70,7 +73,9 @@ fn meta_pattern(path: &[u8]) -> bool {
 /// One field of a sample: an extension and where its bytes lie in the shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Field {
-    /// The extension, lower-cased (`jpg`, `cls`, `seg.png`).
+    /// The extension, lower-cased (`jpg`, `cls`, `seg.png`). An extension that is not UTF-8
+    /// (rare: names are read as bytes) shows its bad bytes as U+FFFD here; two such fields of
+    /// one sample are still two fields, told apart by their bytes when grouped.
     pub ext: String,
     /// The offset of its bytes in the shard.
     pub offset: u64,
@@ -81,23 +86,61 @@ pub struct Field {
 /// The samples of one shard as they are grouped: a key and its fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Group {
-    /// The key (the member path without its extension).
-    pub key: String,
+    /// The key (the member path without its extension), as the shard stores it: bytes, UTF-8
+    /// in most shards but not always.
+    pub key: Vec<u8>,
     /// The offset of the first header of its first member.
     pub offset: u64,
     /// Its fields in shard order.
     pub fields: Vec<Field>,
 }
 
+impl Group {
+    /// Its bytes in the shard: its first member's first header to its last member's data end.
+    pub(crate) fn span(&self) -> std::ops::Range<u64> {
+        self.offset
+            ..self
+                .fields
+                .last()
+                .map_or(self.offset, |f| f.offset + f.size)
+    }
+}
+
+/// A key for messages: UTF-8 as it is, other bytes as `\xNN` (as Python's `backslashreplace`
+/// shows them).
+pub(crate) fn show_key(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len());
+    for chunk in key.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// An extension lower-cased as Python's `str.lower` lowers the `surrogateescape` decoding of
+/// its bytes: UTF-8 runs lowered, other bytes kept.
+fn lower_ext(ext: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ext.len());
+    for chunk in ext.utf8_chunks() {
+        out.extend_from_slice(chunk.valid().to_lowercase().as_bytes());
+        out.extend_from_slice(chunk.invalid());
+    }
+    out
+}
+
 /// Groups members, in shard order, into samples.
 #[derive(Default)]
 pub(crate) struct Grouper {
     current: Option<Group>,
+    /// The current sample's extensions as bytes (its fields show them lossily).
+    exts: Vec<Vec<u8>>,
 }
 
 /// A repeated extension: the key, the extension and the offset of the second member's header.
 pub(crate) struct Duplicate {
-    pub(crate) key: String,
+    pub(crate) key: Vec<u8>,
     pub(crate) ext: String,
     pub(crate) offset: u64,
 }
@@ -111,34 +154,36 @@ impl Grouper {
         let Some((key, ext)) = split_key(&member.path) else {
             return Ok(None);
         };
-        let key = String::from_utf8_lossy(key);
-        let ext = String::from_utf8_lossy(ext).to_lowercase();
+        let ext = lower_ext(ext);
         let mut done = None;
         if self.current.as_ref().is_none_or(|g| g.key != key) {
             done = self.current.replace(Group {
-                key: key.into_owned(),
+                key: key.to_vec(),
                 offset: member.header,
                 fields: Vec::new(),
             });
+            self.exts.clear();
         }
         let group = self.current.as_mut().expect("set above");
-        if ext == "__key__" || ext == "__url__" || group.fields.iter().any(|f| f.ext == ext) {
+        if ext == b"__key__" || ext == b"__url__" || self.exts.contains(&ext) {
             return Err(Duplicate {
                 key: group.key.clone(),
-                ext,
+                ext: String::from_utf8_lossy(&ext).into_owned(),
                 offset: member.header,
             });
         }
         group.fields.push(Field {
-            ext,
+            ext: String::from_utf8_lossy(&ext).into_owned(),
             offset: member.data,
             size: member.size,
         });
+        self.exts.push(ext);
         Ok(done)
     }
 
-    /// The last sample of the shard.
+    /// The sample being assembled: the last of the shard, or the one the damage interrupted.
     pub(crate) fn finish(&mut self) -> Option<Group> {
+        self.exts.clear();
         self.current.take()
     }
 }

@@ -19,9 +19,21 @@
 //!   crate: members must stay byte ranges of the shard (read where they lie, or viewed in a
 //!   mapping; the `tar` crate reads through `io::Read` into buffers), and the index pass reads
 //!   headers only.
+//! - **Gzip-compressed shards** (`.tar.gz`, as webdataset reads them) are told by their first
+//!   bytes (`1f 8b`), whatever their names, local or remote, and decompressed as a stream
+//!   (flate2, pure Rust): the index pass decompresses each once; each epoch decompresses the
+//!   compressed shards of its run once, in order, holding the samples passed on the way until
+//!   their workers take them (about the shuffle buffer's worth). One worker at a time
+//!   decompresses a shard, so plain shards serve a fast GPU better. Their members are copies,
+//!   never views of a mapping (also under [`TarShards::open_mapped`]); offsets in their errors
+//!   count decompressed bytes. bzip2, xz and zstd shards are refused with a message naming the
+//!   compression.
 //! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
-//!   is an error naming the shard and the key, `__*__` members skipped.
+//!   is an error naming the shard and the key, `__*__` members skipped. Keys are bytes, as the
+//!   shard stores them ([`TarSample::key_bytes`]; [`TarSample::key`] is the `&str` view where
+//!   they are UTF-8): names that differ only in bytes that are not UTF-8 are two samples, as
+//!   they are to Python's `tarfile`.
 //! - **Equal batches on every rank**: the index pass counts every shard's samples, so each rank
 //!   gets the same number per epoch: `ceil(total / world)` samples, repeating from the start of
 //!   the epoch's order (the loader's default), or `floor(total / world)` with `drop_last`,
@@ -30,13 +42,15 @@
 //!   buffer size; never of the number of worker threads. Resuming through the loader's
 //!   [`Position`](crate::loader::Position) starts at the next batch without reading the ones
 //!   before it.
-//! - **A damaged shard**: the samples before the damage are read; the damage is one entry of
-//!   the epoch at the place it was found, delivered as the error of the batch holding it. The
-//!   sample being assembled when it is found is dropped, as webdataset drops it (its members
-//!   may be incomplete).
+//! - **A damaged shard**: every sample before the damage is read, then the damage is one entry
+//!   of the epoch at the place it was found, delivered as the error of the batch holding it.
+//!   The sample being assembled when a bad header is found comes first, with the members read
+//!   before it, as webdataset gives it (Python's `tarfile` ends the archive at a bad header);
+//!   a sample whose own member is cut short by the shard's end is dropped.
 //! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
 //!   through object_store, streamed in ranged chunks with a bounded read-ahead; the guide's
-//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost. [`TarShards::open`] takes a list of URLs with
+//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost.
+//!   [`TarShards::open`] takes a list of URLs with
 //!   `Remote`'s defaults. Other sources of ranged bytes implement [`ShardBytes`] and go to
 //!   [`TarShards::from_shards`].
 //! - **A resume over other shards** is refused: positions carry a hash of the shards' file
@@ -93,8 +107,12 @@
 #[cfg(test)]
 mod fuzz_tests;
 mod group;
+mod gzip;
+#[cfg(test)]
+mod gzip_tests;
 #[cfg(feature = "image")]
 mod images;
+mod index;
 mod list;
 mod local;
 mod reader;
@@ -118,6 +136,7 @@ pub use sample::{TarNpyBatcher, TarSample};
 use crate::error::{Error, Result};
 use crate::hash::Fingerprint;
 use crate::loader::{Dataset, SplitMix64, permutation};
+use gzip::GzStreams;
 use local::open_file;
 
 /// The default shuffle buffer: samples held and drawn from at random when the loader shuffles.
@@ -144,6 +163,8 @@ pub(crate) struct Index {
     /// A source that streams each epoch's samples ahead of the workers (remote shards).
     #[cfg(feature = "remote")]
     streams: Option<Arc<dyn streams::Streams>>,
+    /// The decoders of the gzip-compressed shards, which stream each epoch's samples in order.
+    gzip: Option<Arc<GzStreams>>,
 }
 
 /// Sharded WebDataset archives as a [`Dataset`] of [`TarSample`]s, whose epochs the shards
@@ -171,9 +192,10 @@ impl std::fmt::Debug for TarShards {
 
 impl TarShards {
     /// Opens local shards named by `patterns` (paths, brace ranges, globs; see [`expand`]),
-    /// and runs the index pass (headers only). Members are read with positioned reads (each
-    /// a copy, whatever happens to the files meanwhile); [`open_mapped`](Self::open_mapped)
-    /// maps them instead, for zero-copy `.npy` members. With the `remote` feature, a list of
+    /// and runs the index pass (headers only; a gzip-compressed shard is decompressed once).
+    /// Members are read with positioned reads (each a copy, whatever happens to the files
+    /// meanwhile); [`open_mapped`](Self::open_mapped) maps them instead, for zero-copy `.npy`
+    /// members. With the `remote` feature, a list of
     /// URLs (`s3://`, `http://`, `https://`) opens through [`Remote`]'s defaults.
     ///
     /// # Errors
@@ -208,7 +230,8 @@ impl TarShards {
     }
 
     /// Opens local shards as [`open`](Self::open) does, but memory-mapped: `.npy` members
-    /// become tensors that view the mapping (no copy) and reads cost no system call.
+    /// become tensors that view the mapping (no copy) and reads cost no system call. The
+    /// members of a gzip-compressed shard are still copies, decompressed from the mapping.
     ///
     /// # Safety
     ///
@@ -245,15 +268,17 @@ impl TarShards {
             .map(|(name, bytes)| Shard { name, bytes })
             .collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        TarShards::build(shards, None, threads.clamp(1, 16))
+        TarShards::build(shards, None, threads.clamp(1, 16), gzip::LOCAL_CHUNK)
     }
 
     /// The index pass over `shards` (through `index_readers` where given: a remote shard reads
-    /// headers through small windows, not its streaming chunks) on up to `threads` threads.
+    /// headers through small windows, not its streaming chunks) on up to `threads` threads;
+    /// a gzip-compressed shard is read `chunk` compressed bytes at a time.
     pub(crate) fn build(
-        shards: Vec<Shard>,
+        mut shards: Vec<Shard>,
         index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
         threads: usize,
+        chunk: usize,
     ) -> Result<TarShards> {
         if shards.is_empty() {
             return Err(Error::Tar {
@@ -265,30 +290,20 @@ impl TarShards {
         let mut entries = Vec::new();
         let mut shard_of = Vec::new();
         let mut starts = vec![0];
-        let readers: Vec<Shard> = match index_readers {
-            Some(readers) => shards
-                .iter()
-                .zip(readers)
-                .map(|(s, bytes)| Shard {
-                    name: s.name.clone(),
-                    bytes,
-                })
-                .collect(),
-            None => shards
-                .iter()
-                .map(|s| Shard {
-                    name: s.name.clone(),
-                    bytes: s.bytes.clone(),
-                })
-                .collect(),
-        };
-        let found = index_shards(&readers, threads);
+        let readers =
+            index_readers.unwrap_or_else(|| shards.iter().map(|s| s.bytes.clone()).collect());
+        let found = index::index_shards(&shards, &readers, threads, chunk);
         drop(readers);
         let names = names_hash(shards.iter().map(|s| s.name.as_str()));
+        let mut gz = Vec::with_capacity(shards.len());
         for (s, found) in found.into_iter().enumerate() {
-            entries.extend(found);
+            entries.extend(found.entries);
             shard_of.resize(entries.len(), s as u32);
             starts.push(entries.len());
+            if let Some(g) = &found.gz {
+                shards[s].bytes = g.clone();
+            }
+            gz.push(found.gz);
         }
         Ok(TarShards {
             index: Arc::new(Index {
@@ -298,6 +313,7 @@ impl TarShards {
                 starts,
                 #[cfg(feature = "remote")]
                 streams: None,
+                gzip: GzStreams::new(gz).map(Arc::new),
             }),
             buffer: DEFAULT_BUFFER,
             names,
@@ -440,88 +456,23 @@ pub(crate) fn names_hash<'a>(names: impl Iterator<Item = &'a str>) -> u32 {
     (h ^ (h >> 32)) as u32
 }
 
-/// The index pass over every shard, on up to `threads` threads (shards are independent; a
-/// thread reads its shards' headers in file order); the entries of each shard, in list order.
-fn index_shards(shards: &[Shard], threads: usize) -> Vec<Vec<Entry>> {
-    let threads = threads.clamp(1, shards.len().max(1));
-    let mut found: Vec<Vec<Entry>> = (0..shards.len()).map(|_| Vec::new()).collect();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                scope.spawn(move || {
-                    (t..shards.len())
-                        .step_by(threads)
-                        .map(|s| {
-                            let mut entries = Vec::new();
-                            index_shard(&shards[s], &mut entries);
-                            (s, entries)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for (t, handle) in handles.into_iter().enumerate() {
-            match handle.join() {
-                Ok(done) => {
-                    for (s, entries) in done {
-                        found[s] = entries;
-                    }
-                }
-                // A panic in the reader is a bug; its shards become errors, not a crash.
-                Err(_) => {
-                    for s in (t..shards.len()).step_by(threads) {
-                        found[s] = vec![Entry::Broken {
-                            offset: 0,
-                            problem: "the index pass panicked on this shard (a bug: please \
-                                      report it with the shard)"
-                                .into(),
-                        }];
-                    }
-                }
-            }
+impl TarShards {
+    /// Sample `index` (grouped as `g`): holding its bytes where they are decompressed or
+    /// streamed, a handle on the shard otherwise.
+    fn sample(&self, index: usize, g: &Group) -> Result<TarSample> {
+        let shard = self.index.shard_of[index] as usize;
+        if let Some(gzip) = self.index.gzip.as_ref().filter(|z| z.has(shard)) {
+            let bytes = gzip.take(index, shard, g.span()).map_err(|e| Error::Tar {
+                shard: self.index.shards[shard].name.clone(),
+                offset: g.offset,
+                problem: format!("reading sample `{}`: {e}", group::show_key(&g.key)),
+            })?;
+            return Ok(TarSample::new(self.index.clone(), index).holding(bytes, g.offset));
         }
-    });
-    found
-}
-
-/// The index pass over one shard: its samples, then the damage that ended it, if any.
-fn index_shard(shard: &Shard, entries: &mut Vec<Entry>) {
-    let mut grouper = group::Grouper::default();
-    for member in members(&*shard.bytes, &shard.name) {
-        let member = match member {
-            Ok(m) => m,
-            Err(Error::Tar {
-                offset, problem, ..
-            }) => {
-                entries.push(Entry::Broken { offset, problem });
-                return;
-            }
-            Err(e) => {
-                entries.push(Entry::Broken {
-                    offset: 0,
-                    problem: e.to_string(),
-                });
-                return;
-            }
-        };
-        match grouper.push(&member) {
-            Ok(Some(done)) => entries.push(Entry::Sample(done)),
-            Ok(None) => {}
-            Err(d) => {
-                entries.push(Entry::Broken {
-                    offset: d.offset,
-                    problem: format!(
-                        "sample `{}` has a second `.{}` member; a sample holds one member per \
-                         extension: rename one, or write them as separate samples",
-                        d.key, d.ext
-                    ),
-                });
-                return;
-            }
-        }
-    }
-    if let Some(last) = grouper.finish() {
-        entries.push(Entry::Sample(last));
+        #[cfg(feature = "remote")]
+        return self.streamed(index, g);
+        #[cfg(not(feature = "remote"))]
+        Ok(TarSample::new(self.index.clone(), index))
     }
 }
 
@@ -545,10 +496,7 @@ impl Dataset for TarShards {
                 offset: *offset,
                 problem: problem.clone(),
             }),
-            #[cfg(feature = "remote")]
-            Some(Entry::Sample(g)) => self.streamed(index, g),
-            #[cfg(not(feature = "remote"))]
-            Some(Entry::Sample(_)) => Ok(TarSample::new(self.index.clone(), index)),
+            Some(Entry::Sample(g)) => self.sample(index, g),
         }
     }
 
@@ -563,6 +511,22 @@ impl Dataset for TarShards {
         // The loader runs this plan: a streaming source starts its streams for it.
         #[cfg(feature = "remote")]
         self.stream(&run, &out);
+        if let Some(gzip) = &self.index.gzip {
+            let index = &self.index;
+            let mut place = vec![0; run.len()];
+            for (o, &p) in out.iter().enumerate() {
+                place[p] = o;
+            }
+            gzip.plan(
+                shard,
+                run.iter()
+                    .zip(place)
+                    .filter_map(|(&i, o)| match &index.entries[i] {
+                        Entry::Sample(g) => Some((i, index.shard_of[i] as usize, g.span(), o)),
+                        Entry::Broken { .. } => None,
+                    }),
+            );
+        }
         Some(out.into_iter().map(|p| run[p]).collect())
     }
 

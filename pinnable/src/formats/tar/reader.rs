@@ -3,12 +3,14 @@
 //!
 //! It yields each member's path and the byte range of its data in the shard; nothing is read
 //! but headers. Every header's checksum is checked, every length is checked against the
-//! shard's size before anything is read, and every error names the shard and the byte offset
-//! of the header at fault.
+//! shard's size before anything is read (for a gzip-compressed shard, whose size is known
+//! only at its end, by decompressing up to the member's last byte), and every error names the
+//! shard and the byte offset of the header at fault.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use super::gzip::Gz;
 use crate::error::{Error, Result};
 
 /// A tar block: headers and member data are laid out in 512-byte blocks.
@@ -74,9 +76,13 @@ pub struct Member {
 /// The members of a shard in file order, from [`members`].
 pub struct Members<'a> {
     bytes: &'a dyn ShardBytes,
+    /// A compressed shard, whose size is known only once decompression reaches its end.
+    stream: Option<&'a Gz>,
     shard: &'a str,
     offset: u64,
     global: HashMap<Vec<u8>, Vec<u8>>,
+    /// The path of the member whose data runs past the end, once that is the error.
+    truncated: Option<Vec<u8>>,
     done: bool,
 }
 
@@ -84,10 +90,20 @@ pub struct Members<'a> {
 pub fn members<'a>(bytes: &'a dyn ShardBytes, shard: &'a str) -> Members<'a> {
     Members {
         bytes,
+        stream: None,
         shard,
         offset: 0,
         global: HashMap::new(),
+        truncated: None,
         done: false,
+    }
+}
+
+/// The members of a compressed shard, read in one pass of its decompression.
+pub(crate) fn stream_members<'a>(gz: &'a Gz, shard: &'a str) -> Members<'a> {
+    Members {
+        stream: Some(gz),
+        ..members(gz, shard)
     }
 }
 
@@ -95,6 +111,20 @@ impl Members<'_> {
     /// The byte offset of the next header to read.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// After the error of a member whose data runs past the end of the shard: its path.
+    pub(crate) fn truncated_member(&self) -> Option<&[u8]> {
+        self.truncated.as_deref()
+    }
+
+    /// The shard's size: known for a plain shard, and for a compressed one once its
+    /// decompression has reached the end.
+    fn size(&self) -> Option<u64> {
+        match self.stream {
+            Some(gz) => gz.known_len(),
+            None => Some(self.bytes.len()),
+        }
     }
 
     fn error(&self, offset: u64, problem: impl Into<String>) -> Error {
@@ -105,23 +135,72 @@ impl Members<'_> {
         }
     }
 
+    fn truncated(&self, offset: u64, len: u64, what: &str, size: u64) -> Error {
+        let long = if self.stream.is_some() {
+            "decompresses to"
+        } else {
+            "is"
+        };
+        self.error(
+            offset,
+            format!(
+                "the {what} needs {len} bytes here but the shard {long} {size} bytes: it is \
+                 truncated; copy it again"
+            ),
+        )
+    }
+
     fn read(&self, offset: u64, len: u64, what: &str) -> Result<Cow<'_, [u8]>> {
-        let end = offset.checked_add(len).filter(|&e| e <= self.bytes.len());
-        if end.is_none() {
-            return Err(self.error(
-                offset,
-                format!(
-                    "the {what} needs {len} bytes here but the shard is {} bytes long: it is \
-                     truncated; copy it again",
-                    self.bytes.len()
-                ),
-            ));
+        let end = offset.checked_add(len);
+        if let Some(size) = self.size()
+            && end.is_none_or(|e| e > size)
+        {
+            return Err(self.truncated(offset, len, what, size));
         }
         let n = usize::try_from(len).map_err(|_| self.error(offset, "too long for memory"))?;
-        match self.bytes.read_at(offset, n) {
-            Ok(b) if b.len() == n => Ok(b),
+        let got = self.bytes.read_at(offset, n);
+        if matches!(&got, Ok(b) if b.len() == n) {
+            return got.map_err(|e| self.error(offset, e.to_string()));
+        }
+        // A compressed shard's end is found by reading past it.
+        if let Some(size) = self.size()
+            && end.is_none_or(|e| e > size)
+        {
+            return Err(self.truncated(offset, len, what, size));
+        }
+        match got {
             Ok(b) => Err(self.error(offset, format!("the {what}: read {} of {n} bytes", b.len()))),
             Err(e) => Err(self.error(offset, format!("the {what}: {e}"))),
+        }
+    }
+
+    /// The end of the members: none is missing unless a pax or long-name header (at `first`)
+    /// promised one.
+    fn end(&self, at: u64, first: Option<u64>, what: &str) -> Result<Option<Member>> {
+        match first {
+            Some(_) => Err(self.error(
+                at,
+                format!(
+                    "{what} right after a pax or long-name header: the member it describes is \
+                     missing"
+                ),
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The path a member header stands for, after pax and long-name records.
+    fn path(
+        &self,
+        local: &HashMap<Vec<u8>, Vec<u8>>,
+        long: Option<Vec<u8>>,
+        name: &[u8],
+    ) -> Vec<u8> {
+        let pax_path = local.get(&b"path"[..]).or(self.global.get(&b"path"[..]));
+        match (pax_path, long) {
+            (Some(p), _) => p.clone(),
+            (None, Some(n)) => n,
+            (None, None) => name.to_vec(),
         }
     }
 
@@ -133,29 +212,20 @@ impl Members<'_> {
         let mut long_name: Option<Vec<u8>> = None;
         loop {
             let at = self.offset;
-            let len = self.bytes.len();
-            if at >= len {
-                // No end-of-archive blocks: tar readers accept that, as we do, unless a pax
-                // or long-name header promised a member.
-                if first.is_some() {
-                    return Err(self.error(
-                        at,
-                        "the shard ends after a pax or long-name header, \
-                         before the member it describes: it is truncated",
-                    ));
-                }
-                return Ok(None);
+            // No end-of-archive blocks: tar readers accept that, as we do, unless a pax or
+            // long-name header promised a member.
+            if self.size().is_some_and(|len| at >= len) {
+                return self.end(at, first, "the shard ends");
             }
-            let block = self.read(at, BLOCK, "header block")?.into_owned();
-            if block.iter().all(|&b| b == 0) {
-                if first.is_some() {
-                    return Err(self.error(
-                        at,
-                        "an end-of-archive block right after a pax or \
-                         long-name header: the member it describes is missing",
-                    ));
+            let block = match self.read(at, BLOCK, "header block") {
+                Ok(block) => block.into_owned(),
+                Err(_) if self.size().is_some_and(|len| at >= len) => {
+                    return self.end(at, first, "the shard ends");
                 }
-                return Ok(None);
+                Err(e) => return Err(e),
+            };
+            if block.iter().all(|&b| b == 0) {
+                return self.end(at, first, "an end-of-archive block");
             }
             let header = Header::parse(&block).map_err(|p| self.error(at, p))?;
             if header.flag != b'g' {
@@ -173,17 +243,14 @@ impl Members<'_> {
                 .map(|s| s / BLOCK * BLOCK)
                 .and_then(|p| data.checked_add(p))
                 .ok_or_else(|| self.error(at, format!("member size {size} overflows")))?;
-            if data.checked_add(size).is_none_or(|end| end > len) {
-                return Err(self.error(
-                    at,
-                    format!(
-                        "the member's data ({size} bytes from byte {data}) runs past the end \
-                         of the shard ({len} bytes): it is truncated; copy it again"
-                    ),
-                ));
+            if let Err(e) = self.check_data(at, data, size) {
+                if header.is_entry() {
+                    self.truncated = Some(self.path(&local, long_name, &header.name));
+                }
+                return Err(e);
             }
             // The padding of the last member may be missing: the next read finds the end.
-            self.offset = padded.min(len);
+            self.offset = self.size().map_or(padded, |len| padded.min(len));
             match header.flag {
                 b'x' | b'g' | b'L' | b'K' if size > MAX_META => {
                     return Err(self.error(
@@ -215,14 +282,8 @@ impl Members<'_> {
                 _ => {
                     // Old archives mark directories as regular files whose name ends in `/`.
                     let old_dir = header.flag == 0 && header.name.ends_with(b"/");
-                    let pax_path = local.get(&b"path"[..]).or(self.global.get(&b"path"[..]));
-                    let path = match (pax_path, long_name) {
-                        (Some(p), _) => p.clone(),
-                        (None, Some(n)) => n,
-                        (None, None) => header.name,
-                    };
                     return Ok(Some(Member {
-                        path,
+                        path: self.path(&local, long_name, &header.name),
                         kind: match header.flag {
                             0 if old_dir => Kind::Directory,
                             b'0' | 0 | b'7' => Kind::File,
@@ -235,6 +296,40 @@ impl Members<'_> {
                     }));
                 }
             }
+        }
+    }
+
+    /// That the `size` bytes of data from `data` (the member whose header is at `at`) lie in
+    /// the shard: checked against its size, or for a compressed shard by decompressing up to
+    /// their last byte.
+    fn check_data(&self, at: u64, data: u64, size: u64) -> Result<()> {
+        let past =
+            |len: u64| {
+                self.error(
+                at,
+                format!(
+                    "the member's data ({size} bytes from byte {data}) runs past the end of the \
+                     shard ({len} bytes{}): it is truncated; copy it again",
+                    if self.stream.is_some() { " decompressed" } else { "" }
+                ),
+            )
+            };
+        let end = data.checked_add(size);
+        if let Some(len) = self.size() {
+            return match end {
+                Some(end) if end <= len => Ok(()),
+                _ => Err(past(len)),
+            };
+        }
+        let Some(last) = end.and_then(|e| e.checked_sub(1)).filter(|_| size > 0) else {
+            return Ok(());
+        };
+        match self.read(last, 1, "member's data") {
+            Ok(_) => Ok(()),
+            Err(e) => match self.size() {
+                Some(len) if last >= len => Err(past(len)),
+                _ => Err(e),
+            },
         }
     }
 }
@@ -417,103 +512,4 @@ impl ShardBytes for Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A header block for `name` of type `flag` claiming `size` bytes (octal, or base-256
-    /// when `base256`), checksummed.
-    fn header(name: &[u8], flag: u8, size: u64, base256: bool) -> Vec<u8> {
-        let mut h = vec![0u8; 512];
-        h[..name.len()].copy_from_slice(name);
-        if base256 {
-            h[124] = 0x80;
-            h[128..136].copy_from_slice(&size.to_be_bytes());
-        } else {
-            h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
-        }
-        h[156] = flag;
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u64 = h.iter().map(|&b| u64::from(b)).sum();
-        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-        h
-    }
-
-    fn data(out: &mut Vec<u8>, bytes: &[u8]) {
-        out.extend_from_slice(bytes);
-        out.resize(out.len().next_multiple_of(512), 0);
-    }
-
-    fn pax(records: &[(&str, &str)]) -> Vec<u8> {
-        let mut text = String::new();
-        for (k, v) in records {
-            let body = format!(" {k}={v}\n");
-            let mut n = body.len() + 1;
-            while format!("{n}{body}").len() != n {
-                n += 1;
-            }
-            text.push_str(&format!("{n}{body}"));
-        }
-        text.into_bytes()
-    }
-
-    #[test]
-    fn pax_size_and_path_base256_sizes_and_old_directories_are_read() {
-        let mut r = crate::loader::SplitMix64::for_test("pax_size_and_path");
-        let payload: Vec<u8> = (0..1 + r.below(2000)).map(|_| r.next_u64() as u8).collect();
-        let mut tar = Vec::new();
-        let g = pax(&[("comment", "global")]);
-        tar.extend(header(b"pax_global", b'g', g.len() as u64, false));
-        data(&mut tar, &g);
-        let x = pax(&[
-            ("path", "very/long/name.BIN"),
-            ("size", &payload.len().to_string()),
-        ]);
-        tar.extend(header(b"PaxHeader", b'x', x.len() as u64, false));
-        data(&mut tar, &x);
-        let at = tar.len() as u64;
-        tar.extend(header(b"short.bin", b'0', 0, false)); // size 0: pax says otherwise
-        data(&mut tar, &payload);
-        let big = tar.len() as u64;
-        tar.extend(header(b"b256.txt", b'0', 3, true));
-        data(&mut tar, b"abc");
-        tar.extend(header(b"olddir/", 0, 0, false));
-        tar.extend([0u8; 1024]);
-        let got: Vec<Member> = members(&tar, "t.tar").map(|m| m.unwrap()).collect();
-        assert_eq!(got.len(), 3);
-        assert_eq!(got[0].path, b"very/long/name.BIN");
-        assert_eq!(got[0].header, 512 + 512); // the x header, after the global one
-        assert_eq!((got[0].data, got[0].size), (at + 512, payload.len() as u64));
-        assert_eq!(&tar[got[0].data as usize..][..payload.len()], &payload[..]);
-        assert_eq!((got[1].data, got[1].size), (big + 512, 3));
-        assert_eq!(got[2].kind, Kind::Directory);
-    }
-
-    #[test]
-    fn lengths_past_the_end_are_errors_naming_the_offset() {
-        let mut tar = Vec::new();
-        tar.extend(header(b"a.txt", b'0', 5, false));
-        data(&mut tar, b"hello");
-        let second = tar.len() as u64;
-        tar.extend(header(b"b.txt", b'0', 1 << 40, true)); // a terabyte
-        data(&mut tar, b"x");
-        let got: Vec<_> = members(&tar, "t.tar").collect();
-        assert_eq!(got.len(), 2);
-        let Err(Error::Tar {
-            offset, problem, ..
-        }) = &got[1]
-        else {
-            panic!("{:?}", got[1])
-        };
-        assert_eq!(*offset, second);
-        assert!(problem.contains("truncated"), "{problem}");
-        // A pax header claiming more than the bound is refused before it is read.
-        let mut tar = header(b"PaxHeader", b'x', MAX_META + 1, false);
-        tar.resize(tar.len() + MAX_META as usize + 512, b'1');
-        let got: Vec<_> = members(&tar, "t.tar").collect();
-        assert!(
-            matches!(&got[0], Err(Error::Tar { offset: 0, .. })),
-            "{got:?}"
-        );
-    }
-}
+mod tests;

@@ -44,6 +44,9 @@ use stream::Streamer;
 ///   let the loader make about as many batches ahead as it has workers
 ///   ([`LoaderBuilder::prefetch`](crate::loader::LoaderBuilder::prefetch)), since a worker put
 ///   off the CPU holds up every batch after its own.
+/// - **Gzip-compressed shards** (told by their first bytes) cannot be read by range: the
+///   index pass reads each whole, and each epoch reads it again, decompressing as it goes, in
+///   ranged `GET`s of [`chunk_size`](Remote::chunk_size) one at a time (not read ahead).
 /// - **Retries**: object_store's, and ours around them: a request or body that fails or stalls
 ///   past [`timeout`](Remote::timeout) is asked for again from the first byte not received, up
 ///   to [`retries`](Remote::retries) times. Permanent errors (404, 403, a shard changed while
@@ -230,7 +233,10 @@ impl Remote {
         // Index reads wait on the network, not the CPU: more threads than cores.
         let threads = shards.len().clamp(1, 32);
         let streams = Streamer::new(io, objects, self.chunk, self.read_ahead, self.cache);
-        Ok(TarShards::build(shards, Some(index_readers), threads)?.with_streams(Arc::new(streams)))
+        Ok(
+            TarShards::build(shards, Some(index_readers), threads, self.chunk)?
+                .with_streams(Arc::new(streams)),
+        )
     }
 
     fn store(&self, url: &Url, name: &str) -> Result<Arc<dyn ObjectStore>> {

@@ -26,7 +26,7 @@ pub struct TarSample {
 
 impl std::fmt::Debug for TarSample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TarSample({} in {})", self.key(), self.shard())
+        write!(f, "TarSample({} in {})", self.shown_key(), self.shard())
     }
 }
 
@@ -71,7 +71,6 @@ impl TarSample {
     }
 
     /// The sample with its bytes, which begin at shard offset `start`.
-    #[cfg(feature = "remote")]
     pub(crate) fn holding(mut self, bytes: Held, start: u64) -> TarSample {
         self.held = Some((bytes, start));
         self
@@ -97,9 +96,22 @@ impl TarSample {
         self.at
     }
 
-    /// The key: the member path without its extension.
-    pub fn key(&self) -> &str {
-        self.group().map_or("", |g| g.key.as_str())
+    /// The key (the member path without its extension) when it is UTF-8, as it is in most
+    /// shards; `None` when it is not (see [`key_bytes`](Self::key_bytes)).
+    pub fn key(&self) -> Option<&str> {
+        std::str::from_utf8(self.key_bytes()).ok()
+    }
+
+    /// The key as the shard stores it: bytes, which need not be UTF-8 (tar names are bytes;
+    /// Python's `tarfile` keeps them through `surrogateescape`). Two keys that differ in any
+    /// byte are two samples. Messages show the bytes that are not UTF-8 as `\xNN`.
+    pub fn key_bytes(&self) -> &[u8] {
+        self.group().map_or(&[], |g| g.key.as_slice())
+    }
+
+    /// The key as messages show it.
+    pub(crate) fn shown_key(&self) -> String {
+        super::group::show_key(self.key_bytes())
     }
 
     /// The shard it comes from (path or URL).
@@ -121,7 +133,8 @@ impl TarSample {
         self.fields().iter().find(|f| f.ext == ext)
     }
 
-    fn error(&self, problem: String) -> Error {
+    /// An error about this sample: its shard, the offset of its first header, `problem`.
+    pub(crate) fn error(&self, problem: String) -> Error {
         Error::Tar {
             shard: self.shard().to_owned(),
             offset: self.group().map_or(0, |g| g.offset),
@@ -134,7 +147,7 @@ impl TarSample {
             let have: Vec<&str> = self.fields().iter().map(|f| f.ext.as_str()).collect();
             self.error(format!(
                 "sample `{}` has no `.{ext}` member (it has: {}); choose one of its extensions",
-                self.key(),
+                self.shown_key(),
                 have.join(", ")
             ))
         })
@@ -154,7 +167,7 @@ impl TarSample {
         let len = usize::try_from(f.size).map_err(|_| self.error("too long".into()))?;
         self.shard_bytes()
             .read_at(f.offset, len)
-            .map_err(|e| self.error(format!("reading `.{ext}` of `{}`: {e}", self.key())))
+            .map_err(|e| self.error(format!("reading `.{ext}` of `{}`: {e}", self.shown_key())))
     }
 
     /// Field `ext` as UTF-8 text (`.txt`, `.json`).
@@ -164,8 +177,12 @@ impl TarSample {
     /// As [`bytes`](Self::bytes); [`Error::Tar`] when it is not UTF-8.
     pub fn text(&self, ext: &str) -> Result<String> {
         let bytes = self.bytes(ext)?;
-        String::from_utf8(bytes.into_owned())
-            .map_err(|_| self.error(format!("`.{ext}` of `{}` is not UTF-8 text", self.key())))
+        String::from_utf8(bytes.into_owned()).map_err(|_| {
+            self.error(format!(
+                "`.{ext}` of `{}` is not UTF-8 text",
+                self.shown_key()
+            ))
+        })
     }
 
     /// Field `ext` (`cls`) as a class number: decimal text, spaces around it allowed.
@@ -178,7 +195,7 @@ impl TarSample {
         text.trim().parse().map_err(|_| {
             self.error(format!(
                 "`.{ext}` of `{}` is {:?}, not a whole number",
-                self.key(),
+                self.shown_key(),
                 text.chars().take(40).collect::<String>()
             ))
         })
@@ -192,7 +209,7 @@ impl TarSample {
     /// As [`bytes`](Self::bytes); [`Error::Npy`] naming `shard:key.ext` for a bad header.
     pub fn npy(&self, ext: &str) -> Result<Tensor> {
         let f = self.require(ext)?;
-        let name = format!("{}:{}.{ext}", self.shard(), self.key());
+        let name = format!("{}:{}.{ext}", self.shard(), self.shown_key());
         let shard = self.shard_bytes();
         // Held bytes may be a slice of a received buffer at any address: a member that does
         // not start on an 8-byte boundary (the largest element) is copied into one that does.

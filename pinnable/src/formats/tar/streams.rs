@@ -32,10 +32,6 @@ pub(crate) trait Streams: Send + Sync {
     fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held>;
 }
 
-fn span(g: &Group) -> Range<u64> {
-    g.offset..g.fields.last().map_or(g.offset, |f| f.offset + f.size)
-}
-
 impl TarShards {
     /// These shards, their epochs streamed by `streams` (just built: the index is not shared
     /// yet; were it, samples would be read one by one, as outside an epoch).
@@ -57,17 +53,19 @@ impl TarShards {
         for (o, &p) in out.iter().enumerate() {
             place[p] = o;
         }
+        let compressed = |s: usize| index.gzip.as_ref().is_some_and(|z| z.has(s));
         let planned = run
             .iter()
             .zip(place)
             .filter_map(|(&i, out)| match &index.entries[i] {
-                Entry::Sample(g) => Some(Planned {
+                // Compressed shards stream through their decoders.
+                Entry::Sample(g) if !compressed(index.shard_of[i] as usize) => Some(Planned {
                     index: i,
                     shard: index.shard_of[i] as usize,
-                    span: span(g),
+                    span: g.span(),
                     out,
                 }),
-                Entry::Broken { .. } => None,
+                _ => None,
             })
             .collect();
         streams.plan(planned, index.entries.len());
@@ -81,11 +79,11 @@ impl TarShards {
         };
         let shard = self.index.shard_of[index] as usize;
         let bytes = streams
-            .take(index, shard, span(g))
+            .take(index, shard, g.span())
             .map_err(|e| Error::Tar {
                 shard: self.index.shards[shard].name.clone(),
                 offset: g.offset,
-                problem: format!("reading sample `{}`: {e}", g.key),
+                problem: format!("reading sample `{}`: {e}", super::group::show_key(&g.key)),
             })?;
         Ok(sample.holding(bytes, g.offset))
     }

@@ -29,6 +29,10 @@ use crate::error::{Error, Result};
 /// dataset of larger pictures raises it with [`Decoder::max_pixels`].
 pub const MAX_PIXELS: usize = 89_478_485;
 
+/// The file extensions of the formats decoded (lower-case): what folders list and what tar
+/// samples take as their image. The decoder itself tells JPEG from PNG by the bytes.
+pub(crate) const EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
 /// Pictures with subsampled chroma and a side of at most this many pixels are decoded by
 /// jpeg-decoder rather than zune-jpeg; see [`Decoder::jpeg`].
 const SMALL_SIDE: usize = 32;

@@ -1,0 +1,226 @@
+//! Image members of tar shards (feature `image`): JPEG and PNG members decoded as the image
+//! folder decodes their files, and only members in a decoded format taken as the image.
+
+use std::path::PathBuf;
+
+use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::tar::{TarImageBatcher, TarShards};
+use pinnable::loader::Loader;
+use pinnable::{Error, Tensor};
+use pinnable_harness::images::{self, Jpeg};
+use pinnable_harness::rng;
+use pinnable_harness::tar::{Sample, folder, shard};
+use rand::Rng;
+
+/// A batch as (images, labels).
+fn rows(batch: pinnable::Result<(Tensor, Tensor)>) -> (Vec<u8>, Vec<i64>) {
+    let (x, y) = batch.unwrap();
+    (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+}
+
+#[test]
+fn jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files() {
+    let mut r = rng("jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files");
+    let dir = folder("images");
+    let mut files = Vec::new();
+    let mut samples = Vec::new();
+    for i in 0..9 {
+        let (w, h) = (r.random_range(17..60), r.random_range(17..60));
+        let rgb = images::picture(&mut r, w, h, 6.0);
+        let (ext, bytes) = if i % 3 == 2 {
+            (
+                "PNG",
+                images::png(
+                    &rgb,
+                    w,
+                    h,
+                    png::ColorType::Rgb,
+                    png::BitDepth::Eight,
+                    None,
+                    None,
+                    None,
+                ),
+            )
+        } else {
+            ("jpg", images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None))
+        };
+        let label = r.random_range(0..100i64);
+        let path = dir.join(format!("{i}.{ext}"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push((path, label));
+        samples.push((
+            format!("{i:03}"),
+            vec![
+                (ext.to_owned(), bytes),
+                ("cls".into(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    std::fs::write(dir.join("images.tar"), shard(&samples).0).unwrap();
+    let transform = Transform::resized_center_crop(20, 16);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let want: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(folder)
+        .batch_size(4)
+        .workers(2)
+        .build(ImageBatcher)
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    let shards = TarShards::open([dir.join("images.tar").to_str().unwrap()]).unwrap();
+    let got: Vec<(Vec<u8>, Vec<i64>)> = Loader::builder(shards)
+        .batch_size(4)
+        .workers(3)
+        .build(TarImageBatcher::new(transform))
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let (x, y) = b.unwrap();
+            assert_eq!(&x.shape()[1..], &[3, 16, 16]);
+            (x.to_vec::<u8>().unwrap(), y.to_vec::<i64>().unwrap())
+        })
+        .collect();
+    assert_eq!(got.len(), 3);
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The bytes of a WebP file (a RIFF container): never decoded, whatever follows its header.
+fn webp(r: &mut impl Rng) -> Vec<u8> {
+    let body: Vec<u8> = (0..r.random_range(16..200)).map(|_| r.random()).collect();
+    let mut out = b"RIFF".to_vec();
+    out.extend(((body.len() + 4) as u32).to_le_bytes());
+    out.extend(b"WEBPVP8 ");
+    out.extend(body);
+    out
+}
+
+/// Samples holding a `.webp` and a `.png` (the WebP written first) decode their PNG: the
+/// batches equal the image folder's over the PNG files.
+#[test]
+fn a_sample_holding_webp_and_png_decodes_its_png() {
+    let mut r = rng("a_sample_holding_webp_and_png_decodes_its_png");
+    let dir = folder("webp-png");
+    let mut files = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    for i in 0..r.random_range(4..12) {
+        let (w, h) = (r.random_range(17..60), r.random_range(17..60));
+        let rgb = images::picture(&mut r, w, h, 6.0);
+        let png = images::png(
+            &rgb,
+            w,
+            h,
+            png::ColorType::Rgb,
+            png::BitDepth::Eight,
+            None,
+            None,
+            None,
+        );
+        let label = r.random_range(0..100i64);
+        let path = dir.join(format!("{i}.png"));
+        std::fs::write(&path, &png).unwrap();
+        files.push((path, label));
+        samples.push((
+            format!("{i:03}"),
+            vec![
+                ("webp".into(), webp(&mut r)),
+                ("png".into(), png),
+                ("cls".into(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    std::fs::write(dir.join("s.tar"), shard(&samples).0).unwrap();
+    let transform = Transform::resized_center_crop(20, 16);
+    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let loader = Loader::builder(folder)
+        .batch_size(4)
+        .workers(2)
+        .build(ImageBatcher);
+    let want: Vec<_> = loader.unwrap().iter().map(rows).collect();
+    let shards = TarShards::open([dir.join("s.tar").to_str().unwrap()]).unwrap();
+    let loader = Loader::builder(shards).batch_size(4).workers(2);
+    let got: Vec<_> = loader
+        .build(TarImageBatcher::new(transform))
+        .unwrap()
+        .iter()
+        .map(rows)
+        .collect();
+    assert_eq!(got.len(), samples.len().div_ceil(4));
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A sample whose only image is a `.webp` fails its batch with an error naming the shard, the
+/// sample and the member's format, and the formats that are decoded; the batches before it
+/// are made.
+#[test]
+fn a_sample_whose_only_image_is_webp_is_an_error_naming_it_and_the_formats_decoded() {
+    let mut r = rng("a_sample_whose_only_image_is_webp_is_an_error");
+    let dir = folder("webp-only");
+    let n: usize = r.random_range(8..20);
+    let bad = r.random_range(0..n);
+    let (mut samples, mut labels) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let label = r.random_range(0..100i64);
+        let (ext, bytes) = if i == bad {
+            ("WebP", webp(&mut r))
+        } else {
+            let (w, h) = (r.random_range(17..40), r.random_range(17..40));
+            let rgb = images::picture(&mut r, w, h, 6.0);
+            ("jpg", images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None))
+        };
+        labels.push(label);
+        samples.push((
+            format!("k{i:03}"),
+            vec![
+                (ext.into(), bytes),
+                ("cls".into(), label.to_string().into_bytes()),
+            ],
+        ));
+    }
+    let (bytes, starts) = shard(&samples);
+    let path = dir.join("s.tar");
+    std::fs::write(&path, bytes).unwrap();
+    let shards = TarShards::open([path.to_str().unwrap()]).unwrap();
+    let loader = Loader::builder(shards)
+        .batch_size(4)
+        .workers(2)
+        .build(TarImageBatcher::new(Transform::resized_center_crop(20, 16)))
+        .unwrap();
+    let out: Vec<_> = loader.iter().collect();
+    // The epoch ends at the failed batch.
+    assert_eq!(out.len(), bad / 4 + 1);
+    for (b, batch) in out.iter().enumerate() {
+        if b != bad / 4 {
+            let want = &labels[4 * b..4 * b + 4];
+            assert_eq!(batch.as_ref().unwrap().1.to_vec::<i64>().unwrap(), want);
+            continue;
+        }
+        let err = batch.as_ref().unwrap_err();
+        let Error::Sample { index, source, .. } = err else {
+            panic!("{err}")
+        };
+        assert_eq!(*index, bad);
+        let Error::Tar {
+            shard,
+            offset,
+            problem,
+        } = &**source
+        else {
+            panic!("{err}")
+        };
+        assert_eq!((PathBuf::from(shard), *offset), (path.clone(), starts[bad]));
+        for part in [
+            format!("`k{bad:03}`"),
+            "`.webp`".into(),
+            "`.jpg`".into(),
+            "`.png`".into(),
+        ] {
+            assert!(problem.contains(&part), "{part} in {problem}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
