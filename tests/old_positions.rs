@@ -105,7 +105,7 @@ fn tar() -> pinnable::loader::LoaderBuilder<TarShards> {
 fn keys(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
     let k = samples.iter().map(|s| {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in s.key().as_bytes() {
+        for &b in s.key_bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
         (h >> 1) as i64

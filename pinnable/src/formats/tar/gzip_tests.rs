@@ -154,7 +154,7 @@ fn a_resumed_epoch_holds_few_samples_before_its_position() {
     for _ in 0..stop {
         epoch.next().expect("a batch").expect("a batch");
     }
-    let saved = epoch.position().clone();
+    let saved = epoch.position();
     drop(epoch);
     let resumed = build().resume(saved).build_with(labels).expect("a loader");
     let mut epoch = resumed.iter();
