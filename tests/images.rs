@@ -873,3 +873,58 @@ fn small_jpegs_match_libjpeg_turbo_s_decode_by_pillow() {
     assert!(report.is_empty(), "over 3 from libjpeg-turbo: {report:?}");
 }
 
+
+/// Our 4:2:0 pixels against jpeg-decoder's (which upsamples chroma as libjpeg does) as a
+/// device batch test sees them: a random crop to 32 × 32 of pictures 40 to 240 pixels across,
+/// PSNR image by image; and apart, the difference on the picture's last column and row.
+fn against_libjpeg_cropped(r: &mut SmallRng, bars: &mut Bars) {
+    let t = Transform::random_resized_crop(32).flip(0.5);
+    for i in 0..40 {
+        let (w, h) = (40 + r.random_range(0..200), 40 + r.random_range(0..200));
+        let rgb = images::picture(r, w, h, 6.0);
+        let kind = [Jpeg::Baseline, Jpeg::Progressive][i % 2];
+        let file = images::jpeg(&rgb, w, h, 85, kind, None);
+        let (ours, theirs) = (decode(&file).unwrap(), second_jpeg(&file));
+        let case = format!("{kind:?} {w}x{h}");
+        let last = |k: usize| k / 3 % w == w - 1 || k / 3 / w == h - 1;
+        let rms = |on_last: bool| {
+            let d: Vec<f64> = (0..theirs.len())
+                .filter(|&k| last(k) == on_last)
+                .map(|k| f64::from(ours.pixels()[k].abs_diff(theirs[k])).powi(2))
+                .collect();
+            (d.iter().sum::<f64>() / d.len().max(1) as f64).sqrt()
+        };
+        bars.at_most("RMS difference inside", rms(false), 1.5, &case);
+        bars.at_most("RMS difference on the last column and row", rms(true), 1.5, &case);
+        let theirs = Image::from_rgb(w, h, theirs).unwrap();
+        let k = r.random::<u64>();
+        let crop = |im: &Image| {
+            let x = t.apply(im, pinnable::loader::SplitMix64::new(k)).unwrap();
+            x.to_vec::<u8>().unwrap()
+        };
+        let (a, b) = (crop(&ours), crop(&theirs));
+        let mse = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+            .sum::<f64>()
+            / a.len() as f64;
+        let psnr = 10.0 * (255.0f64.powi(2) / mse).log10();
+        bars.at_least("PSNR of a random crop to 32, dB", psnr, 40.0, &case);
+    }
+}
+
+/// Where the device tests' low PSNR comes from, found on the host: zune-jpeg interpolates the
+/// last column (even widths) and row (even heights) of a halved chroma plane with the
+/// encoder's padding, where libjpeg (and jpeg-decoder) repeat the plane's last sample (see
+/// `Decoder::jpeg`). Over 1000 seeds (2026-11-28, 40 pictures each): inside, the RMS
+/// difference was at most 0.79; on the last column and row it reached 21.4 (1% over 7.5, 15%
+/// over 1.5), and a crop holding that line, scaled up, fell to 36.0 dB (8 crops of 40000
+/// under 40 dB: 0.8% of 40-picture batches), as a device batch test once did (39.4 dB, a
+/// baseline 86×50). With the last line taken from jpeg-decoder, no crop was under 50.1 dB. A
+/// sweep, not a test, until the host decoder's last line is libjpeg's.
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_against_libjpeg_cropped() {
+    sweep("against_libjpeg_cropped", against_libjpeg_cropped);
+}
