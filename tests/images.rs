@@ -873,7 +873,6 @@ fn small_jpegs_match_libjpeg_turbo_s_decode_by_pillow() {
     assert!(report.is_empty(), "over 3 from libjpeg-turbo: {report:?}");
 }
 
-
 /// Our 4:2:0 pixels against jpeg-decoder's (which upsamples chroma as libjpeg does) as a
 /// device batch test sees them: a random crop to 32 × 32 of pictures 40 to 240 pixels across,
 /// PSNR image by image; and apart, the difference on the picture's last column and row.
@@ -895,7 +894,12 @@ fn against_libjpeg_cropped(r: &mut SmallRng, bars: &mut Bars) {
             (d.iter().sum::<f64>() / d.len().max(1) as f64).sqrt()
         };
         bars.at_most("RMS difference inside", rms(false), 1.5, &case);
-        bars.at_most("RMS difference on the last column and row", rms(true), 1.5, &case);
+        bars.at_most(
+            "RMS difference on the last column and row",
+            rms(true),
+            1.5,
+            &case,
+        );
         let theirs = Image::from_rgb(w, h, theirs).unwrap();
         let k = r.random::<u64>();
         let crop = |im: &Image| {

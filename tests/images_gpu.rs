@@ -298,7 +298,9 @@ fn every_kind(
             .map(|i| psnr(&dev[i * per..][..per], &host[i * per..][..per]))
             .collect();
         for ((kind, _), p) in files.iter().zip(&psnrs) {
-            println!("{test}: {decoder:?} {kind}: PSNR {p:.1} dB");
+            if !bars.in_sweep() {
+                println!("{test}: {decoder:?} {kind}: PSNR {p:.1} dB");
+            }
         }
         for (i, ((kind, _), &p)) in files.iter().zip(&psnrs).enumerate() {
             let (d, h) = (&dev[i * per..][..per], &host[i * per..][..per]);
@@ -356,13 +358,16 @@ fn sweep_device_psnr() {
     let Some(device) = cuda_or_skip(test) else {
         return;
     };
-    let quiet = "sweep";
     sweep("mixed", |r, bars| mixed(&device, r, bars));
     sweep("tar", |r, bars| tar_members(&device, r, bars));
     let (t, out) = kinds_u8();
-    sweep("every_kind_u8", |r, bars| every_kind(&device, quiet, &t, out, r, bars));
+    sweep("every_kind_u8", |r, bars| {
+        every_kind(&device, test, &t, out, r, bars)
+    });
     let (t, out) = kinds_f32();
-    sweep("every_kind_f32", |r, bars| every_kind(&device, quiet, &t, out, r, bars));
+    sweep("every_kind_f32", |r, bars| {
+        every_kind(&device, test, &t, out, r, bars)
+    });
 }
 
 /// The seeds of the least PSNR the sweeps found, kept as fixed cases.
@@ -737,7 +742,9 @@ fn tar_members(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
             .map(f64::from)
             .collect();
         let p = psnr(&g, &h);
-        println!("{test}: batch {k}: PSNR {p:.1} dB");
+        if !bars.in_sweep() {
+            println!("{test}: batch {k}: PSNR {p:.1} dB");
+        }
         let case = format_args!("batch {k}: {}", worst_place(&g, &h, 40));
         bars.at_least("PSNR of each batch of 8, dB", p, PSNR_BAR, case);
     }

@@ -36,16 +36,21 @@ fn collect(loader: &Loader<Mix<Vec<i64>>, Ints>, epoch: u64) -> Vec<Vec<i64>> {
 }
 
 #[test]
-fn per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples() {
-    let test = "per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples";
+fn per_sample_draws_keep_each_share_within_three_tenths_of_a_percent() {
+    let test = "per_sample_draws_keep_each_share_within_three_tenths_of_a_percent";
     mix_shares(&mut rng(test), &mut Bars::checked());
 }
 
-const WORST_SHARES: u64 = 0;
-
+/// The bar, from `sweep_per_sample_shares` over 1000 seeds (2026-11-28, 3447 shares): a
+/// share was at most 0.0015 from its weight's (0.1% 0.0014, median 0.0003), as independent
+/// draws give (a binomial's standard deviation over 10^6 draws is at most 0.0005). The bar,
+/// 0.003, is six of those: a source drawn 0.3% too often or too rarely crosses it. The worst
+/// seeds found, kept.
 #[test]
-fn per_sample_shares_at_their_worst_seed() {
-    mix_shares(&mut SmallRng::seed_from_u64(WORST_SHARES), &mut Bars::checked());
+fn per_sample_shares_at_the_worst_seeds_found() {
+    for seed in [10_079_921_081_566_494_406, 18_405_200_023_706_498_954] {
+        mix_shares(&mut SmallRng::seed_from_u64(seed), &mut Bars::checked());
+    }
 }
 
 #[test]
@@ -89,8 +94,16 @@ fn mix_shares(r: &mut SmallRng, bars: &mut Bars) {
     };
     for (s, (&c, &w)) in shares(&mix).iter().zip(&weights).enumerate() {
         let share = c as f64 / n as f64;
-        let case = format_args!("source {s} of {k}: share {share:.5}, weight's {:.5}", w / sum);
-        bars.at_most("|share - weight's share|", (share - w / sum).abs(), 0.005, case);
+        let case = format_args!(
+            "source {s} of {k}: share {share:.5}, weight's {:.5}",
+            w / sum
+        );
+        bars.at_most(
+            "|share - weight's share|",
+            (share - w / sum).abs(),
+            0.003,
+            case,
+        );
     }
     // Forever: each epoch holds each share exactly, rounded to whole samples.
     let forever = Mix::weighted(sources)

@@ -72,6 +72,12 @@ impl Bars {
         Bars::default()
     }
 
+    /// Whether these bars are a sweep's (which records values, checks nothing, and wants
+    /// little printed).
+    pub fn in_sweep(&self) -> bool {
+        self.record.is_some()
+    }
+
     /// `value` must be at most `limit`; `case` names what was measured.
     ///
     /// # Panics
@@ -90,7 +96,14 @@ impl Bars {
         self.hold(bar, value, limit, false, case);
     }
 
-    fn hold(&mut self, bar: &'static str, value: f64, limit: f64, at_most: bool, case: impl Display) {
+    fn hold(
+        &mut self,
+        bar: &'static str,
+        value: f64,
+        limit: f64,
+        at_most: bool,
+        case: impl Display,
+    ) {
         match &mut self.record {
             Some(v) => v.push(Measured {
                 bar,
@@ -171,7 +184,13 @@ pub fn sweep(test: &str, check: impl Fn(&mut SmallRng, &mut Bars) + Sync) {
         let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].1.value;
         let crossed = v
             .iter()
-            .filter(|(_, m)| if at_most { m.value > m.limit } else { m.value < m.limit })
+            .filter(|(_, m)| {
+                if at_most {
+                    m.value > m.limit
+                } else {
+                    m.value < m.limit
+                }
+            })
             .count();
         let (seed, worst) = v[0];
         println!(
