@@ -11,8 +11,8 @@
 //!
 //! Inputs are mutations of the seeds (bit flips, boundary values, truncations, insertions,
 //! deletions, splices of two seeds, format tokens) and plain random bytes, from a seeded
-//! generator: a failure prints the seed and the input, and `PINNABLE_TEST_SEED=<seed>` replays the
-//! run. A run stops after its case count or its time, whichever comes first, so it fits in the
+//! generator: a failure prints the seed and the input, and `PINNABLE_TEST_SEED=<seed>` replays
+//! the run. A run stops after its case count or its time, whichever comes first, so it fits in the
 //! normal test run. Each case runs on a worker thread; a case that takes longer than the stall
 //! limit fails the test as a hang, naming its input.
 

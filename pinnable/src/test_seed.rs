@@ -34,6 +34,8 @@ pub(crate) fn seed(test: &str) -> u64 {
 /// distribution of the value it measures (both tails, the median, and the seeds and cases of
 /// the extremes), to set a bar from; without it, prints how to ask for one. `check` returns
 /// the value and the case that gave it (the worst image, say).
+// Its callers so far are the image tests.
+#[cfg_attr(not(feature = "image"), allow(dead_code))]
 pub(crate) fn sweep(name: &str, check: impl Fn(u64) -> (f64, String) + Sync) {
     let Some(n) = std::env::var("PINNABLE_TEST_SWEEP")
         .ok()
@@ -73,12 +75,14 @@ pub(crate) fn sweep(name: &str, check: impl Fn(u64) -> (f64, String) + Sync) {
 }
 
 /// The sweep's report: the count, the quantiles, the extremes with their seeds and cases.
+#[cfg_attr(not(feature = "image"), allow(dead_code))]
 fn summary(name: &str, first: u64, got: &[(f64, u64, String)]) -> String {
     let q = |p: f64| got[((got.len() - 1) as f64 * p).round() as usize].0;
     let (lo, hi) = (&got[0], &got[got.len() - 1]);
     format!(
         "{name}: {} seeds (from PINNABLE_TEST_SEED={first}): min {:.4} p0.1 {:.4} p1 {:.4} \
-         median {:.4} p99 {:.4} p99.9 {:.4} max {:.4}\n  min at seed {} ({})\n  max at seed {} ({})",
+         median {:.4} p99 {:.4} p99.9 {:.4} max {:.4}\n  min at seed {} ({})\n  max at seed \
+         {} ({})",
         got.len(),
         lo.0,
         q(0.001),
