@@ -1,5 +1,6 @@
-//! Shared helpers for pinnable's tests, examples and benches: fresh random data and the
-//! GPU-or-skip gate. Not published.
+//! Shared helpers for pinnable's tests, examples and benches: fresh random data (its seed
+//! printed, and rerun with `PINNABLE_TEST_SEED`), the sweep that measures a test's quality bars
+//! over many seeds, and the GPU-or-skip gate. Not published.
 
 pub mod bench;
 pub mod hostile;
