@@ -348,25 +348,43 @@ fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_f32_random_cro
     every_kind(&device, test, &t, out, &mut rng(test), &mut Bars::checked());
 }
 
-/// The PSNR bars over many seeds on the device: `PINNABLE_TEST_SWEEP=1000` and
-/// `--ignored sweep_device_psnr` print each bar's distribution.
-#[test]
-#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
-fn sweep_device_psnr() {
+/// The PSNR bars over many seeds on the device: `PINNABLE_TEST_SWEEP=1000` and `--ignored
+/// sweep_device_psnr` print each bar's distribution (one test a batch test, to run apart).
+fn sweep_on_device(test: &str, check: impl Fn(&Device, &mut SmallRng, &mut Bars) + Sync) {
     let _serial = one_at_a_time();
-    let test = "sweep_device_psnr";
     let Some(device) = cuda_or_skip(test) else {
         return;
     };
-    sweep("mixed", |r, bars| mixed(&device, r, bars));
-    sweep("tar", |r, bars| tar_members(&device, r, bars));
+    sweep(test, |r, bars| check(&device, r, bars));
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_mixed() {
+    sweep_on_device("sweep_device_psnr_mixed", mixed);
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_tar() {
+    sweep_on_device("sweep_device_psnr_tar", tar_members);
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_every_kind_u8() {
     let (t, out) = kinds_u8();
-    sweep("every_kind_u8", |r, bars| {
-        every_kind(&device, test, &t, out, r, bars)
+    sweep_on_device("sweep_device_psnr_every_kind_u8", |d, r, bars| {
+        every_kind(d, "sweep_u8", &t, out, r, bars);
     });
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_every_kind_f32() {
     let (t, out) = kinds_f32();
-    sweep("every_kind_f32", |r, bars| {
-        every_kind(&device, test, &t, out, r, bars)
+    sweep_on_device("sweep_device_psnr_every_kind_f32", |d, r, bars| {
+        every_kind(d, "sweep_f32", &t, out, r, bars);
     });
 }
 

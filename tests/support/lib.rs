@@ -158,7 +158,13 @@ pub fn sweep(test: &str, check: impl Fn(&mut SmallRng, &mut Bars) + Sync) {
                         let mut bars = Bars {
                             record: Some(Vec::new()),
                         };
-                        check(&mut SmallRng::seed_from_u64(seed), &mut bars);
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            check(&mut SmallRng::seed_from_u64(seed), &mut bars)
+                        });
+                        if let Err(p) = std::panic::catch_unwind(run) {
+                            println!("{test}: PINNABLE_TEST_SEED={seed} panicked");
+                            std::panic::resume_unwind(p);
+                        }
                         v.extend(bars.record.into_iter().flatten().map(|m| (seed, m)));
                     }
                 })
