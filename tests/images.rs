@@ -9,9 +9,9 @@ use pinnable::formats::image::{Decoder, Image, ImageBatcher, ImageFolder, Transf
 use pinnable::loader::{Dataset, Loader};
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::images::{self, Jpeg};
-use pinnable_harness::{hostile, rng};
-use rand::Rng;
+use pinnable_harness::{Bars, hostile, rng, sweep};
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use zune_png::zune_core::bytestream::ZCursor;
 use zune_png::zune_core::colorspace::ColorSpace;
 use zune_png::zune_core::result::DecodingResult;
@@ -89,9 +89,9 @@ fn second_png(bytes: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn jpeg_pixels_match_a_second_decoder_and_the_source() {
-    let mut r = rng("jpeg_pixels_match_a_second_decoder_and_the_source");
+/// Our JPEG pixels against jpeg-decoder's and the source picture's, each difference held to
+/// its bar.
+fn jpeg_pixels(r: &mut SmallRng, bars: &mut Bars) {
     for (w, h) in [
         (1, 1),
         (17, 9),
@@ -99,54 +99,98 @@ fn jpeg_pixels_match_a_second_decoder_and_the_source() {
         (64, 48),
         (r.random_range(8..90), r.random_range(8..90)),
     ] {
-        let rgb = images::picture(&mut r, w, h, 4.0);
+        let rgb = images::picture(r, w, h, 4.0);
         for kind in [Jpeg::Full, Jpeg::Baseline, Jpeg::Progressive] {
             let q = r.random_range(80..=95);
             let file = images::jpeg(&rgb, w, h, q, kind, None);
             let ours = decode(&file).unwrap();
             assert_eq!((ours.width(), ours.height()), (w, h));
             let (mean, max, share) = differences(ours.pixels(), &second_jpeg(&file), 8);
+            let case = format!("{kind:?} {w}x{h} q{q}");
             // Both decoders compute the inverse DCT in integers their own way; with 4:2:0
             // chroma they also interpolate the colour planes their own way.
             if kind == Jpeg::Full {
-                assert!(
-                    mean < 0.6 && max <= 4,
-                    "{kind:?} {w}x{h} q{q}: mean {mean:.2}, max {max}"
-                );
-            } else {
+                bars.at_most("4:4:4 mean against jpeg-decoder", mean, 0.4, &case);
+                bars.at_most("4:4:4 max against jpeg-decoder", f64::from(max), 4.0, &case);
+            } else if w.min(h) < 32 {
                 // Where a picture is a few blocks across, most pixels are near an edge of the
                 // halved chroma planes, which the two decoders interpolate differently.
-                let (mean_max, share_max) = if w.min(h) < 32 {
-                    (2.5, 0.08)
-                } else {
-                    (1.5, 0.03)
-                };
-                assert!(
-                    mean < mean_max && share < share_max,
-                    "{kind:?} {w}x{h} q{q}: mean {mean:.2}, {:.2}% over 8",
-                    share * 100.0
-                );
+                bars.at_most("4:2:0 mean against jpeg-decoder, < 32 px", mean, 0.5, &case);
+                bars.at_most("4:2:0 share over 8, < 32 px", share, 0.01, &case);
+            } else {
+                bars.at_most("4:2:0 mean against jpeg-decoder", mean, 1.2, &case);
+                bars.at_most("4:2:0 share over 8", share, 0.04, &case);
             }
         }
         // And the pixels are the picture's, within what JPEG at quality 95 changes (at full
-        // chroma resolution: halving it loses more at the pictures' sharp edges).
+        // chroma resolution: halving it loses more at the pictures' colour edges).
         for kind in [Jpeg::Full, Jpeg::Progressive] {
             let file = images::jpeg(&rgb, w, h, 95, kind, None);
             let (mean, _, _) = differences(decode(&file).unwrap().pixels(), &rgb, 255);
-            let limit = if kind == Jpeg::Full { 6.0 } else { 16.0 };
-            assert!(
-                mean < limit,
-                "{kind:?} {w}x{h} q95: {mean:.2} from the source on average"
-            );
+            let case = format!("{kind:?} {w}x{h} q95");
+            if kind == Jpeg::Full {
+                bars.at_most("4:4:4 q95 mean from the source", mean, 5.0, case);
+            } else if w.min(h) >= 32 {
+                // Under 32 pixels, where the shapes' colour edges are most of the picture,
+                // halving the chroma loses 0 to 38 on average (1000 seeds): the encoder's loss,
+                // not the decoder's, which the comparison with jpeg-decoder checks there.
+                bars.at_most("4:2:0 q95 mean from the source", mean, 16.0, case);
+            }
         }
     }
 }
 
+// The bars, from `sweep_jpeg_pixels` over 6000 seeds (three sweeps, 2026-11-28; 30000 values
+// each but the size-split ones, about 15000): the worst value found, then the bar.
+// - 4:4:4 against jpeg-decoder: mean 0.333 (a 1×1 picture, one value off by one; 0.1% 0.13),
+//   bar 0.4; max 3, bar 4.
+// - 4:2:0 against jpeg-decoder (chroma interpolated each its own way, so a long tail where a
+//   picture is dense in colour edges): mean 0.717 (0.1% 0.54), bar 1.2; share over 8 0.0187
+//   (0.1% 0.009), bar 0.04. Under 32 pixels (jpeg-decoder decodes those for us): mean 0.333
+//   (a 1×1 picture; 0.1% 0), bar 0.5; share over 8 0, bar 0.01.
+// - From the source at q95: 4:4:4 mean 3.52 (0.1% 3.25), bar 5; 4:2:0 from 32 pixels 13.2
+//   (0.1% 11.1; a long tail at 32 to 40 pixels), bar 16.
+// What a real defect gives on these pictures (the same 1000 seeds): red off by 2 adds 0.67 to
+// a mean; a picture one pixel off gives a mean of 2.8 to 22 and 3 to 60 % of values over 8; red
+// and blue swapped, a mean of 20 to 100.
+const WORST_PIXELS: &[u64] = &[
+    145_944_625_574_592_297,
+    5_505_242_957_359_515_725,
+    2_186_939_337_698_183_494,
+    9_420_600_782_493_859_280,
+    2_947_368_239_393_860_547,
+    15_049_615_930_953_273_761,
+    2_792_790_961_368_732_088,
+    14_135_670_876_684_027_029,
+    11_409_870_725_634_397_955,
+    5_386_680_590_825_232_281,
+    5_096_993_099_337_736_299,
+];
+
 #[test]
-fn gray_cmyk_and_ycck_jpegs_come_out_rgb() {
-    let mut r = rng("gray_cmyk_and_ycck_jpegs_come_out_rgb");
+fn jpeg_pixels_match_a_second_decoder_and_the_source() {
+    let test = "jpeg_pixels_match_a_second_decoder_and_the_source";
+    jpeg_pixels(&mut rng(test), &mut Bars::checked());
+}
+
+#[test]
+fn jpeg_pixels_at_the_worst_seeds_found() {
+    for &seed in WORST_PIXELS {
+        jpeg_pixels(&mut SmallRng::seed_from_u64(seed), &mut Bars::checked());
+    }
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_jpeg_pixels() {
+    sweep("jpeg_pixels", jpeg_pixels);
+}
+
+/// Gray, CMYK and YCCK JPEGs against a second decoder and the source, each difference held to
+/// its bar; the CMYK file.
+fn gray_cmyk_ycck(r: &mut SmallRng, bars: &mut Bars) -> Vec<u8> {
     let (w, h) = (r.random_range(16..80), r.random_range(16..80));
-    let rgb = images::picture(&mut r, w, h, 3.0);
+    let rgb = images::picture(r, w, h, 3.0);
     let gray = images::jpeg(&rgb, w, h, 95, Jpeg::Gray, None);
     let ours = decode(&gray).unwrap();
     assert!(
@@ -155,25 +199,59 @@ fn gray_cmyk_and_ycck_jpegs_come_out_rgb() {
             .all(|p| p[0] == p[1] && p[1] == p[2]),
         "gray is R = G = B"
     );
+    let case = format!("{w}x{h}");
     let (mean, max, _) = differences(ours.pixels(), &second_jpeg(&gray), 255);
-    assert!(
-        mean < 0.6 && max <= 4,
-        "gray against jpeg-decoder: mean {mean:.2}, max {max}"
-    );
+    bars.at_most("gray mean against jpeg-decoder", mean, 0.15, &case);
+    bars.at_most("gray max against jpeg-decoder", f64::from(max), 2.0, &case);
     let luma: Vec<u8> = images::luma(&rgb).iter().flat_map(|&v| [v; 3]).collect();
     let (mean, _, _) = differences(ours.pixels(), &luma, 255);
-    assert!(
-        mean < 4.0,
-        "gray against the picture's luma: mean {mean:.2}"
-    );
+    bars.at_most("gray mean against the picture's luma", mean, 2.5, &case);
     let cmyk = images::jpeg(&rgb, w, h, 95, Jpeg::Cmyk, None);
     let (mean, _, _) = differences(decode(&cmyk).unwrap().pixels(), &rgb, 255);
-    assert!(mean < 6.0, "CMYK against the RGB picture: mean {mean:.2}");
+    bars.at_most("CMYK mean against the RGB picture", mean, 3.0, &case);
     // YCCK at 4:2:0: against the same file in YCbCr at 4:2:0.
     let ycck = decode(&images::jpeg(&rgb, w, h, 95, Jpeg::Ycck, None)).unwrap();
     let ycbcr = decode(&images::jpeg(&rgb, w, h, 95, Jpeg::Baseline, None)).unwrap();
     let (mean, _, _) = differences(ycck.pixels(), ycbcr.pixels(), 255);
-    assert!(mean < 3.0, "YCCK against YCbCr: mean {mean:.2}");
+    bars.at_most("YCCK mean against YCbCr", mean, 2.5, &case);
+    cmyk
+}
+
+// The bars, from `sweep_gray_cmyk_ycck` over 6000 seeds (three sweeps, 2026-11-28): the worst
+// value found, then the bar. Gray against jpeg-decoder: mean 0.056, bar 0.15; max 1, bar 2.
+// Gray against the picture's luma: 1.58 (0.1% 1.50), bar 2.5. CMYK against the picture: 2.14
+// (0.1% 2.09), bar 3 (a channel off by 2 adds 0.67, one pixel off 2.8 or more). YCCK against
+// the same picture in YCbCr: 1.47 (0.1% 1.16), bar 2.5 (YCCK read as CMYK gives tens).
+const WORST_GRAY_CMYK_YCCK: &[u64] = &[
+    14_774_087_443_579_783_462,
+    9_989_831_708_702_926_921,
+    13_781_673_533_833_767_624,
+    1_058_318_307_829_980_127,
+    11_435_537_839_680_858_149,
+    445_881_008_094_007_734,
+    15_867_061_902_233_985_982,
+    2_998_396_122_586_599_377,
+];
+
+#[test]
+fn gray_cmyk_and_ycck_jpegs_at_the_worst_seeds_found() {
+    for &seed in WORST_GRAY_CMYK_YCCK {
+        gray_cmyk_ycck(&mut SmallRng::seed_from_u64(seed), &mut Bars::checked());
+    }
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_gray_cmyk_ycck() {
+    sweep("gray_cmyk_ycck", |r, bars| {
+        gray_cmyk_ycck(r, bars);
+    });
+}
+
+#[test]
+fn gray_cmyk_and_ycck_jpegs_come_out_rgb() {
+    let mut r = rng("gray_cmyk_and_ycck_jpegs_come_out_rgb");
+    let cmyk = gray_cmyk_ycck(&mut r, &mut Bars::checked());
     // CMYK with only its key plane at full resolution would come out in wrong colours: it is
     // refused, naming the reason.
     let mut odd = cmyk.clone();
@@ -305,11 +383,11 @@ fn store(o: u16, upright: &[u8], w: usize, h: usize) -> (Vec<u8>, usize, usize) 
     (stored, sw, sh)
 }
 
-#[test]
-fn exif_orientation_turns_pngs_and_jpegs_upright() {
-    let mut r = rng("exif_orientation_turns_pngs_and_jpegs_upright");
+/// Pictures stored in each EXIF orientation come out upright: PNGs exactly, JPEGs within
+/// their bar.
+fn exif_upright(r: &mut SmallRng, bars: &mut Bars) {
     let (w, h) = (r.random_range(9..40), r.random_range(9..40));
-    let upright = images::picture(&mut r, w, h, 0.0);
+    let upright = images::picture(r, w, h, 0.0);
     for o in 1..=8u16 {
         let (stored, sw, sh) = store(o, &upright, w, h);
         let exif = images::exif_orientation(o);
@@ -341,11 +419,32 @@ fn exif_orientation_turns_pngs_and_jpegs_upright() {
             "jpeg, orientation {o}"
         );
         let (mean, _, _) = differences(ours.pixels(), &upright, 255);
-        assert!(
-            mean < 3.0,
-            "jpeg, orientation {o}: {mean:.2} from upright on average"
-        );
+        let case = format!("orientation {o}, {w}x{h}");
+        bars.at_most("q100 4:4:4 mean from upright", mean, 1.2, case);
     }
+}
+
+#[test]
+fn exif_orientation_turns_pngs_and_jpegs_upright() {
+    let test = "exif_orientation_turns_pngs_and_jpegs_upright";
+    exif_upright(&mut rng(test), &mut Bars::checked());
+}
+
+/// The JPEG bar, from `sweep_exif_upright` over 6000 seeds (three sweeps, 2026-11-28, 48000
+/// values): the mean from upright at q100, 4:4:4, was at most 0.727 (0.1% 0.65); the bar is
+/// 1.2 (a picture turned wrong, or one pixel off, gives 2.8 or more). The worst seed found.
+#[test]
+fn exif_orientation_at_the_worst_seed_found() {
+    exif_upright(
+        &mut SmallRng::seed_from_u64(13_567_495_764_524_699_337),
+        &mut Bars::checked(),
+    );
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_exif_upright() {
+    sweep("exif_upright", exif_upright);
 }
 
 #[test]
@@ -772,4 +871,64 @@ fn small_jpegs_match_libjpeg_turbo_s_decode_by_pillow() {
         }
     }
     assert!(report.is_empty(), "over 3 from libjpeg-turbo: {report:?}");
+}
+
+/// Our 4:2:0 pixels against jpeg-decoder's (which upsamples chroma as libjpeg does) as a
+/// device batch test sees them: a random crop to 32 × 32 of pictures 40 to 240 pixels across,
+/// PSNR image by image; and apart, the difference on the picture's last column and row.
+fn against_libjpeg_cropped(r: &mut SmallRng, bars: &mut Bars) {
+    let t = Transform::random_resized_crop(32).flip(0.5);
+    for i in 0..40 {
+        let (w, h) = (40 + r.random_range(0..200), 40 + r.random_range(0..200));
+        let rgb = images::picture(r, w, h, 6.0);
+        let kind = [Jpeg::Baseline, Jpeg::Progressive][i % 2];
+        let file = images::jpeg(&rgb, w, h, 85, kind, None);
+        let (ours, theirs) = (decode(&file).unwrap(), second_jpeg(&file));
+        let case = format!("{kind:?} {w}x{h}");
+        let last = |k: usize| k / 3 % w == w - 1 || k / 3 / w == h - 1;
+        let rms = |on_last: bool| {
+            let d: Vec<f64> = (0..theirs.len())
+                .filter(|&k| last(k) == on_last)
+                .map(|k| f64::from(ours.pixels()[k].abs_diff(theirs[k])).powi(2))
+                .collect();
+            (d.iter().sum::<f64>() / d.len().max(1) as f64).sqrt()
+        };
+        bars.at_most("RMS difference inside", rms(false), 1.5, &case);
+        bars.at_most(
+            "RMS difference on the last column and row",
+            rms(true),
+            1.5,
+            &case,
+        );
+        let theirs = Image::from_rgb(w, h, theirs).unwrap();
+        let k = r.random::<u64>();
+        let crop = |im: &Image| {
+            let x = t.apply(im, pinnable::loader::SplitMix64::new(k)).unwrap();
+            x.to_vec::<u8>().unwrap()
+        };
+        let (a, b) = (crop(&ours), crop(&theirs));
+        let mse = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+            .sum::<f64>()
+            / a.len() as f64;
+        let psnr = 10.0 * (255.0f64.powi(2) / mse).log10();
+        bars.at_least("PSNR of a random crop to 32, dB", psnr, 40.0, &case);
+    }
+}
+
+/// Where the device tests' low PSNR comes from, found on the host: zune-jpeg interpolates the
+/// last column (even widths) and row (even heights) of a halved chroma plane with the
+/// encoder's padding, where libjpeg (and jpeg-decoder) repeat the plane's last sample (see
+/// `Decoder::jpeg`). Over 1000 seeds (2026-11-28, 40 pictures each): inside, the RMS
+/// difference was at most 0.79; on the last column and row it reached 21.4 (1% over 7.5, 15%
+/// over 1.5), and a crop holding that line, scaled up, fell to 36.0 dB (8 crops of 40000
+/// under 40 dB: 0.8% of 40-picture batches), as a device batch test once did (39.4 dB, a
+/// baseline 86×50). With the last line taken from jpeg-decoder, no crop was under 50.1 dB. A
+/// sweep, not a test, until the host decoder's last line is libjpeg's.
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_against_libjpeg_cropped() {
+    sweep("against_libjpeg_cropped", against_libjpeg_cropped);
 }

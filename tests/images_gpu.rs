@@ -15,9 +15,9 @@ use pinnable::formats::image::{
 use pinnable::loader::{Batcher, Collator, Dataset, Loader};
 use pinnable::{DType, Device, PinnedPool, PoolConfig, Tensor, ToDevice};
 use pinnable_harness::images::{self, Jpeg};
-use pinnable_harness::{assert_drained, cuda_or_skip, gpu_required, rng};
-use rand::Rng;
+use pinnable_harness::{Bars, assert_drained, cuda_or_skip, gpu_required, rng, sweep};
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// A folder of its own under the system's temporary folder, removed when dropped.
 /// One test at a time: the leak check reads the device's free memory, which the other tests'
@@ -233,58 +233,179 @@ fn psnr(a: &[f64], b: &[f64]) -> f64 {
     10.0 * (255.0f64.powi(2) / mse).log10()
 }
 
-/// Decodes every kind through each decoder and compares with the host path, image by image.
-fn every_kind(test: &str, transform: Transform) {
-    let Some(device) = cuda_or_skip(test) else {
-        return;
+/// Where an image of `width` columns (planes of channels, rows, columns) differs most: the
+/// largest difference and its place, and the shares of the squared error in the worst column
+/// and the worst row (an edge of the crop, or a band through it, shows here).
+fn worst_place(a: &[f64], b: &[f64], width: usize) -> String {
+    let height = a.len() / 3 / width;
+    let (mut cols, mut rows) = (vec![0.0; width], vec![0.0; height]);
+    let (mut max, mut at) = (0.0f64, 0);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        cols[i % width] += d * d;
+        rows[(i / width) % height] += d * d;
+        if d > max {
+            (max, at) = (d, i);
+        }
+    }
+    let total = cols.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let share = |v: &[f64]| {
+        let (k, e) = v
+            .iter()
+            .enumerate()
+            .fold((0, 0.0), |m, (k, &e)| if e > m.1 { (k, e) } else { m });
+        format!("{k} ({:.0}%)", 100.0 * e / total)
     };
-    let mut r = rng(test);
-    let dir = TempDir::new(&mut r, test);
-    let files = kinds(&mut r);
-    let folder = write_files(&dir.0, &files).transform(transform);
+    format!(
+        "largest difference {max:.0} at ({}, {}) channel {}; worst column {}, worst row {} of \
+         {width}×{height}",
+        at % width,
+        (at / width) % height,
+        at / (width * height),
+        share(&cols),
+        share(&rows)
+    )
+}
+
+/// The least PSNR a device decoder's image may have against the host decoder's.
+const PSNR_BAR: f64 = 40.0;
+
+/// Decodes every kind through each decoder and compares with the host path, image by image
+/// (the batch's images `out` = (width, height)).
+fn every_kind(
+    device: &Device,
+    test: &str,
+    transform: &Transform,
+    out: (usize, usize),
+    r: &mut SmallRng,
+    bars: &mut Bars,
+) {
+    let dir = TempDir::new(r, test);
+    let files = kinds(r);
+    let folder = write_files(&dir.0, &files).transform(transform.clone());
     let pool = PinnedPool::new(PoolConfig::default());
     let all = 0..files.len();
     let (host, host_labels) = run(&ImageBatcher, samples(&folder, all.clone()), &pool).unwrap();
     let per = host.len() / files.len();
-    let mut failures = Vec::new();
-    for decoder in decoders(&device, test) {
-        let batcher = DeviceImageBatcher::new(&device).decoder(decoder);
-        let (dev, labels) = match run(&batcher, samples(&folder, all.clone()), &pool) {
-            Ok(v) => v,
-            Err(e) => {
-                failures.push(format!("{decoder:?}: the batch failed: {e}"));
-                continue;
-            }
-        };
+    for decoder in decoders(device, test) {
+        let batcher = DeviceImageBatcher::new(device).decoder(decoder);
+        let (dev, labels) = run(&batcher, samples(&folder, all.clone()), &pool)
+            .unwrap_or_else(|e| panic!("{test}: {decoder:?}: the batch failed: {e}"));
         assert_eq!(labels, host_labels);
-        for (i, (kind, _)) in files.iter().enumerate() {
-            let p = psnr(&dev[i * per..][..per], &host[i * per..][..per]);
-            println!("{test}: {decoder:?} {kind}: PSNR {p:.1} dB");
-            if p < 40.0 {
-                failures.push(format!("{decoder:?} {kind}: PSNR {p:.1} dB < 40"));
+        let psnrs: Vec<f64> = (0..files.len())
+            .map(|i| psnr(&dev[i * per..][..per], &host[i * per..][..per]))
+            .collect();
+        for ((kind, _), p) in files.iter().zip(&psnrs) {
+            if !bars.in_sweep() {
+                println!("{test}: {decoder:?} {kind}: PSNR {p:.1} dB");
             }
         }
+        for (i, ((kind, _), &p)) in files.iter().zip(&psnrs).enumerate() {
+            let (d, h) = (&dev[i * per..][..per], &host[i * per..][..per]);
+            let case = format_args!("{decoder:?} {kind}: {}", worst_place(d, h, out.0));
+            bars.at_least("PSNR of each kind, dB", p, PSNR_BAR, case);
+        }
     }
-    assert!(failures.is_empty(), "{test}: {failures:#?}");
     drop(folder);
     pool.empty_cache();
     assert_drained(&pool);
 }
 
+/// The every-kind tests' transforms and their images' size.
+fn kinds_u8() -> (Transform, (usize, usize)) {
+    (Transform::resized_center_crop(72, 64), (72, 64))
+}
+
+fn kinds_f32() -> (Transform, (usize, usize)) {
+    let t = Transform::random_resized_crop(48)
+        .flip(0.5)
+        .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
+        .unwrap();
+    (t, (48, 48))
+}
+
 #[test]
 fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_u8() {
     let _serial = one_at_a_time();
-    every_kind("every_kind_u8", Transform::resized_center_crop(72, 64));
+    let test = "every_kind_u8";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let (t, out) = kinds_u8();
+    every_kind(&device, test, &t, out, &mut rng(test), &mut Bars::checked());
 }
 
 #[test]
 fn every_jpeg_kind_decodes_on_the_device_within_40_db_of_the_host_f32_random_crops() {
     let _serial = one_at_a_time();
-    let t = Transform::random_resized_crop(48)
-        .flip(0.5)
-        .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)
-        .unwrap();
-    every_kind("every_kind_f32", t);
+    let test = "every_kind_f32";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    let (t, out) = kinds_f32();
+    every_kind(&device, test, &t, out, &mut rng(test), &mut Bars::checked());
+}
+
+/// The PSNR bars over many seeds on the device: `PINNABLE_TEST_SWEEP=1000` and `--ignored
+/// sweep_device_psnr` print each bar's distribution (one test a batch test, to run apart).
+fn sweep_on_device(test: &str, check: impl Fn(&Device, &mut SmallRng, &mut Bars) + Sync) {
+    let _serial = one_at_a_time();
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    sweep(test, |r, bars| check(&device, r, bars));
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_mixed() {
+    sweep_on_device("sweep_device_psnr_mixed", mixed);
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_tar() {
+    sweep_on_device("sweep_device_psnr_tar", tar_members);
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_every_kind_u8() {
+    let (t, out) = kinds_u8();
+    sweep_on_device("sweep_device_psnr_every_kind_u8", |d, r, bars| {
+        every_kind(d, "sweep_u8", &t, out, r, bars);
+    });
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_device_psnr_every_kind_f32() {
+    let (t, out) = kinds_f32();
+    sweep_on_device("sweep_device_psnr_every_kind_f32", |d, r, bars| {
+        every_kind(d, "sweep_f32", &t, out, r, bars);
+    });
+}
+
+/// The seeds of the least PSNR the sweeps found, kept as fixed cases.
+const WORST_SEEDS: &[u64] = &[];
+
+#[test]
+fn the_device_psnr_holds_at_the_worst_seeds_found() {
+    let _serial = one_at_a_time();
+    let test = "worst_seeds";
+    let Some(device) = cuda_or_skip(test) else {
+        return;
+    };
+    for &seed in WORST_SEEDS {
+        println!("{test}: PINNABLE_TEST_SEED={seed}");
+        let r = || SmallRng::seed_from_u64(seed);
+        mixed(&device, &mut r(), &mut Bars::checked());
+        tar_members(&device, &mut r(), &mut Bars::checked());
+        let (t, out) = kinds_u8();
+        every_kind(&device, test, &t, out, &mut r(), &mut Bars::checked());
+        let (t, out) = kinds_f32();
+        every_kind(&device, test, &t, out, &mut r(), &mut Bars::checked());
+    }
 }
 
 #[test]
@@ -294,12 +415,17 @@ fn a_batch_mixing_decoders_matches_the_host_batch() {
     let Some(device) = cuda_or_skip(test) else {
         return;
     };
-    let mut r = rng(test);
-    let dir = TempDir::new(&mut r, test);
+    mixed(&device, &mut rng(test), &mut Bars::checked());
+}
+
+/// A batch of 40 JPEGs of random sizes and kinds and a PNG, random crops, on the device with
+/// and without a host share, against the host batch image by image.
+fn mixed(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
+    let dir = TempDir::new(r, "mixed");
     let mut files = Vec::new();
     for i in 0..40 {
         let (w, h) = (40 + r.random_range(0..200), 40 + r.random_range(0..200));
-        let pic = images::picture(&mut r, w, h, 6.0);
+        let pic = images::picture(r, w, h, 6.0);
         let kind = [
             Jpeg::Baseline,
             Jpeg::Progressive,
@@ -312,7 +438,7 @@ fn a_batch_mixing_decoders_matches_the_host_batch() {
             images::jpeg(&pic, w, h, 85, kind, None),
         ));
     }
-    let pic = images::picture(&mut r, 50, 60, 6.0);
+    let pic = images::picture(r, 50, 60, 6.0);
     files.push((
         "PNG (host)".into(),
         images::png(
@@ -339,16 +465,17 @@ fn a_batch_mixing_decoders_matches_the_host_batch() {
     let (host, host_labels) = run(&ImageBatcher, samples(&folder, order.clone()), &pool).unwrap();
     let per = host.len() / files.len();
     for share in [0.0, 0.3] {
-        let batcher = DeviceImageBatcher::new(&device).cpu_share(share);
+        let batcher = DeviceImageBatcher::new(device).cpu_share(share);
         let (dev, labels) = run(&batcher, samples(&folder, order.clone()), &pool).unwrap();
         assert_eq!(labels, host_labels, "the batch keeps its order");
         for (pos, &i) in order.iter().enumerate() {
-            let p = psnr(&dev[pos * per..][..per], &host[pos * per..][..per]);
-            assert!(
-                p >= 40.0,
-                "{}, host share {share}: PSNR {p:.1} dB",
-                files[i].0
+            let (d, h) = (&dev[pos * per..][..per], &host[pos * per..][..per]);
+            let case = format_args!(
+                "{}, host share {share}: {}",
+                files[i].0,
+                worst_place(d, h, 32)
             );
+            bars.at_least("PSNR of each image, dB", psnr(d, h), PSNR_BAR, case);
         }
     }
     drop(folder);
@@ -420,7 +547,7 @@ fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
             let (host, _) = run(&ImageBatcher, samples(&folder, next), &pool).unwrap();
             let p = psnr(&dev, &host);
             assert!(
-                p >= 40.0,
+                p >= PSNR_BAR,
                 "{decoder:?}: the batch after the error: PSNR {p:.1} dB"
             );
         }
@@ -489,7 +616,7 @@ fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_lef
                 .collect();
             let want: Vec<f64> = host[k].0.iter().copied().map(f64::from).collect();
             let p = psnr(&got, &want);
-            assert!(p >= 40.0, "round {round}, batch {k}: PSNR {p:.1} dB");
+            assert!(p >= PSNR_BAR, "round {round}, batch {k}: PSNR {p:.1} dB");
             n += 1;
         }
         assert_eq!(n, host.len());
@@ -555,20 +682,26 @@ fn the_device_tests_files_decode_on_the_host() {
 #[test]
 fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
     let _serial = one_at_a_time();
-    use pinnable::formats::tar::{TarImageBatcher, TarShards};
-    use pinnable_harness::tar::shard;
-
     let test = "tar";
     let Some(device) = cuda_or_skip(test) else {
         return;
     };
-    let mut r = rng(test);
-    let dir = TempDir::new(&mut r, test);
+    tar_members(&device, &mut rng(test), &mut Bars::checked());
+}
+
+/// 24 JPEGs of random sizes and kinds in a tar shard, decoded on the device and as files on
+/// the host, batch by batch.
+fn tar_members(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
+    use pinnable::formats::tar::{TarImageBatcher, TarShards};
+    use pinnable_harness::tar::shard;
+
+    let test = "tar";
+    let dir = TempDir::new(r, test);
     let mut files = Vec::new();
     let mut members = Vec::new();
     for i in 0..24 {
         let (w, h) = (r.random_range(40..200), r.random_range(40..200));
-        let pic = images::picture(&mut r, w, h, 6.0);
+        let pic = images::picture(r, w, h, 6.0);
         let kind = [Jpeg::Baseline, Jpeg::Progressive, Jpeg::Gray, Jpeg::Cmyk][i % 4];
         let bytes = images::jpeg(&pic, w, h, 90, kind, None);
         let label = r.random_range(0..100i64);
@@ -596,7 +729,7 @@ fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
         .map(|b| b.unwrap())
         .collect();
     let shards = TarShards::open([tar.to_str().unwrap()]).unwrap();
-    let batcher = TarImageBatcher::new(transform).on_device(DeviceImageBatcher::new(&device));
+    let batcher = TarImageBatcher::new(transform).on_device(DeviceImageBatcher::new(device));
     let got: Vec<(Tensor, Tensor)> = Loader::builder(shards)
         .batch_size(8)
         .workers(2)
@@ -607,7 +740,7 @@ fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
         .collect();
     assert_eq!(got.len(), host.len());
     for (k, ((gx, gy), (hx, hy))) in got.iter().zip(&host).enumerate() {
-        assert_eq!(gx.device(), device);
+        assert_eq!(&gx.device(), device);
         let gy = gy.to_cpu(false).unwrap().to_vec::<i64>().unwrap();
         assert_eq!(gy, hy.to_vec::<i64>().unwrap(), "batch {k}: labels");
         let g: Vec<f64> = gx
@@ -625,7 +758,10 @@ fn tar_members_decode_on_the_device_as_their_files_do_on_the_host() {
             .map(f64::from)
             .collect();
         let p = psnr(&g, &h);
-        println!("{test}: batch {k}: PSNR {p:.1} dB");
-        assert!(p >= 40.0, "batch {k}: PSNR {p:.1} dB");
+        if !bars.in_sweep() {
+            println!("{test}: batch {k}: PSNR {p:.1} dB");
+        }
+        let case = format_args!("batch {k}: {}", worst_place(&g, &h, 40));
+        bars.at_least("PSNR of each batch of 8, dB", p, PSNR_BAR, case);
     }
 }

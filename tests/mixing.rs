@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use pinnable::loader::{Collator, Dataset, Loader, Mix, Stack, Stop, TensorRows};
 use pinnable::{Error, Placement, Tensor, ToDevice};
-use pinnable_harness::{cuda_or_skip, rng};
-use rand::Rng;
+use pinnable_harness::{Bars, cuda_or_skip, rng, sweep};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Source `s`'s samples are `s * 1_000_000 + i`: a sample names its source and index.
 fn source(s: usize, len: usize) -> Vec<i64> {
@@ -35,9 +36,32 @@ fn collect(loader: &Loader<Mix<Vec<i64>>, Ints>, epoch: u64) -> Vec<Vec<i64>> {
 }
 
 #[test]
-fn per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples() {
-    let mut r =
-        rng("per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples");
+fn per_sample_draws_keep_each_share_within_three_tenths_of_a_percent() {
+    let test = "per_sample_draws_keep_each_share_within_three_tenths_of_a_percent";
+    mix_shares(&mut rng(test), &mut Bars::checked());
+}
+
+/// The bar, from `sweep_per_sample_shares` over 1000 seeds (2026-11-28, 3447 shares): a
+/// share was at most 0.0015 from its weight's (0.1% 0.0014, median 0.0003), as independent
+/// draws give (a binomial's standard deviation over 10^6 draws is at most 0.0005). The bar,
+/// 0.003, is six of those: a source drawn 0.3% too often or too rarely crosses it. The worst
+/// seeds found, kept.
+#[test]
+fn per_sample_shares_at_the_worst_seeds_found() {
+    for seed in [10_079_921_081_566_494_406, 18_405_200_023_706_498_954] {
+        mix_shares(&mut SmallRng::seed_from_u64(seed), &mut Bars::checked());
+    }
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_per_sample_shares() {
+    sweep("per_sample_shares", mix_shares);
+}
+
+/// A weighted mix of 2 to 5 sources over 10^6 per-sample draws: each source's share against
+/// its weight's; and forever, each epoch's counts exact.
+fn mix_shares(r: &mut SmallRng, bars: &mut Bars) {
     let k = r.random_range(2..6);
     let weights: Vec<f64> = (0..k).map(|_| r.random_range(0.05..1.0)).collect();
     let sum: f64 = weights.iter().sum();
@@ -70,10 +94,15 @@ fn per_sample_draws_keep_each_share_within_half_a_percent_over_a_million_samples
     };
     for (s, (&c, &w)) in shares(&mix).iter().zip(&weights).enumerate() {
         let share = c as f64 / n as f64;
-        assert!(
-            (share - w / sum).abs() <= 0.005,
-            "source {s}: share {share:.5}, weight's {:.5}",
+        let case = format_args!(
+            "source {s} of {k}: share {share:.5}, weight's {:.5}",
             w / sum
+        );
+        bars.at_most(
+            "|share - weight's share|",
+            (share - w / sum).abs(),
+            0.003,
+            case,
         );
     }
     // Forever: each epoch holds each share exactly, rounded to whole samples.

@@ -11,8 +11,8 @@
 //!
 //! Inputs are mutations of the seeds (bit flips, boundary values, truncations, insertions,
 //! deletions, splices of two seeds, format tokens) and plain random bytes, from a seeded
-//! generator: a failure prints the seed and the input, and `PINNABLE_SEED=<seed>` replays the
-//! run. A run stops after its case count or its time, whichever comes first, so it fits in the
+//! generator: a failure prints the seed and the input, and `PINNABLE_TEST_SEED=<seed>` replays
+//! the run. A run stops after its case count or its time, whichever comes first, so it fits in the
 //! normal test run. Each case runs on a worker thread; a case that takes longer than the stall
 //! limit fails the test as a hang, naming its input.
 
@@ -77,8 +77,7 @@ impl Fuzz {
     /// When `check` fails or panics on an input, or takes longer than the stall limit: the
     /// message names the run's seed and the input.
     pub(crate) fn run(self, check: impl Fn(&[u8]) -> Result<(), String> + Send + 'static) {
-        let seed = run_seed();
-        println!("{}: PINNABLE_SEED={seed}", self.name);
+        let seed = crate::test_seed::seed(&self.name);
         let current = Arc::new(Mutex::new(Vec::new()));
         let done = Arc::new(AtomicU64::new(0));
         let (tx, rx) = std::sync::mpsc::channel::<Result<usize, String>>();
@@ -100,7 +99,7 @@ impl Fuzz {
                 };
                 if let Some(f) = failure {
                     let _ = tx.send(Err(format!(
-                        "{name}: case {n} (PINNABLE_SEED={seed}) got {f}; input {}",
+                        "{name}: case {n} (PINNABLE_TEST_SEED={seed}) got {f}; input {}",
                         show(&input)
                     )));
                     return;
@@ -120,7 +119,7 @@ impl Fuzz {
                 }
                 Ok(Err(failure)) => panic!("{failure}"),
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!("{name}: the fuzz worker died (PINNABLE_SEED={seed})")
+                    panic!("{name}: the fuzz worker died (PINNABLE_TEST_SEED={seed})")
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     let n = done.load(Ordering::Relaxed);
@@ -129,7 +128,7 @@ impl Fuzz {
                     } else if last.1.elapsed() > stall {
                         let input = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
                         panic!(
-                            "{name}: case {n} (PINNABLE_SEED={seed}) hangs; input {}",
+                            "{name}: case {n} (PINNABLE_TEST_SEED={seed}) hangs; input {}",
                             show(&input)
                         );
                     }
@@ -206,22 +205,6 @@ impl Fuzz {
     }
 }
 
-/// The run's seed (also for other tests' fresh random data): `PINNABLE_SEED`, or the clock
-/// (fixed under Miri, which has no clock or environment to read).
-pub(crate) fn run_seed() -> u64 {
-    if cfg!(miri) {
-        return 0x5EED;
-    }
-    std::env::var("PINNABLE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        })
-}
-
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -253,7 +236,7 @@ mod tests {
             message.contains("a panic: more than two bytes break it"),
             "{message}"
         );
-        assert!(message.contains("PINNABLE_SEED="), "{message}");
+        assert!(message.contains("PINNABLE_TEST_SEED="), "{message}");
     }
 
     #[test]

@@ -151,6 +151,8 @@ mod transfer;
 
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod test_seed;
 
 pub use alloc::{
     BackendChoice, BackendKind, Fence, PinnedBlock, PinnedPool, PoolConfig, PoolStats,

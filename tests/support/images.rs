@@ -100,7 +100,11 @@ pub fn jpeg(
     match kind {
         // Adobe's CMYK files keep every plane at full resolution.
         Jpeg::Full | Jpeg::Cmyk => e.set_sampling_factor(SamplingFactor::R_4_4_4),
-        Jpeg::Progressive => e.set_progressive(true),
+        Jpeg::Progressive => {
+            // The encoder's own default is 4:4:4 from quality 90 on.
+            e.set_progressive(true);
+            e.set_sampling_factor(SamplingFactor::R_4_2_0);
+        }
         _ => e.set_sampling_factor(SamplingFactor::R_4_2_0),
     }
     if let Some(exif) = exif {

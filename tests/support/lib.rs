@@ -1,5 +1,6 @@
-//! Shared helpers for pinnable's tests, examples and benches: fresh random data and the
-//! GPU-or-skip gate. Not published.
+//! Shared helpers for pinnable's tests, examples and benches: fresh random data (its seed
+//! printed, and rerun with `PINNABLE_TEST_SEED`), the sweep that measures a test's quality bars
+//! over many seeds, and the GPU-or-skip gate. Not published.
 
 pub mod bench;
 pub mod hostile;
@@ -13,25 +14,206 @@ pub mod samples;
 pub mod tar;
 pub mod tokens;
 
+use std::fmt::Display;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use pinnable::loader::SplitMix64;
 use pinnable::{DType, Device, Tensor};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-/// A fast RNG seeded from the clock (or `PINNABLE_SEED`), printing the seed so a failure can be
-/// replayed.
-pub fn rng(test: &str) -> SmallRng {
-    let seed = std::env::var("PINNABLE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
+/// The run's seed: `PINNABLE_TEST_SEED` (or its older name `PINNABLE_SEED`) when set, to rerun
+/// a failure, else the clock. Not printed: see [`seed`].
+pub fn run_seed() -> u64 {
+    ["PINNABLE_TEST_SEED", "PINNABLE_SEED"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
         .unwrap_or_else(|| {
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
+        })
+}
+
+/// The seed of `test`'s random inputs ([`run_seed`]), printed with the line that reruns it
+/// (the test harness shows it when the test fails).
+pub fn seed(test: &str) -> u64 {
+    let seed = run_seed();
+    println!("{test}: seed {seed} (rerun: PINNABLE_TEST_SEED={seed})");
+    seed
+}
+
+/// A fast RNG for `test`'s random inputs, from [`seed`] (printed, and rerun with
+/// `PINNABLE_TEST_SEED`).
+pub fn rng(test: &str) -> SmallRng {
+    SmallRng::seed_from_u64(seed(test))
+}
+
+/// A test's quality bars (a tolerance, a dB floor, a count): each value the test measures is
+/// held to its bar, failing at once in a test run, or recorded in a sweep ([`sweep`]) to
+/// measure the bar's distribution over many seeds.
+#[derive(Default)]
+pub struct Bars {
+    /// `Some` in a sweep: the values, not checked.
+    record: Option<Vec<Measured>>,
+}
+
+/// One measured value of a sweep.
+struct Measured {
+    bar: &'static str,
+    value: f64,
+    limit: f64,
+    at_most: bool,
+    case: String,
+}
+
+impl Bars {
+    /// Bars that fail the test when crossed.
+    pub fn checked() -> Bars {
+        Bars::default()
+    }
+
+    /// Whether these bars are a sweep's (which records values, checks nothing, and wants
+    /// little printed).
+    pub fn in_sweep(&self) -> bool {
+        self.record.is_some()
+    }
+
+    /// `value` must be at most `limit`; `case` names what was measured.
+    ///
+    /// # Panics
+    ///
+    /// Outside a sweep, when `value` is over `limit`.
+    pub fn at_most(&mut self, bar: &'static str, value: f64, limit: f64, case: impl Display) {
+        self.hold(bar, value, limit, true, case);
+    }
+
+    /// `value` must be at least `limit`; `case` names what was measured.
+    ///
+    /// # Panics
+    ///
+    /// Outside a sweep, when `value` is under `limit`.
+    pub fn at_least(&mut self, bar: &'static str, value: f64, limit: f64, case: impl Display) {
+        self.hold(bar, value, limit, false, case);
+    }
+
+    fn hold(
+        &mut self,
+        bar: &'static str,
+        value: f64,
+        limit: f64,
+        at_most: bool,
+        case: impl Display,
+    ) {
+        match &mut self.record {
+            Some(v) => v.push(Measured {
+                bar,
+                value,
+                limit,
+                at_most,
+                case: case.to_string(),
+            }),
+            None => {
+                let (ok, op) = if at_most {
+                    (value <= limit, "at most")
+                } else {
+                    (value >= limit, "at least")
+                };
+                assert!(ok, "{bar}: {value:.4}, not {op} {limit} ({case})");
+            }
+        }
+    }
+}
+
+/// Measures `test`'s bars over many seeds. With `PINNABLE_TEST_SWEEP=N`, runs `check` with N
+/// generators seeded as [`rng`] seeds them (the seeds drawn from `PINNABLE_TEST_SEED` or the
+/// clock), on every core, and prints for each bar the distribution of its values: the worst,
+/// the 0.1 % and 1 % quantiles on the failing side, the median and the best, how many crossed
+/// the bar, and the seed and case of the worst (rerun with `PINNABLE_TEST_SEED`). Without it,
+/// prints how to ask for one.
+pub fn sweep(test: &str, check: impl Fn(&mut SmallRng, &mut Bars) + Sync) {
+    let Some(n) = std::env::var("PINNABLE_TEST_SWEEP")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    else {
+        println!("{test}: set PINNABLE_TEST_SWEEP=N to measure its bars over N seeds");
+        return;
+    };
+    let first = run_seed();
+    let seeds: Vec<u64> = {
+        let mut g = SplitMix64::new(first);
+        (0..n).map(|_| g.next_u64()).collect()
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let got: Vec<(u64, Measured)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut v = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else { break v };
+                        let mut bars = Bars {
+                            record: Some(Vec::new()),
+                        };
+                        let run = std::panic::AssertUnwindSafe(|| {
+                            check(&mut SmallRng::seed_from_u64(seed), &mut bars)
+                        });
+                        if let Err(p) = std::panic::catch_unwind(run) {
+                            println!("{test}: PINNABLE_TEST_SEED={seed} panicked");
+                            std::panic::resume_unwind(p);
+                        }
+                        v.extend(bars.record.into_iter().flatten().map(|m| (seed, m)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a sweep worker panicked"))
+            .collect()
+    });
+    let mut names: Vec<&str> = got.iter().map(|(_, m)| m.bar).collect();
+    names.dedup();
+    names.sort_unstable();
+    names.dedup();
+    println!("{test}: {n} seeds (the first drawn from PINNABLE_TEST_SEED={first})");
+    for name in names {
+        // Worst first.
+        let mut v: Vec<&(u64, Measured)> = got.iter().filter(|(_, m)| m.bar == name).collect();
+        let at_most = v[0].1.at_most;
+        v.sort_by(|a, b| {
+            let o = a.1.value.total_cmp(&b.1.value);
+            if at_most { o.reverse() } else { o }
         });
-    println!("{test}: PINNABLE_SEED={seed}");
-    SmallRng::seed_from_u64(seed)
+        let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize].1.value;
+        let crossed = v
+            .iter()
+            .filter(|(_, m)| {
+                if at_most {
+                    m.value > m.limit
+                } else {
+                    m.value < m.limit
+                }
+            })
+            .count();
+        let (seed, worst) = v[0];
+        println!(
+            "  {name} ({} {}): {} values: worst {:.4}, 0.1% {:.4}, 1% {:.4}, median {:.4}, \
+             best {:.4}; {crossed} crossed; worst at PINNABLE_TEST_SEED={seed} ({})",
+            if at_most { "at most" } else { "at least" },
+            worst.limit,
+            v.len(),
+            worst.value,
+            q(0.001),
+            q(0.01),
+            q(0.5),
+            v[v.len() - 1].1.value,
+            worst.case
+        );
+    }
 }
 
 /// Whether `PINNABLE_REQUIRE_GPU=1` asks for skips to fail.

@@ -33,15 +33,11 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
-    /// For tests: a generator seeded from the clock; the seed is printed, named after `test`,
-    /// so a failure can be replayed.
+    /// For tests: a generator seeded from `PINNABLE_TEST_SEED` or the clock; the seed is
+    /// printed, named after `test`, with the line that reruns it.
     #[cfg(test)]
     pub(crate) fn for_test(test: &str) -> Self {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        println!("{test}: seed {seed}");
-        SplitMix64::new(seed)
+        SplitMix64::new(crate::test_seed::seed(test))
     }
 
     /// The generator for epoch `epoch` of a run seeded with `seed`: distinct epochs (and

@@ -238,9 +238,7 @@ fn random_u32s(rng: &mut crate::loader::SplitMix64, n: usize) -> (Vec<u32>, Vec<
 
 #[test]
 fn a_source_names_the_memory_buffer_and_bytes_a_move_reads() {
-    let seed = crate::fuzz::run_seed();
-    println!("seed {seed}");
-    let mut rng = crate::loader::SplitMix64::new(seed);
+    let mut rng = crate::loader::SplitMix64::for_test("a_source_names_the_memory");
     let (rows, cols) = (2 + rng.below(5) as usize, 2 + rng.below(6) as usize);
     let k = 1 + rng.below(cols as u64 - 1) as usize;
     let (values, _) = random_u32s(&mut rng, rows * cols);
@@ -280,9 +278,7 @@ fn a_source_names_the_memory_buffer_and_bytes_a_move_reads() {
 
 #[test]
 fn arena_results_share_a_storage_exactly_where_their_sources_do() {
-    let seed = crate::fuzz::run_seed();
-    println!("seed {seed}");
-    let mut rng = crate::loader::SplitMix64::new(seed);
+    let mut rng = crate::loader::SplitMix64::for_test("arena_results_share");
     let (rows, cols, m) = (
         2 + rng.below(6) as usize,
         2 + rng.below(6) as usize,

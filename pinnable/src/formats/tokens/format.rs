@@ -428,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_damaged_header_is_refused_not_read_as_raw_tokens() {
-        let mut r = SplitMix64::new(crate::fuzz::run_seed());
+        let mut r = SplitMix64::for_test("a_damaged_header");
         for _ in 0..200 {
             let tokens = 2 * (1 + r.below(500) as usize);
             // llm.c's magic off by a little, or any wrong magic with the right count.
@@ -502,7 +502,7 @@ mod tests {
     /// layout accepted lies within the file.
     #[test]
     fn arbitrary_bytes_are_errors_or_layouts_within_the_file() {
-        let mut r = SplitMix64::new(0x70CE);
+        let mut r = SplitMix64::for_test("arbitrary_bytes_are_errors_or_layouts");
         let formats = [
             ShardFormat::Auto,
             ShardFormat::Raw(DType::U16),

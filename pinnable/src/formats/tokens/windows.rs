@@ -424,7 +424,7 @@ mod tests {
     /// pinned block, or staged from mapped shards (read back by the gathers' host conversion).
     #[test]
     fn device_gathers_hold_what_the_host_path_writes() {
-        let mut r = SplitMix64::new(0x0007_0CE5);
+        let mut r = SplitMix64::for_test("device_gathers_hold_what_the_host_path_writes");
         let dir = std::env::temp_dir().join(format!("windows-gathers-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let paths: Vec<_> = (0..3)

@@ -72,10 +72,7 @@ fn markers_the_decoder_skips_by_length_hide_what_they_hold() {
 
 #[test]
 fn debug_shows_the_size_not_the_pixels() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    let mut rng = crate::loader::SplitMix64::new(seed);
+    let mut rng = crate::loader::SplitMix64::for_test("debug_shows_the_size");
     let (w, h) = (1 + rng.below(300) as usize, 1 + rng.below(300) as usize);
     let pixels: Vec<u8> = (0..w * h * 3).map(|_| rng.next_u64() as u8).collect();
     let image = Image::from_rgb(w, h, pixels).unwrap();
@@ -101,10 +98,7 @@ fn a_frame_s_blocks_count_each_component_at_its_own_resolution() {
         }
         f
     };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(5, |d| d.as_nanos() as u64);
-    let mut rng = crate::loader::SplitMix64::new(seed);
+    let mut rng = crate::loader::SplitMix64::for_test("a_frame_s_blocks");
     for _ in 0..200 {
         let (w, h) = (1 + rng.below(65535), 1 + rng.below(65535));
         let b = |n: u64| n.div_ceil(8);

@@ -10,18 +10,9 @@ use crate::dtype::DType;
 use crate::formats::image::{Decoder, IMAGENET_MEAN, IMAGENET_STD, Image, Transform, orient};
 use crate::loader::SplitMix64;
 
-/// A fresh seed each run, printed so that a failure can be replayed.
+/// A fresh seed each run, printed with the line that reruns it.
 pub(super) fn seed(test: &str) -> u64 {
-    let seed = std::env::var("PINNABLE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("{test}: PINNABLE_SEED={seed}");
-    seed
+    crate::test_seed::seed(test)
 }
 
 fn pixels(rng: &mut SplitMix64, n: usize) -> Vec<u8> {

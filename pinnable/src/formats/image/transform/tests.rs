@@ -125,31 +125,71 @@ fn flipping_mirrors_every_row() {
     }
 }
 
-#[test]
-fn random_crops_stay_inside_and_follow_the_draws() {
+/// 2000 random crops of pictures of many sizes, each drawn from its own seed of `seed`'s
+/// stream, each inside its picture and the same again from the same seed; the least and the
+/// largest share of the picture's area of those of pictures over 2000 pixels.
+fn crop_area_span(seed: u64) -> (f64, f64) {
     let t = Transform::random_resized_crop(8);
+    let mut seeds = SplitMix64::new(seed);
     let mut areas = Vec::new();
-    for seed in 0..2000 {
-        let (w, h) = (1 + seed % 97, 1 + (seed * 7) % 61);
-        let plan = t.plan(w, h, &mut SplitMix64::new(seed as u64)).unwrap();
+    for i in 0..2000 {
+        let (w, h) = (1 + i % 97, 1 + (i * 7) % 61);
+        let seed = seeds.next_u64();
+        let plan = t.plan(w, h, &mut SplitMix64::new(seed)).unwrap();
         let c = plan.crop;
         assert!(
             c.w >= 1 && c.h >= 1 && c.x + c.w <= w && c.y + c.h <= h,
             "{plan:?} of {w}x{h}"
         );
-        let again = t.plan(w, h, &mut SplitMix64::new(seed as u64)).unwrap();
+        let again = t.plan(w, h, &mut SplitMix64::new(seed)).unwrap();
         assert_eq!(plan, again, "the same draws give the same crop");
         if (w, h) == (96, 60) || w * h > 2000 {
             areas.push((c.w * c.h) as f64 / (w * h) as f64);
         }
     }
-    let (lo, hi) = areas
+    areas
         .iter()
-        .fold((1.0f64, 0.0f64), |(l, h), &a| (l.min(a), h.max(a)));
+        .fold((1.0f64, 0.0f64), |(l, h), &a| (l.min(a), h.max(a)))
+}
+
+/// The crops' area shares span about 0.08..1. Over 1000 seeds (2026-11-28,
+/// `sweep_crop_area_span`, 593 crops a run) the least share of a run was 0.075 to 0.085 and
+/// the largest 0.891 to 1 (under 0.9, the old bar, for 0.1 to 1 % of seeds); the bars, under
+/// 0.12 and over 0.8, hold with room, while a scale range starting at 0.15, or ending at 0.75,
+/// crosses them every time.
+#[test]
+fn random_crops_stay_inside_and_follow_the_draws() {
+    let (lo, hi) = crop_area_span(crate::test_seed::seed("random_crops"));
+    assert_crop_area_span(lo, hi);
+}
+
+fn assert_crop_area_span(lo: f64, hi: f64) {
     assert!(
-        lo < 0.15 && hi > 0.9,
-        "area shares span {lo:.2}..{hi:.2}, not about 0.08..1"
+        lo < 0.12 && hi > 0.8,
+        "area shares span {lo:.3}..{hi:.3}, not about 0.08..1"
     );
+}
+
+/// The seeds of the sweep's highest least share and lowest largest share.
+#[test]
+fn random_crops_at_the_worst_seeds_found() {
+    for seed in [12_948_336_785_267_583_726, 11_435_537_839_680_858_149] {
+        let (lo, hi) = crop_area_span(seed);
+        assert_crop_area_span(lo, hi);
+    }
+}
+
+#[test]
+#[ignore = "a sweep: PINNABLE_TEST_SWEEP=N measures the bars over N seeds"]
+fn sweep_crop_area_span() {
+    crate::test_seed::sweep("least crop share", |s| {
+        let (lo, hi) = crop_area_span(s);
+        (lo, format!("largest {hi:.4}"))
+    });
+    crate::test_seed::sweep("largest crop share", |s| {
+        let (lo, hi) = crop_area_span(s);
+        (hi, format!("least {lo:.4}"))
+    });
 }
 
 #[test]
@@ -194,9 +234,7 @@ fn normalised_pixels_are_the_u8_pixels_normalised() {
 
 #[test]
 fn sizes_that_cannot_be_represented_are_errors_not_panics() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(3, |d| d.as_nanos() as u64);
+    let seed = crate::test_seed::seed("sizes_that_cannot_be_represented");
     let mut rng = SplitMix64::new(seed);
     let (w, h) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
     let colour = [0; 3].map(|_: u8| rng.next_u64() as u8);
