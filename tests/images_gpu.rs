@@ -1,7 +1,7 @@
 //! JPEGs decoded on the GPU (`DeviceImageBatcher`): every kind of file the host decoder reads,
 //! through each decoder the device has (the JPEG engines, nvJPEG's CUDA backend, the host
-//! decoder feeding the device's kernels), within 37 dB PSNR (`PSNR_BAR`, measured) of the host path on the same files
-//! and the same crop boxes; batches mixing decoders; a corrupt file named, the next batch
+//! decoder feeding the device's kernels), within 37 dB PSNR (`PSNR_BAR`, measured) of the host
+//! path on the same files and the same crop boxes; batches mixing decoders; a corrupt file named, the next batch
 //! whole; nothing left reserved. Each test skips with `skipped: <reason>` without a GPU and
 //! fails under `PINNABLE_REQUIRE_GPU=1`; a missing nvJPEG fails there too, with the reason.
 
