@@ -5,8 +5,6 @@
 //! the test harness shows it when the test fails. A bar (a tolerance, a count) is set from
 //! [`sweep`]'s distribution of the measured value over many seeds, not guessed.
 
-use crate::loader::SplitMix64;
-
 /// The run's seed: `PINNABLE_TEST_SEED` (or its older name `PINNABLE_SEED`), else the clock
 /// (fixed under Miri, which has no clock or environment to read). Not printed: see [`seed`].
 pub(crate) fn run_seed() -> u64 {
@@ -45,10 +43,16 @@ pub(crate) fn sweep(name: &str, check: impl Fn(u64) -> (f64, String) + Sync) {
         return;
     };
     let first = run_seed();
-    let seeds: Vec<u64> = {
-        let mut g = SplitMix64::new(first);
-        (0..n).map(|_| g.next_u64()).collect()
-    };
+    // SplitMix64's steps, written out: the loader's generator would make this module and the
+    // loader's tests depend on each other.
+    let seeds: Vec<u64> = (1..=n as u64)
+        .map(|k| {
+            let mut z = first.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        })
+        .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut got: Vec<(f64, u64, String)> = std::thread::scope(|s| {
