@@ -318,7 +318,7 @@ fn every_kind(
         }
         for (i, ((kind, _), &p)) in files.iter().zip(&psnrs).enumerate() {
             let (d, h) = (&dev[i * per..][..per], &host[i * per..][..per]);
-            let case = format_args!("{decoder:?} {kind}: {}", worst_place(d, h, out.0));
+            let case = format!("{decoder:?} {kind}: {}", worst_place(d, h, out.0));
             bars.at_least("PSNR of each kind, dB", p, PSNR_BAR, case);
         }
     }
@@ -492,7 +492,7 @@ fn mixed(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
         assert_eq!(labels, host_labels, "the batch keeps its order");
         for (pos, &i) in order.iter().enumerate() {
             let (d, h) = (&dev[pos * per..][..per], &host[pos * per..][..per]);
-            let case = format_args!(
+            let case = format!(
                 "{}, host share {share}: {}",
                 files[i].0,
                 worst_place(d, h, 32)
@@ -783,7 +783,7 @@ fn tar_members(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
         if !bars.in_sweep() {
             println!("{test}: batch {k}: PSNR {p:.1} dB");
         }
-        let case = format_args!("batch {k}: {}", worst_place(&g, &h, 40));
+        let case = format!("batch {k}: {}", worst_place(&g, &h, 40));
         bars.at_least("PSNR of each batch of 8, dB", p, PSNR_BAR, case);
     }
 }

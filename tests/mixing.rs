@@ -94,7 +94,7 @@ fn mix_shares(r: &mut SmallRng, bars: &mut Bars) {
     };
     for (s, (&c, &w)) in shares(&mix).iter().zip(&weights).enumerate() {
         let share = c as f64 / n as f64;
-        let case = format_args!(
+        let case = format!(
             "source {s} of {k}: share {share:.5}, weight's {:.5}",
             w / sum
         );
