@@ -319,9 +319,23 @@ struct Waiting {
 #[derive(Default)]
 struct Queue {
     order: Mutex<Waiting>,
-    /// By sample: its output position, and `None` while waiting in `order` or its bytes once
-    /// decompressed.
-    held: Mutex<HashMap<usize, (usize, Option<Held>)>>,
+    /// By sample: its latest output position, `None` while waiting in `order` or its bytes
+    /// once decompressed, and how many takes of it the run still holds (a rank's run repeats
+    /// samples from the start of the epoch's order to make every rank's count equal).
+    held: Mutex<HashMap<usize, (usize, Option<Held>, usize)>>,
+}
+
+/// Sample `index`'s bytes for one take, from `held`: kept there while the run holds more
+/// takes of it.
+fn hand_out(held: &mut HashMap<usize, (usize, Option<Held>, usize)>, index: usize) -> Option<Held> {
+    let entry = held.get_mut(&index)?;
+    let bytes = entry.1.clone()?;
+    if entry.2 > 1 {
+        entry.2 -= 1;
+    } else {
+        held.remove(&index);
+    }
+    Some(bytes)
 }
 
 /// An epoch's run, shard by shard.
@@ -383,10 +397,25 @@ impl GzStreams {
         let mut queues: HashMap<usize, Queue> = HashMap::new();
         for (index, shard, span, out) in run.filter(|r| self.has(r.1)) {
             let q = queues.entry(shard).or_default();
+            let held = q.held.get_mut().unwrap_or_else(|p| p.into_inner());
+            if let Some(again) = held.get_mut(&index) {
+                // A repeat: decompressed once, handed out to each take.
+                again.0 = again.0.max(out);
+                again.2 += 1;
+                continue;
+            }
+            held.insert(index, (out, None, 1));
             let order = q.order.get_mut().unwrap_or_else(|p| p.into_inner());
             order.samples.push_back((index, span));
-            let held = q.held.get_mut().unwrap_or_else(|p| p.into_inner());
-            held.insert(index, (out, None));
+        }
+        // The decoder only goes forward: each shard's samples in the order they lie in it (a
+        // repeat from the start of the epoch's order may come last in the run).
+        for q in queues.values_mut() {
+            let order = q.order.get_mut().unwrap_or_else(|p| p.into_inner());
+            order
+                .samples
+                .make_contiguous()
+                .sort_by_key(|(_, span)| span.start);
         }
         let plan = Plan {
             queues,
@@ -423,10 +452,10 @@ impl GzStreams {
                 {
                     let mut held = lock(&q.held);
                     match held.get(&index) {
-                        Some((_, Some(_))) => {
-                            return Ok(held.remove(&index).and_then(|h| h.1).expect("held"));
+                        Some((_, Some(_), _)) => {
+                            return Ok(hand_out(&mut held, index).expect("held"));
                         }
-                        Some((_, None)) => {}
+                        Some((_, None, _)) => {}
                         None => break,
                     }
                 }
@@ -441,12 +470,14 @@ impl GzStreams {
                 let mut held = lock(&q.held);
                 match bytes {
                     Ok(b) if i == index && s == span => {
-                        held.remove(&i);
-                        return Ok(b);
+                        if let Some(h) = held.get_mut(&i) {
+                            h.1 = Some(b.clone());
+                        }
+                        return Ok(hand_out(&mut held, i).unwrap_or(b));
                     }
                     // Before the floor: a resumed epoch's, which no worker will take.
                     Ok(b) => match held.get_mut(&i) {
-                        Some((o, h)) if *o >= floor => *h = Some(b),
+                        Some((o, h, _)) if *o >= floor => *h = Some(b),
                         _ => {
                             held.remove(&i);
                         }

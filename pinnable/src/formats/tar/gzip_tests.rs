@@ -233,3 +233,72 @@ fn loaders_per_device_stream_their_own_runs_at_once() {
         assert!(starts <= 4, "shard {s} decompressed {starts} times");
     }
 }
+
+/// A rank's run repeats samples from the start of the epoch's order when the ranks' counts
+/// would differ (an odd total over two ranks): a repeated sample is decompressed once and
+/// handed to each take, so no shard is decompressed twice in an epoch.
+#[test]
+fn a_rank_whose_run_repeats_a_sample_decompresses_each_shard_once() {
+    let mut r = SplitMix64::for_test("a_rank_whose_run_repeats_a_sample");
+    // Several settings: a repeat that needs no second decode passes either way.
+    for _round in 0..8 {
+        let mut counts: Vec<usize> = (0..2 + r.below(3))
+            .map(|_| 1 + r.below(40) as usize)
+            .collect();
+        if counts.iter().sum::<usize>() % 2 == 0 {
+            counts[0] += 1; // an odd total: one rank's run repeats a sample
+        }
+        let (plain, compressed) = shards(&mut r, &counts);
+        let buffer = 1 + r.below(16) as usize;
+        let plain = open(&plain).shuffle_buffer(buffer);
+        let gz = open(&compressed).shuffle_buffer(buffer);
+        let z = gz.index.gzip.as_ref().expect("compressed shards");
+        let starts = || -> Vec<usize> {
+            (0..counts.len())
+                .map(|s| {
+                    z.decoder(s)
+                        .expect("compressed")
+                        .starts
+                        .load(Ordering::Relaxed)
+                })
+                .collect()
+        };
+        let ranked = |shards: &TarShards, rank: usize, workers: usize| -> Vec<i64> {
+            Loader::builder(shards.clone())
+                .batch_size(2)
+                .shuffle(3)
+                .shard(rank, 2)
+                .workers(workers)
+                .build_with(|samples: Vec<TarSample>, c| {
+                    let rows: Vec<i64> = samples
+                        .iter()
+                        .map(|s| Ok(s.bytes("bin")?.iter().map(|&b| i64::from(b)).sum()))
+                        .collect::<crate::Result<_>>()?;
+                    let y = c.stack_scalars("rows", rows)?;
+                    c.finish()?.take(y)
+                })
+                .expect("a loader")
+                .run_epoch(0)
+                .flat_map(|b| b.expect("a batch").to_vec::<i64>().expect("i64"))
+                .collect()
+        };
+        for rank in 0..2 {
+            let before = starts();
+            let workers = 1 + r.below(3) as usize;
+            assert_eq!(
+                ranked(&gz, rank, workers),
+                ranked(&plain, rank, 1),
+                "rank {rank}"
+            );
+            let after = starts();
+            for (s, (b, a)) in before.iter().zip(&after).enumerate() {
+                assert!(
+                    a - b <= 1,
+                    "rank {rank}: shard {s} decompressed {} times",
+                    a - b
+                );
+            }
+        }
+        assert_eq!(z.held(), 0, "nothing held once both epochs are taken");
+    }
+}
