@@ -322,12 +322,15 @@ struct Queue {
     /// By sample: its latest output position, `None` while waiting in `order` or its bytes
     /// once decompressed, and how many takes of it the run still holds (a rank's run repeats
     /// samples from the start of the epoch's order to make every rank's count equal).
-    held: Mutex<HashMap<usize, (usize, Option<Held>, usize)>>,
+    held: Mutex<Taken>,
 }
+
+/// By sample: its latest output position, its bytes once decompressed, its takes left.
+type Taken = HashMap<usize, (usize, Option<Held>, usize)>;
 
 /// Sample `index`'s bytes for one take, from `held`: kept there while the run holds more
 /// takes of it.
-fn hand_out(held: &mut HashMap<usize, (usize, Option<Held>, usize)>, index: usize) -> Option<Held> {
+fn hand_out(held: &mut Taken, index: usize) -> Option<Held> {
     let entry = held.get_mut(&index)?;
     let bytes = entry.1.clone()?;
     if entry.2 > 1 {
