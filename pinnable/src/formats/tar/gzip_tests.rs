@@ -87,6 +87,19 @@ fn epoch(shards: &TarShards, workers: usize, epoch: u64) -> Vec<i64> {
         .collect()
 }
 
+/// How many times each of the first `shards` compressed shards began decompressing.
+fn starts(gz: &TarShards, shards: usize) -> Vec<usize> {
+    let z = gz.index.gzip.as_ref().expect("compressed shards");
+    (0..shards)
+        .map(|s| {
+            z.decoder(s)
+                .expect("compressed")
+                .starts
+                .load(Ordering::Relaxed)
+        })
+        .collect()
+}
+
 #[test]
 fn each_epoch_decompresses_every_shard_once_and_reads_the_plain_samples() {
     let mut r = SplitMix64::for_test("each_epoch_decompresses_every_shard_once");
@@ -98,17 +111,7 @@ fn each_epoch_decompresses_every_shard_once_and_reads_the_plain_samples() {
     let plain = open(&plain).shuffle_buffer(buffer);
     let gz = open(&compressed).shuffle_buffer(buffer);
     assert_eq!(gz.len(), plain.len());
-    let starts = |gz: &TarShards| -> Vec<usize> {
-        let z = gz.index.gzip.as_ref().expect("compressed shards");
-        (0..counts.len())
-            .map(|s| {
-                z.decoder(s)
-                    .expect("compressed")
-                    .starts
-                    .load(Ordering::Relaxed)
-            })
-            .collect()
-    };
+    let starts = |gz: &TarShards| starts(gz, counts.len());
     assert_eq!(
         starts(&gz),
         vec![1; counts.len()],
@@ -253,16 +256,7 @@ fn a_rank_whose_run_repeats_a_sample_decompresses_each_shard_once() {
         let plain = open(&plain).shuffle_buffer(buffer);
         let gz = open(&compressed).shuffle_buffer(buffer);
         let z = gz.index.gzip.as_ref().expect("compressed shards");
-        let starts = || -> Vec<usize> {
-            (0..counts.len())
-                .map(|s| {
-                    z.decoder(s)
-                        .expect("compressed")
-                        .starts
-                        .load(Ordering::Relaxed)
-                })
-                .collect()
-        };
+        let starts = || starts(&gz, counts.len());
         let ranked = |shards: &TarShards, rank: usize, workers: usize| -> Vec<i64> {
             Loader::builder(shards.clone())
                 .batch_size(2)
