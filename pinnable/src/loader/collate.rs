@@ -5,6 +5,7 @@ use super::sampler::SplitMix64;
 use super::stats::Counters;
 use crate::alloc::PinnedPool;
 use crate::batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
+use crate::cuda::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -114,6 +115,7 @@ struct Planned {
 /// ```
 pub struct Collator {
     pool: PinnedPool,
+    device: Device,
     indices: Option<Vec<usize>>,
     seed: EpochSeed,
     layout: BatchLayout,
@@ -126,6 +128,7 @@ impl Collator {
     pub fn new(pool: &PinnedPool) -> Self {
         Collator {
             pool: pool.clone(),
+            device: Device::cpu(),
             indices: None,
             seed: EpochSeed::default(),
             layout: BatchLayout::new(),
@@ -137,11 +140,13 @@ impl Collator {
     /// The loader's collator for a batch of the samples at `indices`, in the epoch `seed` says.
     pub(crate) fn for_batch(
         pool: &PinnedPool,
+        device: &Device,
         indices: Vec<usize>,
         seed: EpochSeed,
         counters: Arc<Counters>,
     ) -> Self {
         Collator {
+            device: device.clone(),
             indices: Some(indices),
             seed,
             counters: Some(counters),
@@ -178,6 +183,22 @@ impl Collator {
     /// collator (positions in a stream for a stream source); empty otherwise.
     pub fn indices(&self) -> &[usize] {
         self.indices.as_deref().unwrap_or_default()
+    }
+
+    /// The device the batch is delivered to: the loader's (given once, to
+    /// [`LoaderBuilder::device`](super::LoaderBuilder::device)), or the one given to
+    /// [`with_device`](Self::with_device); [`Device::cpu()`] otherwise. A batcher that builds its batch on the GPU
+    /// (decoding JPEGs on its engines, gathering token windows, packing documents) reads it
+    /// here, so the device is never named twice.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// This collator, for a batch delivered to `device` (what the loader does for its own): for
+    /// calling a batcher by hand.
+    pub fn with_device(mut self, device: &Device) -> Self {
+        self.device = device.clone();
+        self
     }
 
     /// The pool the batch's block comes from.

@@ -163,6 +163,8 @@ struct Work<S, T> {
     dataset: Option<Arc<dyn Dataset<Sample = S>>>,
     batcher: Arc<dyn Batcher<S, Batch = T>>,
     pool: PinnedPool,
+    /// The loader's device, which each batch's collator hands to the batcher.
+    device: Device,
     seed: EpochSeed,
     gate: Arc<Gate>,
     counters: Arc<Counters>,
@@ -204,6 +206,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             dataset: spec.dataset,
             batcher: spec.batcher,
             pool: spec.pool.clone(),
+            device: spec.device.clone(),
             seed: spec.seed,
             gate: gate.clone(),
             counters: counters.clone(),
@@ -446,7 +449,13 @@ fn run<S: Send, T: Send>(
     };
     let n = samples.len();
     let start = Instant::now();
-    let mut c = Collator::for_batch(&work.pool, indices, work.seed, work.counters.clone());
+    let mut c = Collator::for_batch(
+        &work.pool,
+        &work.device,
+        indices,
+        work.seed,
+        work.counters.clone(),
+    );
     let result = guarded(
         || format!("the batcher (batch {batch})"),
         || work.batcher.batch(samples, &mut c).map(Held::new),

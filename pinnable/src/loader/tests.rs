@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 use crate::alloc::{PinnedPool, PoolConfig};
-use crate::{DType, Error, Tensor};
+use crate::{DType, Device, Error, Tensor};
 
 /// Samples per test dataset: Miri runs the interpreter, so keep it small there.
 const N: usize = if cfg!(miri) { 13 } else { 101 };
@@ -189,7 +189,13 @@ fn collator_errors_name_the_sample_and_the_tensor() {
     assert!(c.stack_scalars::<i64>("none", []).is_err());
     // With the loader's indices, the dataset index is named.
     let counters = Arc::new(stats::Counters::new(1, 1));
-    let mut c = Collator::for_batch(&pool, vec![40, 41, 42], Default::default(), counters);
+    let mut c = Collator::for_batch(
+        &pool,
+        &Device::cpu(),
+        vec![40, 41, 42],
+        Default::default(),
+        counters,
+    );
     let e = c.stack("images", [&a, &a, &b]).unwrap_err();
     assert!(matches!(e, Error::Sample { index: 42, .. }), "{e}");
     assert_eq!(
