@@ -99,8 +99,8 @@ fn run(
         .device(device.clone())
         .build(batcher)?;
     let mut epoch = loader.run_epoch(0);
-    let warmup = (epoch.len() / 4).min(16);
-    let batches = batches.min(epoch.len() - warmup);
+    let warmup = (epoch.remaining().unwrap_or(0) / 4).min(16);
+    let batches = batches.min(epoch.remaining().unwrap_or(0) - warmup);
     for batch in epoch.by_ref().take(warmup) {
         consume(&batch?);
     }

@@ -267,7 +267,7 @@ fn as_rank<D: Dataset>(
         // Without CUDA every rank runs on the host, as the rest of the example does.
         Ok(b.shard(launch.rank, launch.world))
     } else {
-        b.launch(launch)
+        Ok(b.launch(launch))
     }
 }
 

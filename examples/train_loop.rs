@@ -203,8 +203,8 @@ fn main() -> pinnable::Result<()> {
     for epoch in 0..o.epochs {
         loader.set_epoch(epoch);
         let started = Instant::now();
+        let total = loader.len();
         let batches = loader.iter();
-        let total = batches.len();
         let (mut seen, mut checksum) = (0, 0.0f64);
         for (step, batch) in batches.enumerate() {
             let batch = batch?;

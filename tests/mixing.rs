@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use pinnable::loader::{Collator, Dataset, Loader, Mix, Stack, Stop, TensorRows};
+use pinnable::loader::{Collator, Dataset, Loader, Mix, PlanRequest, Stack, Stop, TensorRows};
 use pinnable::{Error, Placement, Tensor, ToDevice};
 use pinnable_harness::{Bars, cuda_or_skip, rng, sweep};
 use rand::rngs::SmallRng;
@@ -84,7 +84,7 @@ fn mix_shares(r: &mut SmallRng, bars: &mut Bars) {
     let n = mix.len();
     assert!((1_000_000..1_000_100).contains(&n), "{n}");
     let shares = |mix: &Mix<Vec<i64>>| {
-        let plan = mix.order(epoch, seed, (0, 1), false).unwrap();
+        let plan = mix.order(epoch, seed);
         assert_eq!(plan.len(), mix.len());
         let mut counts = vec![0usize; k];
         for &i in &plan {
@@ -179,7 +179,7 @@ type Case = (&'static str, Mix<Vec<i64>>, u64, Vec<i64>);
 fn each_stop_rule_gives_its_sequence_for_a_fixed_seed() {
     let a = || source(0, 3); // 0, 1, 2
     let b = || source(1, 2); // 1000000, 1000001
-    let run = |mix: &Mix<Vec<i64>>, epoch| mix.order(epoch, Some(42), (0, 1), false).unwrap();
+    let run = |mix: &Mix<Vec<i64>>, epoch| mix.order(epoch, Some(42));
     let show = |mix: &Mix<Vec<i64>>, plan: Vec<usize>| -> Vec<i64> {
         plan.iter().map(|&i| mix.get(i).unwrap()).collect()
     };
@@ -352,7 +352,21 @@ fn a_per_batch_mix_refuses_another_batch_size_and_bad_settings_are_named() {
         ),
         "{err}"
     );
-    assert!(err.to_string().contains(".batch_size(4)"), "{err}");
+    assert!(err.to_string().contains("batches of 4 samples"), "{err}");
+    assert!(err.to_string().contains("remove `.batch_size(5)`"), "{err}");
+    // The mix cuts its batches: no batch size to repeat by hand, and its own is allowed.
+    for batch_size in [None, Some(4)] {
+        let mix = Mix::per_batch(vec![(source(0, 10), 3), (source(1, 10), 1)]).unwrap();
+        let builder = Loader::builder(mix).workers(1);
+        let builder = match batch_size {
+            Some(b) => builder.batch_size(b),
+            None => builder,
+        };
+        let loader = builder.build(ints as Ints).unwrap();
+        let sizes: Vec<usize> = loader.iter().map(|b| b.unwrap().numel()).collect();
+        assert!(loader.len() >= 3, "{batch_size:?}: {}", loader.len());
+        assert_eq!(sizes, vec![4; loader.len()], "{batch_size:?}");
+    }
     let bad = [
         Mix::weighted(vec![(source(0, 3), 0.0)]).map(|_| ()),
         Mix::weighted(vec![(source(0, 3), f64::NAN)]).map(|_| ()),
@@ -387,9 +401,15 @@ fn ranks_take_disjoint_parts_of_one_plan() {
     .stop(Stop::FirstExhausted)
     .unwrap();
     let (seed, world) = (r.random(), r.random_range(2..5));
-    let plan = mix.plan(3, Some(seed));
+    let plan = mix.order(3, Some(seed));
     let parts: Vec<Vec<usize>> = (0..world)
-        .map(|rank| mix.order(3, Some(seed), (rank, world), true).unwrap())
+        .map(|rank| {
+            let request = PlanRequest::new(3)
+                .shuffle(seed)
+                .shard(rank, world)
+                .drop_last(true);
+            mix.plan(&request).unwrap().indices().to_vec()
+        })
         .collect();
     assert!(parts.iter().all(|p| p.len() == plan.len() / world));
     for (k, &i) in plan.iter().take(plan.len() / world * world).enumerate() {
@@ -405,13 +425,13 @@ fn first_exhausted_with_counts_repeats_no_sample_and_all_exhausted_reads_every_o
         .map(|s| (source(s, r.random_range(10..300)), r.random_range(1..6)))
         .collect();
     let seed = Some(r.random());
-    let first = mix_clone(&sources, Stop::FirstExhausted).plan(2, seed);
+    let first = mix_clone(&sources, Stop::FirstExhausted).order(2, seed);
     let mut sorted = first.clone();
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(sorted.len(), first.len());
     let all = mix_clone(&sources, Stop::AllExhausted);
-    let mut read = all.plan(2, seed);
+    let mut read = all.order(2, seed);
     read.sort_unstable();
     read.dedup();
     assert_eq!(read, (0..all.total()).collect::<Vec<_>>());
@@ -513,7 +533,7 @@ fn mixing_costs_little_per_batch_against_one_source() {
             mix = mix.min(epoch(&count_mix));
         }
         let t = Instant::now();
-        let _ = mixed.dataset().order(9, Some(1), (0, 1), true);
+        let _ = mixed.dataset().order(9, Some(1));
         let plan = t.elapsed().as_secs_f64();
         let per = |t: f64| t * 1e3 / (rows / batch) as f64;
         println!(

@@ -366,7 +366,7 @@ fn positions_from_other_settings_are_refused_naming_the_setting() {
         .map(|l| l.run_epoch(1).map(|b| bytes_of(&b.unwrap())).collect())
         .collect();
     let mut e = loaders[1].run_epoch(1);
-    let k = r.random_range(0..e.len());
+    let k = r.random_range(0..e.remaining().unwrap());
     for _ in 0..k {
         e.next().unwrap().unwrap();
     }
@@ -419,7 +419,7 @@ fn resume_cost(batch: u64) -> (f64, usize, Vec<usize>) {
     let mut epoch = loader.iter();
     let first = epoch.next().unwrap().unwrap();
     let t = start.elapsed().as_secs_f64();
-    let left = epoch.len();
+    let left = epoch.remaining().unwrap();
     drop(epoch);
     assert_eq!(left, BATCHES - batch as usize - 1);
     let want = &loader

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use pinnable::Error;
 use pinnable::formats::tar::{TarNpyBatcher, TarSample, TarShards};
-use pinnable::loader::{Collator, Dataset, Loader};
+use pinnable::loader::{Collator, Dataset, Loader, PlanRequest};
 use pinnable::{Result, Tensor, ToDevice};
 use pinnable_harness::tar::{
     Sample, folder, member_bytes, random_sample, random_shards, shard, shown,
@@ -94,10 +94,19 @@ fn keys(
     world: usize,
     drop_last: bool,
 ) -> Vec<String> {
+    let request = PlanRequest::new(epoch)
+        .shard(rank, world)
+        .drop_last(drop_last);
+    let request = match seed {
+        Some(seed) => request.shuffle(seed),
+        None => request,
+    };
     shards
-        .plan(epoch, seed, (rank, world), drop_last)
-        .into_iter()
-        .map(|i| shards.get(i).unwrap().key().unwrap().to_owned())
+        .plan(&request)
+        .unwrap()
+        .indices()
+        .iter()
+        .map(|&i| shards.get(i).unwrap().key().unwrap().to_owned())
         .collect()
 }
 

@@ -368,7 +368,7 @@ fn ranks_get_disjoint_windows_that_cover_the_epoch() {
                 .build(batcher)
                 .unwrap();
             let e = loader.run_epoch(epoch);
-            lens.push(e.len());
+            lens.push(e.remaining().unwrap());
             for b in e {
                 let x = xy(&b.unwrap()).0;
                 for row in x.chunks(context) {

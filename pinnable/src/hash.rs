@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn pinned_fingerprints() {
         use crate::formats::tar::names_hash;
-        use crate::loader::{Budget, Dataset, Mix, TokenBudget};
+        use crate::loader::{Budget, Dataset, Mix, PlanRequest, TokenBudget};
 
         let lengths: Vec<u32> = (0..120u64)
             .map(|i| (1 + (7 * i * i + 13 * i) % 150) as u32)
@@ -206,12 +206,22 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            weighted.plan_setting().unwrap().1,
+            weighted
+                .plan(&PlanRequest::new(0))
+                .unwrap()
+                .fingerprint()
+                .unwrap()
+                .1,
             5_772_349_297_078_180_729
         );
         let per_batch = Mix::per_batch(vec![(source(0, 30), 2), (source(1, 50), 3)]).unwrap();
         assert_eq!(
-            per_batch.plan_setting().unwrap().1,
+            per_batch
+                .plan(&PlanRequest::new(0))
+                .unwrap()
+                .fingerprint()
+                .unwrap()
+                .1,
             3_025_356_918_671_458_057
         );
 

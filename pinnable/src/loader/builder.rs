@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use super::batcher::Batcher;
 use super::collate::Collator;
-use super::dataset::Dataset;
 use super::launch::Launch;
-use super::loaders::{Loader, StreamLoader};
+use super::loaders::Loader;
 use super::position::Position;
 use super::sampler::Sampler;
-use super::stream::{IterSource, Seekable};
+use super::source::Source;
+use super::source::sealed::Kind;
 use crate::alloc::{PinnedPool, PoolConfig};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
@@ -48,7 +48,8 @@ use crate::transfer::ToDevice;
 #[must_use = "a builder does nothing until `build` or `build_with`"]
 pub struct LoaderBuilder<Src> {
     pub(crate) source: Src,
-    pub(crate) batch_size: usize,
+    /// The batch size set by hand (1 by default, or a source's own cut).
+    pub(crate) batch_size: Option<usize>,
     pub(crate) seed: Option<u64>,
     pub(crate) drop_last: bool,
     pub(crate) workers: usize,
@@ -60,6 +61,8 @@ pub struct LoaderBuilder<Src> {
     pub(crate) resume: Option<Position>,
     pub(crate) in_order: bool,
     pub(crate) sample_timeout: Option<Duration>,
+    /// A setting refused when it was given, reported by `build`.
+    pub(crate) invalid: Option<Error>,
 }
 
 /// A loader's own pool for `device`, placed on its NUMA node when the host has several.
@@ -80,7 +83,7 @@ impl<Src> LoaderBuilder<Src> {
     pub(crate) fn new(source: Src) -> Self {
         LoaderBuilder {
             source,
-            batch_size: 1,
+            batch_size: None,
             seed: None,
             drop_last: false,
             workers: default_workers(),
@@ -92,12 +95,13 @@ impl<Src> LoaderBuilder<Src> {
             resume: None,
             in_order: true,
             sample_timeout: None,
+            invalid: None,
         }
     }
 
     /// Samples per batch.
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
+        self.batch_size = Some(batch_size);
         self
     }
 
@@ -262,27 +266,39 @@ impl<Src> LoaderBuilder<Src> {
         self
     }
 
-    /// Shards by `launch` and delivers to its GPU, `cuda:LOCAL_RANK`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::CudaUnavailable`] naming `LOCAL_RANK` when there is no such device.
-    pub fn launch(self, launch: Launch) -> Result<Self> {
-        let device = launch.device()?;
-        Ok(self.shard(launch.rank, launch.world).device(device))
+    /// Shards by `launch` and delivers to its GPU, `cuda:LOCAL_RANK` — or to the host on a
+    /// machine with no CUDA device at all, so the same program runs on a laptop. A
+    /// `LOCAL_RANK` past the machine's GPUs is refused at `build`
+    /// ([`Error::CudaUnavailable`], naming it).
+    pub fn launch(mut self, launch: Launch) -> Self {
+        self = self.shard(launch.rank, launch.world);
+        match launch.device() {
+            Ok(device) => self.device(device),
+            Err(_) if crate::cuda::Device::count() == 0 => self.device(Device::cpu()),
+            Err(e) => {
+                self.invalid.get_or_insert(e);
+                self
+            }
+        }
     }
 
     /// Shards by the launcher's `RANK` and `WORLD_SIZE` and delivers to `cuda:LOCAL_RANK`
-    /// ([`Launch::from_env`]): one process per GPU, on any number of machines.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Launcher`] for malformed variables; as [`launch`](Self::launch).
-    pub fn launch_from_env(self) -> Result<Self> {
-        self.launch(Launch::from_env()?)
+    /// ([`Launch::from_env`], then [`launch`](Self::launch)): one process per GPU, on any
+    /// number of machines. Malformed variables are refused at `build` ([`Error::Launcher`]).
+    pub fn launch_from_env(mut self) -> Self {
+        match Launch::from_env() {
+            Ok(launch) => self.launch(launch),
+            Err(e) => {
+                self.invalid.get_or_insert(e);
+                self
+            }
+        }
     }
 
-    fn check(&self) -> Result<()> {
+    fn check(&mut self) -> Result<()> {
+        if let Some(e) = self.invalid.take() {
+            return Err(e);
+        }
         if self.workers == 0 {
             return Err(Error::Config {
                 setting: "workers",
@@ -300,52 +316,79 @@ impl<Src> LoaderBuilder<Src> {
     }
 }
 
-impl<D> LoaderBuilder<D>
-where
-    D: Dataset + 'static,
-    D::Sample: 'static,
-{
-    /// The sampler of rank `rank` of `world` over the dataset.
+impl<S: Source> LoaderBuilder<S> {
+    /// The sampler of rank `rank` of `world` over the source, with its plans' fingerprint and,
+    /// for a source that cuts its own batches, their size.
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
-        if let Some(b) = self.source.planned_batch_size()
-            && b != self.batch_size
-        {
-            return Err(Error::Config {
-                setting: "batch_size",
-                problem: format!(
-                    "{} does not match the source, whose batches hold {b} samples (a mix \
-                     with counts per batch); set `.batch_size({b})`",
-                    self.batch_size
-                ),
-            });
-        }
-        let mut sampler = Sampler::new(self.source.len(), self.batch_size)?
+        let batch_size = self.batch_size.unwrap_or(1);
+        let mut sampler = Sampler::new(Kind::samples(&self.source).unwrap_or(0), batch_size)?
             .drop_last(self.drop_last)
-            .shard(rank, world)?
-            .planned_by(self.source.plan_setting());
+            .shard(rank, world)?;
         if let Some(seed) = self.seed {
             sampler = sampler.shuffle(seed);
         }
-        Ok(sampler)
+        let Some(plan) = Kind::plan(&self.source, &sampler, 0) else {
+            return Ok(sampler);
+        };
+        let sampler = sampler.fingerprinted(plan.fingerprint());
+        let Some(mut lengths) = plan.cut_lengths() else {
+            return Ok(sampler);
+        };
+        // The source cuts its batches: a batch size set by hand must be theirs, and positions
+        // carry theirs (a mix's counts per batch, one packed batch).
+        let first = lengths.next().unwrap_or(batch_size);
+        let uniform = lengths.all(|n| n == first);
+        match self.batch_size {
+            Some(b) if !uniform || b != first => Err(Error::Config {
+                setting: "batch_size",
+                problem: format!(
+                    "{b} does not match the source, which cuts its own batches{}; remove \
+                     `.batch_size({b})`",
+                    if uniform {
+                        format!(" of {first} samples")
+                    } else {
+                        String::new()
+                    }
+                ),
+            }),
+            Some(_) => Ok(sampler),
+            None => {
+                let sampler = Sampler::new(sampler_len(&self.source), first)?
+                    .drop_last(self.drop_last)
+                    .shard(rank, world)?
+                    .fingerprinted(plan.fingerprint());
+                Ok(match self.seed {
+                    Some(seed) => sampler.shuffle(seed),
+                    None => sampler,
+                })
+            }
+        }
     }
 
     /// The loader, batching with `batcher`.
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for a batch size or worker count of 0, or a rank not below the world
-    /// size; [`Error::Resume`] for a position given to [`resume`](Self::resume) that another
-    /// loader's settings saved, naming the setting that differs.
-    pub fn build<B>(mut self, batcher: B) -> Result<Loader<D, B>>
+    /// [`Error::Config`] for a batch size or worker count of 0, a rank not below the world
+    /// size, a batch size set by hand for a source that cuts its own batches into others, a
+    /// shuffle or a sample timeout for a stream, or a position past the start of an epoch for
+    /// a stream that is not [`Seekable`](super::Seekable); [`Error::Resume`] for a position
+    /// given to [`resume`](Self::resume) that another loader's settings saved, naming the
+    /// setting that differs.
+    pub fn build<B>(mut self, batcher: B) -> Result<Loader<S, B>>
     where
-        B: Batcher<D::Sample> + 'static,
+        B: Batcher<S::Sample> + 'static,
         B::Batch: ToDevice + 'static,
     {
         self.check()?;
         let sampler = self.sampler(self.rank, self.world)?;
-        if let Some(p) = &self.resume {
-            check_position(p, &sampler)?;
-        }
+        Kind::check(
+            &self.source,
+            self.seed.is_some(),
+            self.sample_timeout.is_some(),
+            self.resume.as_ref(),
+            &sampler,
+        )?;
         let pool = self.pool_or_own();
         let loader = Loader::from_parts(
             Arc::new(self.source),
@@ -367,9 +410,11 @@ where
     /// delivers to `devices[k]` from shard `k` of `devices.len()` (within this process's own
     /// shard, when a launcher or [`shard`](Self::shard) set one), with its own worker threads,
     /// its own pinned pool (on the device's NUMA node, unless [`pool`](Self::pool) gave one to
-    /// share), and its device's copy stream. The dataset and the batcher are shared. Worker
-    /// and prefetch settings apply to each loader. Run each loader's epochs on a thread of its
-    /// own, as each GPU's training step does.
+    /// share), and its device's copy stream. The source and the batcher are shared; a batcher
+    /// that builds on the GPU reads each batch's device from its
+    /// [`Collator`](super::Collator::device). Worker and prefetch settings apply to each
+    /// loader. Run each loader's epochs on a thread of its own, as each GPU's training step
+    /// does.
     ///
     /// A position given to [`resume`](Self::resume) (saved by any one of the loaders) resumes
     /// every loader at its epoch and batch: data-parallel steps take one batch on every
@@ -395,9 +440,9 @@ where
         mut self,
         devices: &[Device],
         batcher: B,
-    ) -> Result<Vec<Loader<D, B>>>
+    ) -> Result<Vec<Loader<S, B>>>
     where
-        B: Batcher<D::Sample> + 'static,
+        B: Batcher<S::Sample> + 'static,
         B::Batch: ToDevice + 'static,
     {
         self.check()?;
@@ -411,18 +456,24 @@ where
         let samplers = (0..n)
             .map(|k| self.sampler(self.rank * n + k, self.world * n))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(p) = &self.resume {
-            // The loader that saved it is one of this process's: check against that one.
+        // A position was saved by one of this process's loaders: check against that one.
+        let k = self.resume.as_ref().map_or(0, |p| {
             let (rank, _) = p.shard();
-            let k = usize::try_from(rank)
+            usize::try_from(rank)
                 .ok()
                 .and_then(|r| r.checked_sub(self.rank * n))
                 .filter(|&k| k < n)
-                .unwrap_or(0);
-            check_position(p, &samplers[k])?;
-        }
+                .unwrap_or(0)
+        });
+        Kind::check(
+            &self.source,
+            self.seed.is_some(),
+            self.sample_timeout.is_some(),
+            self.resume.as_ref(),
+            &samplers[k],
+        )?;
         let shared_pool = self.pool.take();
-        let (dataset, batcher) = (Arc::new(self.source), Arc::new(batcher));
+        let (source, batcher) = (Arc::new(self.source), Arc::new(batcher));
         let resume = self.resume;
         Ok(devices
             .iter()
@@ -430,7 +481,7 @@ where
             .map(|(device, sampler)| {
                 let pool = shared_pool.clone().unwrap_or_else(|| own_pool(device));
                 let loader = Loader::from_parts(
-                    dataset.clone(),
+                    source.clone(),
                     batcher.clone(),
                     sampler,
                     self.workers,
@@ -447,116 +498,23 @@ where
             .collect())
     }
 
-    /// The loader, batching with the closure `batch(samples, collator)`.
+    /// The loader, batching with the closure `batch(samples, collator)`: [`build`](Self::build)
+    /// for a closure, whose argument types Rust infers only where the expected signature is
+    /// spelled out, as here.
     ///
     /// # Errors
     ///
     /// As [`build`](Self::build).
-    pub fn build_with<F, T>(self, batch: F) -> Result<Loader<D, F>>
+    pub fn build_with<F, T>(self, batch: F) -> Result<Loader<S, F>>
     where
-        F: Fn(Vec<D::Sample>, &mut Collator) -> Result<T> + Send + Sync + 'static,
+        F: Fn(Vec<S::Sample>, &mut Collator) -> Result<T> + Send + Sync + 'static,
         T: ToDevice + Send + 'static,
     {
         self.build(batch)
     }
 }
 
-impl<F, G, I, S> LoaderBuilder<IterSource<F, G>>
-where
-    F: Fn(u64) -> I + Send + Sync + 'static,
-    G: Seekable<S> + 'static,
-    I: Iterator<Item = Result<S>> + Send + 'static,
-    S: Send + 'static,
-{
-    /// The loader over a stream, batching with `batcher`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for a batch size or worker count of 0, a rank not below the world
-    /// size, a shuffle (a stream cannot be shuffled), or a position past the start of an
-    /// epoch for a source that is not [`Seekable`]; [`Error::Resume`] for a position another
-    /// loader's settings saved.
-    pub fn build<B>(mut self, batcher: B) -> Result<StreamLoader<F, B, G>>
-    where
-        B: Batcher<S> + 'static,
-        B::Batch: ToDevice + 'static,
-    {
-        self.check()?;
-        Sampler::new(0, self.batch_size)?.shard(self.rank, self.world)?;
-        if self.sample_timeout.is_some() {
-            return Err(Error::Config {
-                setting: "sample_timeout",
-                problem: "a stream's `next` is not watched (it runs under the loader's lock on \
-                          the stream); time out inside the stream, or use a Dataset"
-                    .into(),
-            });
-        }
-        if self.seed.is_some() {
-            return Err(Error::Config {
-                setting: "shuffle",
-                problem: "a stream cannot be shuffled; shuffle inside the stream (its closure \
-                          gets the epoch number), or use a Dataset"
-                    .into(),
-            });
-        }
-        let pool = self.pool_or_own();
-        let loader = StreamLoader::from_parts(
-            Arc::new(self.source),
-            Arc::new(batcher),
-            self.batch_size,
-            self.drop_last,
-            (self.rank, self.world),
-            self.workers,
-            self.prefetch,
-            self.device,
-            pool,
-        )
-        .delivery(self.in_order);
-        let Some(p) = &self.resume else {
-            return Ok(loader);
-        };
-        p.check_settings(&loader.position_at(0, 0))?;
-        if p.batch() > 0 && !loader.can_seek() {
-            return Err(Error::Config {
-                setting: "resume",
-                problem: format!(
-                    "the position is batch {} of epoch {}, and this stream cannot start \
-                     mid-epoch; give its IterSource a way there with `.seekable(|epoch, item| \
-                     ...)`, or resume at the start of an epoch",
-                    p.batch(),
-                    p.epoch()
-                ),
-            });
-        }
-        Ok(loader.resume_at(p))
-    }
-
-    /// The loader over a stream, batching with the closure `batch(samples, collator)`.
-    ///
-    /// # Errors
-    ///
-    /// As [`build`](Self::build).
-    pub fn build_with<C, T>(self, batch: C) -> Result<StreamLoader<F, C, G>>
-    where
-        C: Fn(Vec<S>, &mut Collator) -> Result<T> + Send + Sync + 'static,
-        T: ToDevice + Send + 'static,
-    {
-        self.build(batch)
-    }
-}
-
-/// Refuses a position that `sampler`'s loader did not save, or one past its epoch's end.
-fn check_position(position: &Position, sampler: &Sampler) -> Result<()> {
-    // The plan setting first: a mix with other weights has another length too, and its
-    // setting says why.
-    position.check_plan(sampler.plan_setting())?;
-    position.check_settings(&sampler.position_at(0, 0))?;
-    if position.batch() > sampler.len() as u64 {
-        return Err(Error::Resume {
-            setting: "batch",
-            saved: position.batch().to_string(),
-            current: format!("{} batches an epoch", sampler.len()),
-        });
-    }
-    Ok(())
+/// The samples an indexed source holds (0 for a stream).
+fn sampler_len<S: Source>(source: &S) -> usize {
+    Kind::samples(source).unwrap_or(0)
 }

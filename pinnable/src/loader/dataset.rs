@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use super::plan::{Plan, PlanRequest};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -89,41 +90,27 @@ pub trait Dataset: Send + Sync {
         self.len() == 0
     }
 
-    /// The indices of epoch `epoch` for rank `shard.0` of `shard.1`, in order, when the
-    /// source plans its epochs itself (archives read in sequence, shard by shard); `None`, the
-    /// default, lets the [`Sampler`](super::Sampler) shuffle and deal. `seed` and `drop_last`
-    /// are the loader's.
+    /// The epoch's plan, when the source plans its epochs itself (archives read in sequence,
+    /// packed documents, batches under a token budget, mixtures): the indices of rank
+    /// `request.rank`'s part in delivery order, the batches where the source cuts them, and
+    /// the fingerprint positions carry (see [`Plan`]). `None`, the default, lets the
+    /// [`Sampler`](super::Sampler) shuffle, deal and cut.
     ///
-    /// The loader takes at most [`Sampler::samples_per_rank`](super::Sampler::samples_per_rank)
-    /// indices from the list; a shorter list ends the epoch early. The plan must depend on
-    /// its arguments alone (not on timing or worker threads) for resuming to be exact.
-    fn order(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        shard: (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        let _ = (epoch, seed, shard, drop_last);
+    /// A pure function of the request and the source's settings: the loader calls it to count
+    /// an epoch's batches and to check a position, not only to run an epoch, so it must start
+    /// nothing (reads ahead belong in [`prefetch`](Self::prefetch)) and must not depend on
+    /// timing or worker threads, for resuming to be exact. Every rank's plan of an epoch
+    /// should hold the same number of batches, which keeps collective operations in step.
+    fn plan(&self, request: &PlanRequest) -> Option<Plan> {
+        let _ = request;
         None
     }
 
-    /// For a dataset that plans its epochs ([`order`](Self::order)): the one setting of its
-    /// own the plan depends on beyond the loader's, its name and value (a tar source's
-    /// shuffle buffer). Positions carry it, and resuming refuses a position saved with
-    /// another value, naming it. `None` (the default) for the others. Compute it the same way
-    /// in every build (a hash of your own, such as FNV-1a, over fixed-width little-endian
-    /// fields, not `std`'s `DefaultHasher`, which Rust may change between releases), so that a
-    /// position resumes after a toolchain upgrade.
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        None
-    }
-
-    /// For a dataset whose plan is cut into batches of its own (a [`Mix`](super::Mix) with
-    /// counts per batch): that batch size. The builder refuses a loader with another one,
-    /// naming `batch_size`. `None` (the default) for the others.
-    fn planned_batch_size(&self) -> Option<usize> {
-        None
+    /// Called by the loader when an epoch of a planned source starts running, with the plan
+    /// it runs (before any `get`): a source that reads ahead (a remote archive streaming this
+    /// rank's part) starts here. The default does nothing.
+    fn prefetch(&self, request: &PlanRequest, plan: &Plan) {
+        let _ = (request, plan);
     }
 }
 
@@ -171,22 +158,12 @@ impl<D: Dataset + ?Sized> Dataset for Arc<D> {
         (**self).get(index)
     }
 
-    fn order(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        shard: (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        (**self).order(epoch, seed, shard, drop_last)
+    fn plan(&self, request: &PlanRequest) -> Option<Plan> {
+        (**self).plan(request)
     }
 
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        (**self).plan_setting()
-    }
-
-    fn planned_batch_size(&self) -> Option<usize> {
-        (**self).planned_batch_size()
+    fn prefetch(&self, request: &PlanRequest, plan: &Plan) {
+        (**self).prefetch(request, plan)
     }
 }
 
@@ -202,22 +179,12 @@ impl<D: Dataset + ?Sized> Dataset for &D {
         (**self).get(index)
     }
 
-    fn order(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        shard: (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        (**self).order(epoch, seed, shard, drop_last)
+    fn plan(&self, request: &PlanRequest) -> Option<Plan> {
+        (**self).plan(request)
     }
 
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        (**self).plan_setting()
-    }
-
-    fn planned_batch_size(&self) -> Option<usize> {
-        (**self).planned_batch_size()
+    fn prefetch(&self, request: &PlanRequest, plan: &Plan) {
+        (**self).prefetch(request, plan)
     }
 }
 

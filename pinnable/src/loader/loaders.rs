@@ -1,7 +1,5 @@
-//! The two loaders: [`Loader`] over a [`Dataset`], here with the settings both share once
-//! built, and [`StreamLoader`] over an [`IterSource`](super::IterSource) (in its own module).
-
-mod stream_loader;
+//! The loader: [`Loader`] over a [`Source`] (a dataset or a stream), and the settings it keeps
+//! once built.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,10 +10,13 @@ use super::builder::LoaderBuilder;
 use super::collate::EpochSeed;
 use super::dataset::Dataset;
 use super::epoch::Epoch;
-use super::pipeline::{Job, Jobs, Pipeline, Spec};
+use super::pipeline::{Jobs, Pipeline, Spec};
+use super::plan::Plan;
 use super::position::check_epoch;
 use super::position::{Position, Progress};
 use super::sampler::Sampler;
+use super::source::Source;
+use super::source::sealed::Kind;
 use super::stats::{Counters, EpochStats};
 use super::straggler::Abandoned;
 use crate::alloc::PinnedPool;
@@ -23,9 +24,7 @@ use crate::cuda::Device;
 use crate::error::Result;
 use crate::transfer::ToDevice;
 
-pub use stream_loader::StreamLoader;
-
-/// The settings both loaders share once built.
+/// The settings a loader keeps once built.
 struct Run {
     workers: usize,
     prefetch: usize,
@@ -147,11 +146,13 @@ impl Run {
     }
 }
 
-/// A prefetching loader: a dataset's samples in, batches out — collated by worker threads
-/// straight into pinned memory, moved to the device without blocking, in sampler order.
+/// A prefetching loader: a source's samples in, batches out — collated by worker threads
+/// straight into pinned memory, moved to the device without blocking, in order.
 ///
-/// Each epoch runs its own threads ([`Epoch`]): `workers` threads load and collate, one thread
-/// moves batches to the device in order. Pinned memory held stays at or below
+/// The source is a [`Dataset`] (samples by index: shuffled, sharded, planned) or an
+/// [`IterSource`](super::IterSource) (a stream, read front to back); see [`Source`]. Each epoch
+/// runs its own threads ([`Epoch`]): `workers` threads load and collate, one thread moves
+/// batches to the device in order. Pinned memory held stays at or below
 /// [`bound`](Self::bound) batches, provided the consumer drops each batch before taking the
 /// next one (batches kept longer are the consumer's own memory).
 ///
@@ -182,8 +183,9 @@ impl Run {
 ///         Ok((out.take(images)?, out.take(labels)?))
 ///     })?;
 ///
+/// assert_eq!(loader.len(), 4); // 32 + 32 + 32 + 4
 /// let epoch = loader.iter();
-/// assert_eq!(epoch.len(), 4); // 32 + 32 + 32 + 4
+/// assert_eq!(epoch.remaining(), Some(4));
 /// let mut seen = 0;
 /// for batch in epoch {
 ///     let (images, labels) = batch?;
@@ -194,30 +196,44 @@ impl Run {
 /// println!("{}", loader.stats().unwrap());
 /// # Ok::<(), pinnable::Error>(())
 /// ```
-pub struct Loader<D, B> {
-    dataset: Arc<D>,
+///
+/// Over a stream, the same loader:
+///
+/// ```
+/// use pinnable::loader::{IterSource, Loader, Stack};
+/// use pinnable::Tensor;
+///
+/// let source = IterSource::new(|_epoch| (0..10).map(|i| Ok(Tensor::from_vec1(vec![i as f32; 4]))));
+/// let loader = Loader::builder(source).batch_size(4).workers(2).build(Stack)?;
+/// let shapes: Vec<Vec<usize>> = loader.iter().map(|b| Ok(b?.shape().to_vec())).collect::<pinnable::Result<_>>()?;
+/// assert_eq!(shapes, vec![vec![4, 4], vec![4, 4], vec![2, 4]]);
+/// # Ok::<(), pinnable::Error>(())
+/// ```
+pub struct Loader<S, B> {
+    source: Arc<S>,
     batcher: Arc<B>,
     sampler: Sampler,
     run: Run,
+    /// A plan made ahead of its epoch (to count its batches), reused when the epoch runs.
+    planned: Mutex<Option<(u64, Plan)>>,
 }
 
 impl Loader<(), ()> {
-    /// Starts configuring a loader over `source`: a [`Dataset`] (giving a `Loader`) or an
-    /// [`IterSource`](super::IterSource) (giving a [`StreamLoader`]).
+    /// Starts configuring a loader over `source`: a [`Dataset`] or an
+    /// [`IterSource`](super::IterSource).
     pub fn builder<Src>(source: Src) -> LoaderBuilder<Src> {
         LoaderBuilder::new(source)
     }
 }
 
-impl<D, B> Loader<D, B>
+impl<S, B> Loader<S, B>
 where
-    D: Dataset + 'static,
-    D::Sample: 'static,
-    B: Batcher<D::Sample> + 'static,
+    S: Source,
+    B: Batcher<S::Sample> + 'static,
     B::Batch: ToDevice + 'static,
 {
     pub(crate) fn from_parts(
-        dataset: Arc<D>,
+        source: Arc<S>,
         batcher: Arc<B>,
         sampler: Sampler,
         workers: usize,
@@ -226,10 +242,11 @@ where
         pool: PinnedPool,
     ) -> Self {
         Loader {
-            dataset,
+            source,
             batcher,
             sampler,
             run: Run::new(workers, prefetch, device, pool),
+            planned: Mutex::new(None),
         }
     }
 
@@ -245,48 +262,44 @@ where
         self
     }
 
-    /// Runs epoch `epoch`: its threads start now. Does not change
-    /// [`next_epoch`](Self::next_epoch). The epoch of a position given to
-    /// [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
-    /// the last one received.
+    /// Runs epoch `epoch`: its threads start now (and, for a source that reads ahead, its
+    /// reads). Does not change [`next_epoch`](Self::next_epoch). The epoch of a position given
+    /// to [`resume`](LoaderBuilder::resume) starts, the first time it runs, at the batch after
+    /// the last one received (a stream is opened there: [`Seekable`](super::Seekable)).
     pub fn run_epoch(&self, epoch: u64) -> Epoch<B::Batch> {
         let first = self.run.first_batch(epoch);
-        let refused = check_epoch(epoch).err();
-        // A position's batch is at most the epoch's length (checked when it was given).
-        let (rank, world) = self.sampler.rank_and_world();
-        // A refused epoch asks the dataset for no plan.
-        let planned = refused.is_none().then(|| {
-            self.dataset.order(
-                epoch,
-                self.sampler.seed(),
-                (rank, world),
-                self.sampler.drops_last(),
-            )
-        });
-        let batches = match planned.flatten() {
-            Some(order) => self.sampler.batches_of(order, first as usize),
-            None => self.sampler.batches_from(epoch, first as usize),
-        };
-        let n = if refused.is_some() { 0 } else { batches.len() };
-        let dataset: Arc<dyn Dataset<Sample = D::Sample>> = self.dataset.clone();
-        let spec = self.run.spec(
-            Box::new(batches.take(n).map(Job::Indices)),
-            Some(dataset),
-            self.batcher.clone(),
-            EpochSeed {
-                seed: self.sampler.seed(),
-                epoch,
-            },
-        );
-        // A refused epoch has no length, so its position stays where it starts.
-        let progress = Progress::new(
-            self.sampler.position_at(epoch, first),
-            refused.is_none().then(|| self.sampler.len()),
-        );
-        let mut e = Epoch::new(Pipeline::start(spec), n, epoch, progress.clone());
-        if let Some(error) = refused {
-            e = e.refused(error);
+        let position = Kind::position_at(&*self.source, &self.sampler, epoch, first);
+        if let Err(error) = check_epoch(epoch) {
+            // A refused epoch asks the source for no plan, and has no length, so its
+            // position stays where it starts.
+            let seed = EpochSeed { seed: None, epoch };
+            let spec = self.run.spec(
+                Box::new(std::iter::empty()),
+                None,
+                self.batcher.clone(),
+                seed,
+            );
+            let progress = Progress::new(position, None);
+            let e =
+                Epoch::new(Pipeline::start(spec), Some(0), epoch, progress.clone()).refused(error);
+            self.run.started(e.counters(), progress);
+            return e;
         }
+        let plan = self.take_plan(epoch);
+        let started = Kind::start(&self.source, &self.sampler, epoch, first, plan);
+        let spec = self.run.spec(
+            started.jobs,
+            started.dataset,
+            self.batcher.clone(),
+            started.seed,
+        );
+        let progress = Progress::new(position, started.len);
+        let e = Epoch::new(
+            Pipeline::start(spec),
+            started.batches,
+            epoch,
+            progress.clone(),
+        );
         self.run.started(e.counters(), progress);
         e
     }
@@ -299,7 +312,7 @@ where
 
     /// Part `k` of `n` of this loader's shard, delivered to `device`: the loader of rank
     /// `rank * n + k` of `world * n` (as [`LoaderBuilder::build_per_device`] cuts it, so every
-    /// part has the same number of batches), sharing the dataset, the batcher and the pool,
+    /// part has the same number of batches), sharing the source, the batcher and the pool,
     /// with the same settings, starting at this loader's next epoch. `part(0, 1, device)` is
     /// this loader's own shard on another device. (Used by burn's adapter, which splits a loader
     /// across devices.)
@@ -308,7 +321,7 @@ where
         let (rank, world) = self.sampler.rank_and_world();
         let sampler = self.sampler.clone().shard(rank * n + k, world * n)?;
         let part = Loader::from_parts(
-            self.dataset.clone(),
+            self.source.clone(),
             self.batcher.clone(),
             sampler,
             self.run.workers,
@@ -322,7 +335,34 @@ where
     }
 }
 
-impl<D: Dataset, B> Loader<D, B> {
+impl<S: Source, B> Loader<S, B> {
+    /// The plan of epoch `epoch` made ahead, if any, taken; else a new one.
+    fn take_plan(&self, epoch: u64) -> Option<Plan> {
+        let mut planned = self.planned.lock().unwrap_or_else(|e| e.into_inner());
+        match planned.take() {
+            Some((e, plan)) if e == epoch => Some(plan),
+            _ => None,
+        }
+    }
+
+    /// Batches in epoch `epoch` (this rank's), for an indexed source.
+    fn epoch_len(&self, epoch: u64) -> usize {
+        let mut planned = self.planned.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((e, plan)) = &*planned
+            && *e == epoch
+        {
+            return self.sampler.plan_len(plan);
+        }
+        match Kind::plan(&*self.source, &self.sampler, epoch) {
+            Some(plan) => {
+                let len = self.sampler.plan_len(&plan);
+                *planned = Some((epoch, plan));
+                len
+            }
+            None => self.sampler.len(),
+        }
+    }
+
     /// Sets the epoch the next [`iter`](Self::iter) (or `for batch in &loader`) runs, like
     /// PyTorch's `sampler.set_epoch(e)`.
     pub fn set_epoch(&self, epoch: u64) {
@@ -334,17 +374,7 @@ impl<D: Dataset, B> Loader<D, B> {
         self.run.next_epoch.load(Ordering::Relaxed)
     }
 
-    /// Batches per epoch (this rank's).
-    pub fn len(&self) -> usize {
-        self.sampler.len()
-    }
-
-    /// Whether an epoch has no batch.
-    pub fn is_empty(&self) -> bool {
-        self.sampler.is_empty()
-    }
-
-    /// Whether batches arrive in the sampler's order ([`LoaderBuilder::in_order`]).
+    /// Whether batches arrive in order ([`LoaderBuilder::in_order`]).
     pub fn in_order(&self) -> bool {
         self.run.in_order
     }
@@ -375,14 +405,15 @@ impl<D: Dataset, B> Loader<D, B> {
         self.run.abandoned.reap()
     }
 
-    /// The order and the cut into batches.
+    /// The order and the cut into batches of a source the loader orders (the batch size, the
+    /// seed, the shard).
     pub fn sampler(&self) -> &Sampler {
         &self.sampler
     }
 
-    /// The dataset.
-    pub fn dataset(&self) -> &D {
-        &self.dataset
+    /// The source.
+    pub fn source(&self) -> &S {
+        &self.source
     }
 
     /// The batcher.
@@ -419,18 +450,40 @@ impl<D: Dataset, B> Loader<D, B> {
     /// Where the consumer is, to store in a checkpoint and resume from
     /// ([`LoaderBuilder::resume`]): after the last batch received from the epoch started last
     /// (at the start of the next epoch once it is over); before the first epoch, where the
-    /// loader starts. [`Epoch::position`] gives an epoch's own.
+    /// loader starts. [`Epoch::position`] gives an epoch's own. A stream resumes mid-epoch only
+    /// if its source is [`Seekable`](super::Seekable).
     pub fn position(&self) -> Position {
         self.run
-            .position(|epoch, batch| self.sampler.position_at(epoch, batch))
+            .position(|epoch, batch| Kind::position_at(&*self.source, &self.sampler, epoch, batch))
     }
 }
 
-impl<D, B> IntoIterator for &Loader<D, B>
+impl<D: Dataset, B> Loader<D, B>
 where
-    D: Dataset + 'static,
-    D::Sample: 'static,
-    B: Batcher<D::Sample> + 'static,
+    D: Source,
+{
+    /// Batches per epoch (this rank's): those of epoch [`next_epoch`](Self::next_epoch), for a
+    /// source that plans its epochs (its plan is made now, and reused when the epoch runs).
+    /// A loader over a stream has no length.
+    pub fn len(&self) -> usize {
+        self.epoch_len(self.next_epoch())
+    }
+
+    /// Whether an epoch has no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &D {
+        &self.source
+    }
+}
+
+impl<S, B> IntoIterator for &Loader<S, B>
+where
+    S: Source,
+    B: Batcher<S::Sample> + 'static,
     B::Batch: ToDevice + 'static,
 {
     type Item = Result<B::Batch>;
@@ -441,10 +494,10 @@ where
     }
 }
 
-impl<D: Dataset, B> std::fmt::Debug for Loader<D, B> {
+impl<S: Source, B> std::fmt::Debug for Loader<S, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
-            .field("samples", &self.dataset.len())
+            .field("samples", &Kind::samples(&*self.source))
             .field("sampler", &self.sampler)
             .field("workers", &self.run.workers)
             .field("prefetch", &self.run.prefetch)

@@ -16,6 +16,7 @@
 mod plan;
 
 use super::dataset::Dataset;
+use super::plan::{Plan, PlanRequest};
 use super::position::MIX_OF_PLANS;
 use crate::error::{Error, Result};
 use crate::hash::Fingerprint;
@@ -383,7 +384,11 @@ impl<D: Dataset> Mix<D> {
         let mut planned = false;
         for d in &self.sources {
             h.usize(d.len());
-            let plan = d.plan_setting().map(|(_, v)| v);
+            // A source's own fingerprint does not depend on the epoch: epoch 0's stands for all.
+            let plan = d
+                .plan(&PlanRequest::new(0))
+                .and_then(|p| p.fingerprint())
+                .map(|(_, v)| v);
             planned |= plan.is_some();
             h.u64(plan.unwrap_or(u64::MAX));
         }
@@ -407,40 +412,33 @@ impl<D: Dataset> Dataset for Mix<D> {
         self.sources[s].get(i)
     }
 
-    fn order(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        (rank, world): (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        let plan = self.plan(epoch, seed);
-        if world <= 1 {
-            return Some(plan);
-        }
+    /// The whole epoch's order ([`Mix::order`]) dealt to the ranks in units of a batch (with
+    /// counts per batch) or a sample, padded by repeating whole units from its start as the
+    /// sampler pads; with counts per batch, the mix cuts the batches itself. The fingerprint
+    /// covers the weights or counts, the stop rule, and each source's length and own
+    /// fingerprint.
+    fn plan(&self, r: &PlanRequest) -> Option<Plan> {
+        let order = self.order(r.epoch, r.seed);
         let unit = self.batch_size().unwrap_or(1);
-        let units = plan.len() / unit;
-        let per_rank = if drop_last {
-            units / world
+        let units = order.len() / unit;
+        let per_rank = if r.world <= 1 {
+            units
+        } else if r.drop_last {
+            units / r.world
         } else {
-            units.div_ceil(world)
+            units.div_ceil(r.world)
         };
-        let mut out = Vec::with_capacity(per_rank * unit);
-        for k in 0..per_rank {
-            // Padding repeats whole units from the start, as the sampler pads.
-            let u = (k * world + rank) % units.max(1);
-            out.extend_from_slice(&plan[u * unit..(u + 1) * unit]);
-        }
-        Some(out)
-    }
-
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
+        let unit_at = |k: usize| {
+            let u = (k * r.world.max(1) + r.rank) % units.max(1);
+            order[u * unit..(u + 1) * unit].to_vec()
+        };
+        let plan = match self.batch_size() {
+            Some(_) => Plan::batches((0..per_rank).map(unit_at)),
+            None if r.world <= 1 => Plan::order(order),
+            None => Plan::order((0..per_rank).flat_map(unit_at).collect()),
+        };
         let (fingerprint, planned) = self.fingerprint();
-        Some((if planned { MIX_OF_PLANS } else { SETTING }, fingerprint))
-    }
-
-    fn planned_batch_size(&self) -> Option<usize> {
-        self.batch_size()
+        Some(plan.with_fingerprint(if planned { MIX_OF_PLANS } else { SETTING }, fingerprint))
     }
 }
 

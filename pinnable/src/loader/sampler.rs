@@ -6,6 +6,7 @@
 //! [`SplitMix64`] generator driving a Fisher–Yates shuffle, so it is the same everywhere and in
 //! every version of this crate that keeps the tests of this module passing.
 
+use super::plan::{Plan, PlanRequest};
 use super::position::Position;
 use crate::error::{Error, Result};
 
@@ -129,7 +130,7 @@ pub struct Sampler {
     drop_last: bool,
     rank: usize,
     world: usize,
-    /// The dataset's own plan setting, when it plans its epochs: its name and value.
+    /// The fingerprint of the dataset's plans, when it plans its epochs: its name and value.
     plan: Option<(&'static str, u64)>,
 }
 
@@ -270,21 +271,21 @@ impl Sampler {
             } else {
                 Vec::new()
             },
-            batch_size: self.batch_size,
+            cut: Cut::Every(self.batch_size),
             next: first.min(n),
             end: n,
         }
     }
 
-    /// Records the setting of a dataset that plans its own epochs
-    /// ([`Dataset::plan_setting`](super::Dataset::plan_setting)): positions carry it.
-    pub(crate) fn planned_by(mut self, plan: Option<(&'static str, u64)>) -> Self {
+    /// Records the fingerprint of a dataset that plans its own epochs ([`Plan::fingerprint`]):
+    /// positions carry it.
+    pub(crate) fn fingerprinted(mut self, plan: Option<(&'static str, u64)>) -> Self {
         self.plan = plan;
         self
     }
 
-    /// The dataset's plan setting, its name and value, when it plans its own epochs.
-    pub fn plan_setting(&self) -> Option<(&'static str, u64)> {
+    /// The fingerprint of the dataset's plans, its name and value, when it plans its epochs.
+    pub fn fingerprint(&self) -> Option<(&'static str, u64)> {
         self.plan
     }
 
@@ -293,21 +294,58 @@ impl Sampler {
         self.drop_last
     }
 
-    /// The batches from batch `first` on of an epoch whose order the dataset planned
-    /// ([`Dataset::order`](super::Dataset::order)): at most
-    /// [`samples_per_rank`](Self::samples_per_rank) of `indices` are used.
-    pub fn batches_of(&self, mut indices: Vec<usize>, first: usize) -> Batches {
-        indices.truncate(self.samples_per_rank());
-        let n = if self.drop_last {
-            indices.len() / self.batch_size
-        } else {
-            indices.len().div_ceil(self.batch_size)
+    /// What this sampler asks a dataset that plans its epochs ([`Dataset::plan`](super::Dataset::plan))
+    /// for epoch `epoch`.
+    pub fn request(&self, epoch: u64) -> PlanRequest {
+        let r = PlanRequest::new(epoch)
+            .shard(self.rank, self.world)
+            .batch_size(self.batch_size)
+            .drop_last(self.drop_last);
+        match self.seed {
+            Some(seed) => r.shuffle(seed),
+            None => r,
+        }
+    }
+
+    /// The batches of a planned epoch from batch `first` on: the source's own cut, or (for a
+    /// plan of indices alone) at most [`samples_per_rank`](Self::samples_per_rank) of its
+    /// indices cut every `batch_size`.
+    pub fn batches_of(&self, plan: Plan, first: usize) -> Batches {
+        let (mut indices, ends) = plan.into_parts();
+        let (cut, n) = match ends {
+            Some(ends) => {
+                let n = ends.len();
+                (Cut::Ends(ends), n)
+            }
+            None => {
+                indices.truncate(self.samples_per_rank());
+                (Cut::Every(self.batch_size), self.planned_len(indices.len()))
+            }
         };
         Batches {
             indices,
-            batch_size: self.batch_size,
+            cut,
             next: first.min(n),
             end: n,
+        }
+    }
+
+    /// The batches a plan of `indices` indices alone gives.
+    fn planned_len(&self, indices: usize) -> usize {
+        let indices = indices.min(self.samples_per_rank());
+        if self.drop_last {
+            indices / self.batch_size
+        } else {
+            indices.div_ceil(self.batch_size)
+        }
+    }
+
+    /// The number of batches of a planned epoch.
+    pub(crate) fn plan_len(&self, plan: &Plan) -> usize {
+        if plan.is_cut() {
+            plan.batch_count(self.batch_size)
+        } else {
+            self.planned_len(plan.indices().len())
         }
     }
 
@@ -330,9 +368,18 @@ impl Sampler {
 #[derive(Clone, Debug)]
 pub struct Batches {
     indices: Vec<usize>,
-    batch_size: usize,
+    cut: Cut,
     next: usize,
     end: usize,
+}
+
+/// Where a [`Batches`]' batches end.
+#[derive(Clone, Debug)]
+enum Cut {
+    /// Every this many indices.
+    Every(usize),
+    /// At these offsets (a source's own cut).
+    Ends(Vec<usize>),
 }
 
 impl Iterator for Batches {
@@ -342,8 +389,16 @@ impl Iterator for Batches {
         if self.next >= self.end {
             return None;
         }
-        let start = self.next * self.batch_size;
-        let stop = (start + self.batch_size).min(self.indices.len());
+        let (start, stop) = match &self.cut {
+            Cut::Every(size) => {
+                let start = self.next * size;
+                (start, (start + size).min(self.indices.len()))
+            }
+            Cut::Ends(ends) => (
+                self.next.checked_sub(1).map_or(0, |p| ends[p]),
+                ends[self.next],
+            ),
+        };
         self.next += 1;
         Some(self.indices[start..stop].to_vec())
     }

@@ -135,7 +135,7 @@ pub use sample::{TarNpyBatcher, TarSample};
 
 use crate::error::{Error, Result};
 use crate::hash::Fingerprint;
-use crate::loader::{Dataset, SplitMix64, permutation};
+use crate::loader::{Dataset, Plan, PlanRequest, SplitMix64, permutation};
 use gzip::GzStreams;
 use local::open_file;
 
@@ -353,20 +353,7 @@ impl TarShards {
         Some(self.index.starts.as_slice().get(shard + 1)? - self.index.starts[shard])
     }
 
-    /// The indices (as [`Dataset::get`] takes them) of rank `rank` of `world`'s samples in
-    /// epoch `epoch`, in order: the plan the loader runs (see the [module docs](self)).
-    pub fn plan(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        (rank, world): (usize, usize),
-        drop_last: bool,
-    ) -> Vec<usize> {
-        let (run, out) = self.run_and_output(epoch, seed, (rank, world), drop_last);
-        out.into_iter().map(|p| run[p]).collect()
-    }
-
-    /// The plan of [`plan`](Self::plan) in two parts: the run in stream order (the shards'
+    /// The plan of [`Dataset::plan`] in two parts: the run in stream order (the shards'
     /// samples in shard order), and the output as positions in the run.
     fn run_and_output(
         &self,
@@ -500,15 +487,24 @@ impl Dataset for TarShards {
         }
     }
 
-    fn order(
-        &self,
-        epoch: u64,
-        seed: Option<u64>,
-        shard: (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        let (run, out) = self.run_and_output(epoch, seed, shard, drop_last);
-        // The loader runs this plan: a streaming source starts its streams for it.
+    /// The shards in order (shuffled by the loader's seed and the epoch), this rank's run of
+    /// their samples, and that run put through the shuffle buffer. The fingerprint: the
+    /// shuffle buffer (low 32 bits) and a hash of the shards' file names in list order (high
+    /// 32 bits): a position saved over other shards, or with another buffer, is refused.
+    fn plan(&self, r: &PlanRequest) -> Option<Plan> {
+        let (run, out) = self.run_and_output(r.epoch, r.seed, (r.rank, r.world), r.drop_last);
+        Some(
+            Plan::order(out.into_iter().map(|p| run[p]).collect()).with_fingerprint(
+                "shuffle buffer (low 32 bits) and shard-list hash (high 32 bits)",
+                (u64::from(self.names) << 32) | self.buffer.min(u32::MAX as usize) as u64,
+            ),
+        )
+    }
+
+    /// Starts this rank's reads for the epoch: a remote source's streams, and the order in
+    /// which gzip-compressed shards are decompressed.
+    fn prefetch(&self, r: &PlanRequest, _plan: &Plan) {
+        let (run, out) = self.run_and_output(r.epoch, r.seed, (r.rank, r.world), r.drop_last);
         #[cfg(feature = "remote")]
         self.stream(&run, &out);
         if let Some(gzip) = &self.index.gzip {
@@ -518,7 +514,7 @@ impl Dataset for TarShards {
                 place[p] = o;
             }
             gzip.plan(
-                shard,
+                (r.rank, r.world),
                 run.iter()
                     .zip(place)
                     .filter_map(|(&i, o)| match &index.entries[i] {
@@ -527,15 +523,5 @@ impl Dataset for TarShards {
                     }),
             );
         }
-        Some(out.into_iter().map(|p| run[p]).collect())
-    }
-
-    /// The shuffle buffer (low 32 bits) and a hash of the shards' file names in list order
-    /// (high 32 bits): a position saved over other shards, or with another buffer, is refused.
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        Some((
-            "shuffle buffer (low 32 bits) and shard-list hash (high 32 bits)",
-            (u64::from(self.names) << 32) | self.buffer.min(u32::MAX as usize) as u64,
-        ))
     }
 }

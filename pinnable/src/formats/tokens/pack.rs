@@ -14,6 +14,7 @@ use crate::gather::Gather;
 use crate::loader::batcher::Batcher;
 use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
+use crate::loader::plan::{Plan, PlanRequest};
 use crate::loader::position::PACKING_PLAN;
 use crate::loader::{Piece, TokenBudget};
 use crate::path::Walk;
@@ -160,18 +161,14 @@ impl Dataset for PackedDocs {
         Ok(index)
     }
 
-    fn order(
-        &self,
-        _epoch: u64,
-        _seed: Option<u64>,
-        shard: (usize, usize),
-        drop_last: bool,
-    ) -> Option<Vec<usize>> {
-        Some(self.plan.rank_slots(shard.0, shard.1, drop_last))
-    }
-
-    fn plan_setting(&self) -> Option<(&'static str, u64)> {
-        Some((PACKING_PLAN, self.plan.digest()))
+    /// One packed batch a slot, this rank's slots dealt from the plan's (the same every epoch;
+    /// the plan shuffles by its own seed). The fingerprint: the packing plan's digest.
+    fn plan(&self, r: &PlanRequest) -> Option<Plan> {
+        let slots = self.plan.rank_slots(r.rank, r.world, r.drop_last);
+        Some(
+            Plan::batches(slots.into_iter().map(|s| vec![s]))
+                .with_fingerprint(PACKING_PLAN, self.plan.digest()),
+        )
     }
 }
 

@@ -132,7 +132,8 @@ impl<D, B, F> Clone for BurnLoader<D, B, F> {
 
 impl<D, B, F> std::fmt::Debug for BurnLoader<D, B, F>
 where
-    D: Dataset,
+    D: Dataset + 'static,
+    D::Sample: 'static,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BurnLoader")

@@ -3,6 +3,7 @@
 
 use super::{Mix, Shares, Stop};
 use crate::loader::dataset::Dataset;
+use crate::loader::plan::PlanRequest;
 use crate::loader::sampler::{SplitMix64, permutation};
 
 impl<D: Dataset> Mix<D> {
@@ -116,8 +117,14 @@ impl<D: Dataset> Mix<D> {
             Stop::Forever { .. } => pass,
             _ => SplitMix64::for_epoch(epoch, pass).next_u64() >> 1,
         };
+        let request = PlanRequest::new(key);
+        let request = match seed {
+            Some(seed) => request.shuffle(seed),
+            None => request,
+        };
         let planned = d
-            .order(key, seed, (0, 1), false)
+            .plan(&request)
+            .map(|p| p.indices().to_vec())
             .filter(|p| !p.is_empty() && p.iter().all(|&i| i < d.len()));
         match (planned, seed) {
             (Some(p), _) => p,
@@ -137,12 +144,12 @@ impl<D: Dataset> Mix<D> {
     /// use pinnable::loader::{Mix, Stop};
     ///
     /// let mix = Mix::per_batch(vec![(vec![0u8; 4], 1), (vec![0u8; 2], 1)])?.stop(Stop::FirstExhausted)?;
-    /// let plan = mix.plan(0, Some(9));
+    /// let plan = mix.order(0, Some(9));
     /// assert_eq!(plan.len(), 4); // 2 batches of one sample each
     /// assert_eq!(plan.iter().filter(|&&i| i >= 4).count(), 2); // one from the second source each
     /// # Ok::<(), pinnable::Error>(())
     /// ```
-    pub fn plan(&self, epoch: u64, seed: Option<u64>) -> Vec<usize> {
+    pub fn order(&self, epoch: u64, seed: Option<u64>) -> Vec<usize> {
         let (draws, before) = self.draws(epoch, seed.unwrap_or(0));
         // Each source's reading: its pass, the place in it, and the pass's order (made when
         // the source is first drawn), as indices into the sources laid end to end.
