@@ -82,7 +82,7 @@ struct Run {
 }
 
 /// `batches` batches of `packed` to `device` after a warm-up, each handed to `consume`;
-/// built on the device (`PackedBatcher::on_device`) when `on_device`.
+/// built on the device (`PackedBatcher::device_built`) when `on_device`.
 fn run(
     packed: &PackedDocs,
     (workers, on_device): (usize, bool),
@@ -90,10 +90,7 @@ fn run(
     batches: usize,
     mut consume: impl FnMut(&PackedBatch),
 ) -> pinnable::Result<Run> {
-    let mut batcher = packed.batcher(DType::I64, device)?;
-    if on_device {
-        batcher = batcher.on_device(device)?;
-    }
+    let batcher = packed.batcher(DType::I64)?.device_built(on_device);
     let loader = Loader::builder(packed.clone())
         .workers(workers)
         .device(device.clone())

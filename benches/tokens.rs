@@ -88,7 +88,7 @@ fn run(
     mut consume: impl FnMut(&TokenBatch),
 ) -> pinnable::Result<Run> {
     let windows = TokenWindows::new(shards.clone(), t)?;
-    let batcher = windows.batcher(DType::I64, device)?;
+    let batcher = windows.batcher(DType::I64)?;
     let loader = Loader::builder(windows)
         .batch_size(b)
         .shuffle(7)
@@ -234,11 +234,7 @@ fn resume_once(windows: &TokenWindows, position: Position, batch: u64) -> f64 {
         .shuffle(7)
         .workers(2)
         .resume(p)
-        .build(
-            windows
-                .batcher(DType::I64, &Device::cpu())
-                .expect("batcher"),
-        )
+        .build(windows.batcher(DType::I64).expect("batcher"))
         .expect("resume");
     let mut epoch = loader.iter();
     epoch.next().expect("a batch").expect("a batch");
@@ -259,11 +255,7 @@ fn resume_part(dir: &Path, rep: &mut Report) {
     let position = Loader::builder(windows.clone())
         .batch_size(1)
         .shuffle(7)
-        .build(
-            windows
-                .batcher(DType::I64, &Device::cpu())
-                .expect("batcher"),
-        )
+        .build(windows.batcher(DType::I64).expect("batcher"))
         .expect("loader")
         .position();
     let time = |batch| {

@@ -76,9 +76,7 @@ fn main() -> pinnable::Result<()> {
 
     let mut per_rank = Vec::new();
     for rank in 0..world {
-        let batcher = packed
-            .batcher(DType::I64, &device)?
-            .fixed_shape(flag("--fixed"));
+        let batcher = packed.batcher(DType::I64)?.fixed_shape(flag("--fixed"));
         let loader = Loader::builder(packed.clone())
             .shard(rank, world)
             .workers(workers)

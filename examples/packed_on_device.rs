@@ -80,7 +80,7 @@ fn main() -> pinnable::Result<()> {
     .shuffle(r.random())
     .build(td.lengths().clone())?;
     let packed = PackedDocs::new(td, plan)?;
-    let host = packed.batcher(DType::I64, &Device::cpu())?;
+    let host = packed.batcher(DType::I64)?;
 
     // Built on the host, checked against the definition.
     let loader = Loader::builder(packed.clone())
@@ -114,7 +114,7 @@ fn main() -> pinnable::Result<()> {
     else {
         return Ok(());
     };
-    let got = epoch(&packed, host.on_device(&device)?, &device)?;
+    let got = epoch(&packed, host.clone().device_built(true), &device)?;
     assert_eq!(got, want);
     println!(
         "built on {device}: the same {} batches, field for field; {:.2} MB crossed the link \

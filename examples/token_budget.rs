@@ -23,7 +23,7 @@ fn epoch(packed: &PackedDocs, device: &Device) -> pinnable::Result<Vec<(Vec<i64>
     let loader = Loader::builder(packed.clone())
         .workers(2)
         .device(device.clone())
-        .build(packed.batcher(DType::I64, device)?)?;
+        .build(packed.batcher(DType::I64)?)?;
     assert_eq!(loader.len(), packed.plan().len());
     let mut out = Vec::new();
     for b in &loader {

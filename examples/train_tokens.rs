@@ -160,7 +160,7 @@ fn main() -> pinnable::Result<()> {
         o.batch_size,
         o.context
     );
-    let batcher = windows.batcher(DType::I64, &device)?;
+    let batcher = windows.batcher(DType::I64)?;
     let builder = |workers: usize| -> LoaderBuilder<TokenWindows> {
         Loader::builder(windows.clone())
             .batch_size(o.batch_size)

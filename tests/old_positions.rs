@@ -7,7 +7,7 @@
 use pinnable::formats::tar::{TarSample, TarShards};
 use pinnable::formats::tokens::{PackedDocs, TokenDocs};
 use pinnable::loader::{Budget, Collator, Loader, Mix, Position, TokenBudget};
-use pinnable::{DType, Device, Error, Result, Tensor, ToDevice};
+use pinnable::{DType, Error, Result, Tensor, ToDevice};
 
 /// The repository's `tests/data`, wherever the tests run (`pinnable_harness::fixture`).
 fn fixtures() -> std::path::PathBuf {
@@ -202,7 +202,7 @@ fn a_packing_plan_of_format_2_is_refused_with_what_to_do() {
     let (position, next) = saved("packed");
     assert_eq!((position.epoch(), position.batch()), (1, 3));
     let p = packed();
-    let batcher = || p.batcher(DType::I64, &Device::cpu()).unwrap();
+    let batcher = || p.batcher(DType::I64).unwrap();
     let err = packed_builder(&p)
         .resume(position)
         .build(batcher())

@@ -12,7 +12,7 @@ use pinnable::formats::tokens::{
     IGNORE_INDEX, PackedBatch, PackedDocs, Separator, TokenDocs, TokenShards,
 };
 use pinnable::loader::{Budget, Collator, Dataset, Loader, Piece, Position, TokenBudget};
-use pinnable::{DType, Device, Error, PinnedPool, Tensor, ToDevice};
+use pinnable::{DType, Error, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::tokens::{TempDir, token_bytes, write};
 use pinnable_harness::{cuda_or_skip, rng};
 use rand::Rng;
@@ -137,7 +137,7 @@ fn hand_computed_batch_matches_the_flattening_collator() {
         .unwrap();
     assert_eq!(plan.len(), 1);
     let packed = PackedDocs::new(docs, plan).unwrap();
-    let batcher = packed.batcher(DType::I64, &Device::cpu()).unwrap();
+    let batcher = packed.batcher(DType::I64).unwrap();
     let pool = PinnedPool::global();
     let b = batcher.batch_at(0, 0, &mut Collator::new(pool)).unwrap();
     let want = Values {
@@ -187,7 +187,7 @@ fn random_batches_equal_the_flattening_definition() {
         64,
     );
     for dtype in [DType::I64, DType::I32] {
-        let batcher = p.batcher(dtype, &Device::cpu()).unwrap();
+        let batcher = p.batcher(dtype).unwrap();
         let epoch = r.random_range(0..4);
         for slot in 0..p.len() {
             let b = batcher
@@ -236,7 +236,7 @@ fn batches_equal_hugging_faces_collator_output() {
     .unwrap();
     let batcher = PackedDocs::new(td, plan)
         .unwrap()
-        .batcher(DType::I64, &Device::cpu())
+        .batcher(DType::I64)
         .unwrap();
     let members = members.to_vec::<i64>().unwrap();
     let mut first = 0;
@@ -295,10 +295,7 @@ fn batches_never_exceed_the_budget() {
         };
         let p = packed(&td, budget, r.random(), r.random_range(1..200));
         let fixed = r.random_bool(0.3);
-        let batcher = p
-            .batcher(DType::I64, &Device::cpu())
-            .unwrap()
-            .fixed_shape(fixed);
+        let batcher = p.batcher(DType::I64).unwrap().fixed_shape(fixed);
         let loader = Loader::builder(p.clone())
             .workers(2)
             .build(batcher)
@@ -364,7 +361,7 @@ fn every_rank_gets_the_same_number_of_batches() {
             let mut counts = Vec::new();
             let mut seen = vec![false; docs.len()];
             for rank in 0..world {
-                let batcher = p.batcher(DType::I32, &Device::cpu()).unwrap();
+                let batcher = p.batcher(DType::I32).unwrap();
                 let loader = Loader::builder(p.clone())
                     .shard(rank, world)
                     .drop_last(drop_last)
@@ -418,7 +415,7 @@ fn order_does_not_depend_on_the_worker_count() {
         50,
     );
     let run = |workers: usize| -> Vec<Values> {
-        let batcher = p.batcher(DType::I64, &Device::cpu()).unwrap();
+        let batcher = p.batcher(DType::I64).unwrap();
         let loader = Loader::builder(p.clone())
             .workers(workers)
             .build(batcher)
@@ -449,7 +446,7 @@ fn resume_at_a_random_batch_equals_the_uninterrupted_run() {
     let p = packed(&td, budget, seed, 40);
     let (rank, world) = (r.random_range(0..3), 3);
     let loader_of = |p: &PackedDocs, workers: usize, at: Option<Position>| {
-        let batcher = p.batcher(DType::I64, &Device::cpu()).unwrap();
+        let batcher = p.batcher(DType::I64).unwrap();
         let mut b = Loader::builder(p.clone())
             .shard(rank, world)
             .workers(workers);
@@ -517,7 +514,7 @@ fn over_budget_document_is_an_error_naming_it_or_is_split() {
         .build(td.lengths().clone())
         .unwrap();
     let p = PackedDocs::new(td, plan).unwrap();
-    let batcher = p.batcher(DType::I64, &Device::cpu()).unwrap();
+    let batcher = p.batcher(DType::I64).unwrap();
     let mut pieces: Vec<Piece> = Vec::new();
     for slot in 0..p.len() {
         let b = batcher
@@ -643,8 +640,12 @@ fn device_batches_equal_the_host_path() {
             DType::I32
         };
         let fixed = r.random_bool(0.3);
-        let host = p.batcher(dtype, &Device::cpu()).unwrap().fixed_shape(fixed);
-        let on_gpu = p.batcher(dtype, &device).unwrap().fixed_shape(fixed);
+        let host = p.batcher(dtype).unwrap().fixed_shape(fixed);
+        let on_gpu = p
+            .batcher(dtype)
+            .unwrap()
+            .fixed_shape(fixed)
+            .device_built(false);
         let epoch = r.random_range(0..3);
         for slot in 0..p.len().min(200 - done) {
             let pool = PinnedPool::global();
@@ -652,7 +653,7 @@ fn device_batches_equal_the_host_path() {
                 .batch_at(epoch, slot, &mut Collator::new(pool))
                 .unwrap();
             let b = on_gpu
-                .batch_at(epoch, slot, &mut Collator::new(pool))
+                .batch_at(epoch, slot, &mut Collator::new(pool).with_device(&device))
                 .unwrap();
             assert!(b.input_ids.is_pending());
             let b = b.to_device(&device, r.random_bool(0.5)).unwrap();

@@ -133,16 +133,18 @@ fn device_built_batches_equal_the_host_path() {
         } else {
             u32::from(r.random::<u16>())
         };
-        let host = p.batcher(dtype, &Device::cpu()).unwrap();
+        let host = p.batcher(dtype).unwrap();
         let host = host.fixed_shape(fixed).seq_idx(seq).pad_id(pad).unwrap();
-        let on = host.clone().on_device(&device).unwrap();
+        // The same batcher: a batch for a CUDA device is built there.
+        let on = host.clone();
         let epoch = r.random_range(0..3);
         // At most 50 slots of a dataset: four datasets at least, one in each mode.
         for slot in 0..p.len().min(50) {
             let a = host
                 .batch_at(epoch, slot, &mut Collator::new(&pool))
                 .unwrap();
-            let b = on.batch_at(epoch, slot, &mut Collator::new(&pool)).unwrap();
+            let mut c = Collator::new(&pool).with_device(&device);
+            let b = on.batch_at(epoch, slot, &mut c).unwrap();
             assert!(!b.input_ids.is_pending(), "built, not waiting for a move");
             let (a, b) = (fields(&a, &Device::cpu()), fields(&b, &device));
             assert_eq!(b.dtype, dtype);
@@ -170,9 +172,9 @@ fn device_built_batches_through_the_loader() {
     };
     let mut r = rng(test);
     let p = random_packed(&mut r, false);
-    let host = p.batcher(DType::I64, &Device::cpu()).unwrap();
+    let host = p.batcher(DType::I64).unwrap();
     let host = host.fixed_shape(true);
-    let on = host.clone().on_device(&device).unwrap();
+    let on = host.clone();
     let run = |batcher, to: &Device| -> Vec<Fields> {
         let loader = Loader::builder(p.clone())
             .workers(4)
@@ -221,9 +223,10 @@ fn staged_input_ids_arrive_whole_alone_with_the_batch_and_by_every_route() {
     let p = PackedDocs::new(td, plan).unwrap();
     let mut failures = Vec::new();
     for dtype in [DType::I64, DType::I32] {
-        let on_gpu = p.batcher(dtype, &device).unwrap();
+        let on_gpu = p.batcher(dtype).unwrap().device_built(false);
         let pool = PinnedPool::global();
-        let b = on_gpu.batch_at(0, 0, &mut Collator::new(pool)).unwrap();
+        let mut c = Collator::new(pool).with_device(&device);
+        let b = on_gpu.batch_at(0, 0, &mut c).unwrap();
         let want = ints(&b.input_ids.tensor().unwrap());
         assert!(
             want.iter().any(|&t| t != 0),

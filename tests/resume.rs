@@ -156,7 +156,7 @@ fn a_token_loader_resumes_byte_for_byte_with_1_4_and_8_workers() {
     };
     let batcher = TokenWindows::new(shards.clone(), context)
         .unwrap()
-        .batcher(DType::I64, &Device::cpu())
+        .batcher(DType::I64)
         .unwrap();
     let bytes = |b: pinnable::formats::tokens::TokenBatch| -> Bytes {
         vec![

@@ -10,7 +10,7 @@ use pinnable::formats::tokens::{
     Residency, ShardFormat, TokenBatch, TokenBatcher, TokenShards, TokenWindows,
 };
 use pinnable::loader::{Dataset, Loader};
-use pinnable::{DType, Device, Error, Tensor};
+use pinnable::{DType, Error, Tensor};
 use pinnable_harness::rng;
 use pinnable_harness::tokens::{
     FORMATS, Reference, TempDir, random_shards, random_tokens, shard_file, token_bytes, write,
@@ -100,7 +100,7 @@ fn batches_equal_the_reference_in_every_format_residency_and_dtype() {
             }
             let windows = TokenWindows::new(shards, context).unwrap();
             assert_eq!(windows.len(), reference.windows().len());
-            let batcher = windows.batcher(dtype, &Device::cpu()).unwrap();
+            let batcher = windows.batcher(dtype).unwrap();
             let batch_size = r.random_range(1..9);
             let mut builder = Loader::builder(windows)
                 .batch_size(batch_size)
@@ -169,7 +169,7 @@ fn several_formats_make_one_stream_and_a_window_never_crosses_a_shard() {
     let loader = Loader::builder(windows.clone())
         .batch_size(3)
         .workers(2)
-        .build(windows.batcher(DType::I64, &Device::cpu()).unwrap())
+        .build(windows.batcher(DType::I64).unwrap())
         .unwrap();
     let xs: Vec<i64> = loader.iter().flat_map(|b| xy(&b.unwrap()).0).collect();
     let mut want = Vec::new();
@@ -310,7 +310,7 @@ fn u32_tokens_that_do_not_fit_an_i32_batch_are_an_error_naming_the_token() {
     let loader = Loader::builder(windows.clone())
         .batch_size(64)
         .workers(1)
-        .build(windows.batcher(DType::I32, &Device::cpu()).unwrap())
+        .build(windows.batcher(DType::I32).unwrap())
         .unwrap();
     let e = loader.iter().find_map(Result::err).expect("an error");
     assert_eq!(field(e, &path), format!("token {at}"));
@@ -318,10 +318,10 @@ fn u32_tokens_that_do_not_fit_an_i32_batch_are_an_error_naming_the_token() {
     let loader = Loader::builder(windows.clone())
         .batch_size(64)
         .workers(1)
-        .build(windows.batcher(DType::I64, &Device::cpu()).unwrap())
+        .build(windows.batcher(DType::I64).unwrap())
         .unwrap();
     assert!(loader.iter().all(|b| b.is_ok()));
-    assert!(windows.batcher(DType::F32, &Device::cpu()).is_err());
+    assert!(windows.batcher(DType::F32).is_err());
 }
 
 /// Each window of random tokens is told apart by its `x`.
@@ -358,7 +358,7 @@ fn ranks_get_disjoint_windows_that_cover_the_epoch() {
         let mut lens = Vec::new();
         for rank in 0..world {
             let windows = TokenWindows::new(shards.clone(), context).unwrap();
-            let batcher: TokenBatcher = windows.batcher(DType::I64, &Device::cpu()).unwrap();
+            let batcher: TokenBatcher = windows.batcher(DType::I64).unwrap();
             let loader = Loader::builder(windows)
                 .batch_size(batch_size)
                 .shuffle(seed)

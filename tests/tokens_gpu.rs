@@ -80,7 +80,7 @@ fn two_hundred_random_batches_reach_the_device_equal_to_the_reference() {
             random_shards(&mut r, dir.path(), format, token_type, context, vocab);
         let shards = open(&paths, format, residency, vocab).unwrap();
         let windows = TokenWindows::new(shards, context).unwrap();
-        let batcher = windows.batcher(dtype, &dev).unwrap();
+        let batcher = windows.batcher(dtype).unwrap();
         let loader = Loader::builder(windows)
             .batch_size(r.random_range(1..65))
             .shuffle(r.random())
@@ -125,7 +125,7 @@ fn a_run_resumed_on_the_device_delivers_the_uninterrupted_batches() {
     let (batch_size, seed) = (r.random_range(1..9), r.random::<u64>());
     let build = |workers: usize, prefetch: usize| {
         let windows = TokenWindows::new(shards.clone(), context).unwrap();
-        let batcher = windows.batcher(DType::I64, &dev).unwrap();
+        let batcher = windows.batcher(DType::I64).unwrap();
         (
             Loader::builder(windows)
                 .batch_size(batch_size)

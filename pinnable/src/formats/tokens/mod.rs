@@ -44,7 +44,7 @@
 //! let windows = TokenWindows::new(shards, 64)?; // (1000 - 1) / 64 = 15 windows of 65 tokens
 //! assert_eq!(windows.len(), 15);
 //! let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
-//! let batcher = windows.batcher(DType::I64, &device)?; // on a GPU: u16 cross, i64 made there
+//! let batcher = windows.batcher(DType::I64)?; // on a GPU: u16 cross, i64 made there
 //! let loader = Loader::builder(windows)
 //!     .batch_size(4)
 //!     .shuffle(1)

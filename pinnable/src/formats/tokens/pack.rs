@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use super::docs::TokenDocs;
 use crate::batch::Slot;
 use crate::convert::Convert;
-use crate::cuda::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::gather::Gather;
@@ -52,7 +51,7 @@ pub const IGNORE_INDEX: i64 = -100;
 ///     .build(docs.lengths().clone())?;
 /// let packed = PackedDocs::new(docs, plan)?;
 /// let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
-/// let batcher = packed.batcher(DType::I64, &device)?;
+/// let batcher = packed.batcher(DType::I64)?;
 /// let loader = Loader::builder(packed).workers(2).device(device).build(batcher)?;
 /// let mut tokens = 0;
 /// for batch in &loader {
@@ -112,33 +111,21 @@ impl PackedDocs {
     ///
     /// [`Error::Config`] for another dtype, or i32 batches of u32 tokens on a CUDA device
     /// without a vocabulary check that keeps them below 2³¹.
-    pub fn batcher(&self, dtype: DType, device: &Device) -> Result<PackedBatcher> {
+    pub fn batcher(&self, dtype: DType) -> Result<PackedBatcher> {
         if !matches!(dtype, DType::I64 | DType::I32) {
             return Err(Error::Config {
                 setting: "dtype",
                 problem: format!("token batches are i64 or i32, not {dtype}"),
             });
         }
-        let on_device = device.ordinal().is_some();
-        let wraps = self.docs.vocab().is_none_or(|v| v > 1 << 31);
-        if on_device && dtype == DType::I32 && self.docs.dtype() == DType::U32 && wraps {
-            return Err(Error::Config {
-                setting: "dtype",
-                problem: "i32 batches of u32 tokens on a device need shards opened with a \
-                          vocabulary check of at most 2^31 (ShardOptions::vocab); or take i64 \
-                          batches"
-                    .into(),
-            });
-        }
         Ok(PackedBatcher {
             docs: self.docs.clone(),
             plan: self.plan.clone(),
             dtype,
-            on_device,
             fixed_shape: false,
             seq_idx: true,
             pad_id: 0,
-            built_on: None,
+            device_built: true,
             cache: Arc::new(Mutex::new(Vec::new())),
         })
     }
@@ -241,21 +228,23 @@ impl Pinnable for PackedBatch {
 /// One epoch's batches, all ranks' together.
 type EpochPlan = Arc<Vec<Vec<Piece>>>;
 
-/// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`]. Every field is written
-/// into the batch's one pinned block by the loader's worker; for a CUDA device `input_ids`
-/// crosses the link as the documents' u16/u32 tokens and is widened there. With
-/// [`on_device`](Self::on_device) only they and `cu_seqlens` cross; the device writes the rest.
+/// Makes [`PackedBatch`]es of plan slots, from [`PackedDocs::batcher`], for the device each
+/// batch goes to (the loader's, from [`Collator::device`]). For a CUDA device the batch is
+/// built there: only the documents' u16/u32 tokens and `cu_seqlens` cross the link, and the
+/// crate's packing kernel writes the rest ([`device_built`](Self::device_built)). For the host,
+/// or with `device_built(false)`, every field is written into the batch's one pinned block by
+/// the loader's worker (for a CUDA device `input_ids` then crosses as the documents' tokens
+/// and is widened there).
 #[derive(Clone, Debug)]
 pub struct PackedBatcher {
     docs: Arc<TokenDocs>,
     plan: Arc<TokenBudget>,
     dtype: DType,
-    on_device: bool,
     fixed_shape: bool,
     seq_idx: bool,
     pad_id: u32,
-    /// Where batches are built, when not on the host ([`on_device`](Self::on_device)).
-    built_on: Option<Device>,
+    /// Whether a CUDA device's batches are built there ([`device_built`](Self::device_built)).
+    device_built: bool,
     /// The plans of the epochs asked for last.
     cache: Arc<Mutex<Vec<(u64, EpochPlan)>>>,
 }
@@ -358,7 +347,7 @@ impl PackedBatcher {
     /// ])?;
     /// let plan = TokenBudget::options(Budget::Tokens { max_tokens: 8, count_padding: false })
     ///     .build(docs.lengths().clone())?;
-    /// let batcher = PackedDocs::new(docs, plan)?.batcher(DType::I64, &Device::cpu())?;
+    /// let batcher = PackedDocs::new(docs, plan)?.batcher(DType::I64)?;
     /// let pieces = vec![Piece { sample: 1, start: 0, len: 2 }, Piece { sample: 0, start: 0, len: 3 }];
     /// let b = batcher.batch_of(pieces, &mut Collator::new(PinnedPool::global()))?;
     /// assert_eq!(b.input_ids.tensor()?.to_vec::<i64>()?, vec![8, 9, 5, 6, 7]);
@@ -415,12 +404,26 @@ impl PackedBatcher {
             cu.push(cu[cu.len() - 1] + p.len as i32);
         }
         cu.resize(n_cu, real as i32);
-        if let Some(device) = &self.built_on {
-            return self.build_on_device(device, pieces, cu, total, c);
+        let device = c.device().clone();
+        let on_device = device.ordinal().is_some();
+        if on_device {
+            let wraps = self.docs.vocab().is_none_or(|v| v > 1 << 31);
+            if self.dtype == DType::I32 && self.docs.dtype() == DType::U32 && wraps {
+                return Err(Error::Config {
+                    setting: "dtype",
+                    problem: "i32 batches of u32 tokens on a device need shards opened with a \
+                              vocabulary check of at most 2^31 (ShardOptions::vocab); or take \
+                              i64 batches"
+                        .into(),
+                });
+            }
+            if self.device_built {
+                return self.build_on_device(&device, pieces, cu, total, c);
+            }
         }
         let max_seqlen = pieces.iter().map(|p| p.len).max().unwrap_or(0);
         let shape = [1, total];
-        let tokens = if self.on_device {
+        let tokens = if on_device {
             c.empty("tokens", self.docs.dtype(), &[total])?
         } else {
             c.empty("input_ids", self.dtype, &shape)?
@@ -446,7 +449,7 @@ impl PackedBatcher {
             }
             _ => self.docs.copy_pieces(&pieces, &mut compact[..real])?,
         }
-        if self.on_device {
+        if on_device {
             // Compact over the link: the GPU widens them.
             let mut v = out.view_mut(tokens)?;
             match self.docs.dtype() {
@@ -462,7 +465,7 @@ impl PackedBatcher {
             real,
             compact: &compact,
         };
-        let ids = (!self.on_device).then_some(tokens);
+        let ids = (!on_device).then_some(tokens);
         match self.dtype {
             DType::I64 => fields.write::<i64>(&mut out, ids, labels, positions)?,
             _ => fields.write::<i32>(&mut out, ids, labels, positions)?,
@@ -486,7 +489,7 @@ impl PackedBatcher {
             dst[..real].fill(1);
             dst[real..].fill(0);
         }
-        let input_ids = if self.on_device {
+        let input_ids = if on_device {
             let staged = out.take(tokens)?;
             Gather::windows(&staged, [0], total)?.convert(Convert::cast(self.dtype))?
         } else {

@@ -1,4 +1,4 @@
-//! Packed batches built on the device ([`PackedBatcher::on_device`]): the worker stages only
+//! Packed batches built on the device ([`PackedBatcher::device_built`]): the worker stages only
 //! the compact tokens and `cu_seqlens` in pinned memory; one upload and one kernel
 //! (`pinnable/kernels/pack.cu`) lay out every field in one device allocation.
 
@@ -32,40 +32,17 @@ thread_local! {
 }
 
 impl PackedBatcher {
-    /// Builds batches on `device` (a CUDA device): the worker writes only the documents'
-    /// u16/u32 tokens and `cu_seqlens` into pinned memory (2–4 bytes a token instead of about
-    /// 22), and the crate's packing kernel writes `input_ids`, `labels`, `position_ids`,
-    /// `seq_idx` and `padding_mask` from them, every value as the host path's. The batch's
-    /// tensors are on `device` with a ready event (nothing waits on the host); `cu_seqlens_host`
-    /// and `max_seqlen` stay on the host.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] when `device` is not a CUDA device, or for i32 batches of u32 tokens
-    /// without a vocabulary check that keeps them below 2³¹ (open the shards with
-    /// `ShardOptions::vocab`, or take i64 batches).
-    pub fn on_device(mut self, device: &Device) -> Result<Self> {
-        if device.ordinal().is_none() {
-            return Err(Error::Config {
-                setting: "on_device",
-                problem: format!(
-                    "packed batches are built on a CUDA device, not on {device}; leave \
-                     on_device out for the host path"
-                ),
-            });
-        }
-        let wraps = self.docs.vocab().is_none_or(|v| v > 1 << 31);
-        if self.dtype == DType::I32 && self.docs.dtype() == DType::U32 && wraps {
-            return Err(Error::Config {
-                setting: "dtype",
-                problem: "i32 batches of u32 tokens built on a device need shards opened with \
-                          a vocabulary check of at most 2^31 (ShardOptions::vocab); or take \
-                          i64 batches"
-                    .into(),
-            });
-        }
-        self.built_on = Some(device.clone());
-        Ok(self)
+    /// Whether batches for a CUDA device are built there (the default): the worker writes
+    /// only the documents' u16/u32 tokens and `cu_seqlens` into pinned memory (2–4 bytes a
+    /// token instead of about 22), and the crate's packing kernel writes `input_ids`,
+    /// `labels`, `position_ids`, `seq_idx` and `padding_mask` from them, every value as the
+    /// host path's. The batch's tensors are then on the device with a ready event (nothing
+    /// waits on the host); `cu_seqlens_host` and `max_seqlen` stay on the host. With `false`,
+    /// every field is written on the host and moved. Batches for the host are written there
+    /// either way.
+    pub fn device_built(mut self, device_built: bool) -> Self {
+        self.device_built = device_built;
+        self
     }
 
     /// The batch of `pieces` built on `device`; `cu` is its `cu_seqlens` (padded in fixed
@@ -87,7 +64,7 @@ impl PackedBatcher {
                 ),
             });
         }
-        let dev = device.cuda_device("PackedBatcher::on_device")?.clone();
+        let dev = device.cuda_device("PackedBatcher::device_built")?.clone();
         let real = cu[pieces.len()] as usize;
         let staging = stage(self, &pieces, &cu, c.pool())?;
         let layout = Layout::of(self, total, cu.len(), real);
@@ -205,8 +182,11 @@ fn launch(
     real: usize,
 ) -> Result<Arena> {
     let kernels = pack_kernels(dev).map_err(|why| Error::Config {
-        setting: "on_device",
-        problem: format!("the packing kernels cannot load ({why}); leave on_device out"),
+        setting: "device_built",
+        problem: format!(
+            "the packing kernels cannot load ({why}); build on the host with \
+             `.device_built(false)`"
+        ),
     })?;
     let total = layout.total;
     // SAFETY: every byte a tensor exposes is written by the kernel (each field's `total`

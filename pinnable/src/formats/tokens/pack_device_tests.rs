@@ -3,8 +3,7 @@
 
 use super::{Layout, PackedBatcher, stage};
 use crate::dtype::DType;
-use crate::error::Error;
-use crate::formats::tokens::{PackedDocs, TokenDocs};
+use crate::formats::tokens::{PackedBatch, PackedDocs, TokenDocs};
 use crate::loader::{Budget, Collator, SplitMix64, TokenBudget};
 use crate::{Device, PinnedPool, Tensor};
 
@@ -132,7 +131,7 @@ fn the_kernels_model_equals_the_host_path() {
         seen[usize::from(fixed)][usize::from(with_seq)] = true;
         let pad = if wide { r.u32() } else { u32::from(r.u16()) };
         let b: PackedBatcher = packed
-            .batcher(dtype, &Device::cpu())
+            .batcher(dtype)
             .unwrap()
             .fixed_shape(fixed)
             .seq_idx(with_seq)
@@ -201,16 +200,28 @@ fn the_kernels_model_equals_the_host_path() {
     assert_eq!(seen, [[true; 2]; 2], "every mode was drawn");
 }
 
-/// Building on the host's device is refused, saying what to do instead.
+/// A batch for the host is written on the host whether or not CUDA batches are built on the
+/// device: the same values, nothing pending, every tensor on the host.
 #[test]
-fn on_device_refuses_the_cpu() {
-    let mut r = Rng(SplitMix64::for_test("on_device_refuses_the_cpu"));
-    let b = random_packed(&mut r, false)
-        .batcher(DType::I64, &Device::cpu())
-        .unwrap();
-    let e = b.on_device(&Device::cpu()).unwrap_err();
-    assert!(
-        matches!(&e, Error::Config { setting: "on_device", problem } if problem.contains("leave on_device out")),
-        "{e}"
-    );
+fn a_host_batch_is_written_on_the_host_either_way() {
+    let mut r = Rng(SplitMix64::for_test(
+        "a_host_batch_is_written_on_the_host_either_way",
+    ));
+    let packed = random_packed(&mut r, false);
+    let pool = PinnedPool::global();
+    let built = packed.batcher(DType::I64).unwrap();
+    let written = built.clone().device_built(false);
+    for slot in 0..packed.plan().len().min(4) {
+        let a = built.batch_at(0, slot, &mut Collator::new(pool)).unwrap();
+        let b = written.batch_at(0, slot, &mut Collator::new(pool)).unwrap();
+        assert!(!a.input_ids.is_pending());
+        assert_eq!(a.labels.device(), Device::cpu());
+        let ids = |b: &PackedBatch| b.input_ids.tensor().unwrap().to_vec::<i64>().unwrap();
+        assert_eq!(ids(&a), ids(&b), "slot {slot}");
+        assert_eq!(
+            a.labels.to_vec::<i64>().unwrap(),
+            b.labels.to_vec::<i64>().unwrap()
+        );
+        assert_eq!(a.cu_seqlens_host, b.cu_seqlens_host);
+    }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use super::TokenShards;
 use crate::batch::TensorMut;
 use crate::convert::Convert;
-use crate::cuda::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::gather::Gather;
@@ -136,7 +135,7 @@ impl TokenWindows {
         })
     }
 
-    /// The batcher of these windows for a loader delivering to `device`: batches `x` and `y`
+    /// The batcher of these windows: batches `x` and `y`
     /// of `dtype`, [`DType::I64`] (what PyTorch's embedding and cross-entropy take) or
     /// [`DType::I32`].
     ///
@@ -148,34 +147,24 @@ impl TokenWindows {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for another dtype, or for i32 batches of u32 tokens on a CUDA device
-    /// without a vocabulary check that keeps them below 2³¹ ([`ShardOptions::vocab`]: the GPU
-    /// widens as Rust's `as` does, and a larger id would wrap).
+    /// [`Error::Config`] for another dtype. A batch of i32 tokens from u32 shards for a CUDA
+    /// device fails unless the shards were opened with a vocabulary check that keeps them
+    /// below 2³¹ ([`ShardOptions::vocab`]: the GPU widens as Rust's `as` does, and a larger id
+    /// would wrap).
     ///
     /// [`ShardOptions::vocab`]: super::ShardOptions::vocab
-    pub fn batcher(&self, dtype: DType, device: &Device) -> Result<TokenBatcher> {
+    pub fn batcher(&self, dtype: DType) -> Result<TokenBatcher> {
         if !matches!(dtype, DType::I64 | DType::I32) {
             return Err(Error::Config {
                 setting: "dtype",
                 problem: format!("token batches are i64 or i32, not {dtype}"),
             });
         }
-        let on_device = device.ordinal().is_some();
-        let wraps = self.shards.vocab().is_none_or(|v| v > 1 << 31);
-        if on_device && dtype == DType::I32 && self.shards.dtype() == DType::U32 && wraps {
-            return Err(Error::Config {
-                setting: "dtype",
-                problem: "i32 batches of u32 tokens on a device need the shards opened with a \
-                          vocabulary check of at most 2^31 (ShardOptions::vocab); or take i64 \
-                          batches"
-                    .into(),
-            });
-        }
         Ok(TokenBatcher {
             shards: self.shards.clone(),
             context: self.context,
             dtype,
-            on_device,
+            gather: false,
         })
     }
 }
@@ -234,8 +223,8 @@ pub struct TokenBatcher {
     shards: Arc<TokenShards>,
     context: usize,
     dtype: DType,
-    /// Whether the batches go to a CUDA device (gathered there) or stay on the host.
-    on_device: bool,
+    /// Gathers as for a CUDA device whatever the batch's device (tests without a GPU).
+    gather: bool,
 }
 
 impl TokenBatcher {
@@ -294,7 +283,18 @@ impl Batcher<Window> for TokenBatcher {
                 during: "collating",
                 source: Box::new(source),
             })?;
-        if self.on_device {
+        // The batch's device is the loader's: a CUDA device gathers there.
+        if self.gather || c.device().ordinal().is_some() {
+            let wraps = self.shards.vocab().is_none_or(|v| v > 1 << 31);
+            if self.dtype == DType::I32 && self.shards.dtype() == DType::U32 && wraps {
+                return Err(Error::Config {
+                    setting: "dtype",
+                    problem: "i32 batches of u32 tokens on a device need the shards opened \
+                              with a vocabulary check of at most 2^31 (ShardOptions::vocab); \
+                              or take i64 batches"
+                        .into(),
+                });
+            }
             return self.gathers(&windows, c);
         }
         let shape = [windows.len(), self.context];
@@ -445,9 +445,9 @@ mod tests {
             let shards = unsafe { options.open(&paths) }.unwrap();
             let windows = TokenWindows::new(shards, 1 + r.below(12) as usize).unwrap();
             for dtype in [DType::I64, DType::I32] {
-                let host = windows.batcher(dtype, &Device::cpu()).unwrap();
+                let host = windows.batcher(dtype).unwrap();
                 let device = TokenBatcher {
-                    on_device: true,
+                    gather: true,
                     ..host.clone()
                 };
                 let picks: Vec<Window> = (0..1 + r.below(9))
