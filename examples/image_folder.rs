@@ -19,7 +19,7 @@ use std::time::Instant;
 use pinnable::formats::image::{
     DecodeOn, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageCodec, ImageFolder, Transform,
 };
-use pinnable::loader::{Loader, SplitMix64};
+use pinnable::loader::{Dataset, Loader, SplitMix64};
 use pinnable::{Convert, DType, Device, Gather, ToDevice};
 use pinnable_harness::images;
 use rand::SeedableRng;

@@ -233,7 +233,10 @@ fn a_sample_whose_only_image_is_webp_is_an_error_naming_it_and_the_formats_decod
 
 /// A batch's images as the bits of their elements (`u8` or `f32`) and its labels, or the
 /// error's text.
-fn bits(batch: pinnable::Result<(Tensor, Tensor)>) -> Result<(Vec<u32>, Vec<i64>), String> {
+type Bits = Result<(Vec<u32>, Vec<i64>), String>;
+
+/// A batch as [`Bits`].
+fn bits(batch: pinnable::Result<(Tensor, Tensor)>) -> Bits {
     let (x, y) = batch.map_err(|e| e.to_string())?;
     let x = match x.dtype() {
         DType::U8 => x
@@ -254,9 +257,7 @@ fn bits(batch: pinnable::Result<(Tensor, Tensor)>) -> Result<(Vec<u32>, Vec<i64>
 
 /// Each sample's row (its elements' bits) by its label, the labels being unique; the error's
 /// text where a batch failed.
-fn by_label(
-    batches: Vec<Result<(Vec<u32>, Vec<i64>), String>>,
-) -> (std::collections::BTreeMap<i64, Vec<u32>>, Vec<String>) {
+fn by_label(batches: Vec<Bits>) -> (std::collections::BTreeMap<i64, Vec<u32>>, Vec<String>) {
     let (mut rows, mut errors) = (std::collections::BTreeMap::new(), Vec::new());
     for b in batches {
         match b {

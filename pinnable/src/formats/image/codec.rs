@@ -51,10 +51,14 @@ pub enum DecodeOn {
 /// # Examples
 ///
 /// ```
+/// use std::path::Path;
+///
 /// use pinnable::formats::image::{DecodeOn, ImageCodec, Transform};
 /// use pinnable::loader::SplitMix64;
 ///
-/// let codec = ImageCodec::new(Transform::center_crop(1)).max_pixels(1 << 24).decode_on(DecodeOn::Auto);
+/// let codec = ImageCodec::new(Transform::center_crop(1))
+///     .max_pixels(1 << 24)
+///     .decode_on(DecodeOn::Auto);
 /// assert_eq!(codec.shape(), [3, 1, 1]);
 /// let png = [
 ///     0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44,
@@ -63,7 +67,7 @@ pub enum DecodeOn {
 ///     0x00, 0x00, 0x00, 0x42, 0x00, 0x41, 0x29, 0x37, 0xF4, 0xEF, 0x00, 0x00, 0x00, 0x00, 0x49,
 ///     0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
 /// ]; // one gray pixel of value 64
-/// let row = codec.load(&png, "gray.png".as_ref(), SplitMix64::new(0))?;
+/// let row = codec.load(&png, Path::new("gray.png"), SplitMix64::new(0))?;
 /// assert_eq!(row.to_vec::<u8>()?, vec![64; 3]);
 /// # Ok::<(), pinnable::Error>(())
 /// ```
