@@ -43,7 +43,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pinnable::formats::image::{
-    Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder, Transform,
+    DecodeOn, Decoder, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageCodec, ImageFile,
+    ImageFolder, Transform,
 };
 use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
@@ -310,14 +311,18 @@ fn window(
 ) -> pinnable::Result<Window> {
     window_with(
         files,
-        transform,
         workers,
         batches,
         device,
-        ImageBatcher,
+        on_host(transform),
         Ok,
         consume,
     )
+}
+
+/// The host path's batcher for `transform` (the workers decode, whatever the device).
+fn on_host(transform: &Transform) -> ImageBatcher {
+    ImageBatcher::new(ImageCodec::new(transform.clone()).decode_on(DecodeOn::Host))
 }
 
 /// [`window`] with a batcher of one's own (a conversion on the device, say); `images` turns
@@ -325,7 +330,6 @@ fn window(
 #[allow(clippy::too_many_arguments)]
 fn window_with<B>(
     files: &[PathBuf],
-    transform: &Transform,
     workers: usize,
     batches: usize,
     device: &Device,
@@ -343,7 +347,7 @@ where
     let tail = 2 * workers + 2;
     let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
-    let folder = ImageFolder::from_list(list).transform(transform.clone());
+    let folder = ImageFolder::from_list(list);
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
         .workers(workers)

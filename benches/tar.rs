@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::image::{ImageBatcher, ImageCodec, ImageFolder, Transform};
 use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
@@ -252,21 +252,20 @@ fn main() {
         );
         rep.line("| --- | --- | --- | --- |");
     }
-    let transform = Transform::resized_center_crop(256, 224);
-    let folder = folder.transform(transform.clone());
+    let codec = ImageCodec::new(Transform::resized_center_crop(256, 224));
     for &w in worker_counts().iter().filter(|_| decode) {
         let ours = Loader::builder(tar.clone())
             .batch_size(BATCH)
             .shuffle(1)
             .workers(w)
-            .build(TarImageBatcher::new(transform.clone()))
+            .build(TarImageBatcher::new(codec.clone()))
             .unwrap();
         let s = seconds(|| ours.iter().map(|b| b.unwrap().1.numel()).sum(), n);
         let theirs = Loader::builder(folder.clone())
             .batch_size(BATCH)
             .shuffle(1)
             .workers(w)
-            .build(ImageBatcher)
+            .build(ImageBatcher::new(codec.clone()))
             .unwrap();
         let f = seconds(|| theirs.iter().map(|b| b.unwrap().1.numel()).sum(), n);
         if let Some(r) = local_rates.iter_mut().find(|r| r.0 == w) {

@@ -16,8 +16,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pinnable::formats::image::{IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFolder, Transform};
-use pinnable::loader::{Loader, SplitMix64};
+use pinnable::formats::image::{
+    DecodeOn, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageCodec, ImageFolder, Transform,
+};
+use pinnable::loader::{Dataset, Loader, SplitMix64};
 use pinnable::{Convert, DType, Device, Gather, ToDevice};
 use pinnable_harness::images;
 use rand::SeedableRng;
@@ -57,13 +59,22 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-/// Runs one epoch of `folder` through the loader; `step` sees each batch back on the host
-/// (every batch on the host, one in eight on a GPU, where the others are only waited for).
+/// The host path's codec for `transform`: this example shows the workers decoding, `u8`
+/// crossing the link (with the default `DecodeOn::Auto`, a GPU with nvJPEG decodes instead).
+fn on_host(transform: &Transform) -> ImageBatcher {
+    ImageBatcher::new(ImageCodec::new(transform.clone()).decode_on(DecodeOn::Host))
+}
+
+/// Runs one epoch of `folder` through the loader, its images made as `transform` says; `step`
+/// sees each batch back on the host (every batch on the host, one in eight on a GPU, where the
+/// others are only waited for).
+#[allow(clippy::too_many_arguments)]
 fn epoch(
     o: &Options,
     device: &Device,
     name: &str,
     folder: ImageFolder,
+    transform: &Transform,
     shuffle: bool,
     mut step: impl FnMut(usize, &pinnable::Tensor, &[i64]) -> pinnable::Result<()>,
 ) -> pinnable::Result<()> {
@@ -74,7 +85,7 @@ fn epoch(
     if shuffle {
         builder = builder.shuffle(7);
     }
-    let loader = builder.build(ImageBatcher)?;
+    let loader = builder.build(on_host(transform))?;
     let started = Instant::now();
     let mut images = 0;
     for (i, batch) in loader.iter().enumerate() {
@@ -124,8 +135,8 @@ fn main() -> pinnable::Result<()> {
 
     // Training: u8 pixels cross the link; a model normalises them on the device.
     let train = Transform::random_resized_crop(224).flip(0.5);
-    let folder = ImageFolder::open(&dir)?.transform(train.clone());
-    epoch(&o, &device, "train, u8", folder, true, |_, x, y| {
+    let folder = ImageFolder::open(&dir)?;
+    epoch(&o, &device, "train, u8", folder, &train, true, |_, x, y| {
         assert_eq!(
             (x.dtype(), x.shape()),
             (DType::U8, &[y.len(), 3, 224, 224][..])
@@ -138,12 +149,13 @@ fn main() -> pinnable::Result<()> {
     let normalised = train
         .clone()
         .normalize(DType::F32, IMAGENET_MEAN, IMAGENET_STD)?;
-    let folder = ImageFolder::open(&dir)?.transform(normalised);
+    let folder = ImageFolder::open(&dir)?;
     epoch(
         &o,
         &device,
         "train, f32 normalised on the host",
         folder,
+        &normalised,
         true,
         |_, x, y| {
             assert_eq!(x.dtype(), DType::F32);
@@ -161,12 +173,12 @@ fn main() -> pinnable::Result<()> {
     // in pinned memory (no `.device(...)`), and a `Gather` of its rows moves it, the gather
     // kernels reading the pinned u8 pixels and writing `(x / 255 - mean) / std` into the
     // batch's device allocation (on the host, the same conversion in Rust, bit for bit).
-    let folder = ImageFolder::open(&dir)?.transform(train.clone());
+    let folder = ImageFolder::open(&dir)?;
     let loader = Loader::builder(folder)
         .batch_size(o.batch_size)
         .workers(o.workers)
         .shuffle(7)
-        .build(ImageBatcher)?;
+        .build(on_host(&train))?;
     let normalize = Convert::normalize(DType::F32, &IMAGENET_MEAN, &IMAGENET_STD)?;
     let started = Instant::now();
     let (mut images, mut checked_rows) = (0, 0);
@@ -202,16 +214,18 @@ fn main() -> pinnable::Result<()> {
 
     // Evaluation: deterministic crops, each row checked against the file decoded on its own.
     let eval = Transform::resized_center_crop(256, 224);
-    let folder = ImageFolder::open(&dir)?.transform(eval.clone());
+    let folder = ImageFolder::open(&dir)?;
     let alone = folder.clone();
+    let codec = ImageCodec::new(eval.clone());
     let per = 3 * 224 * 224;
     let (batch_size, mut checked) = (o.batch_size, 0);
-    epoch(&o, &device, "eval, u8", folder, false, |i, x, y| {
+    epoch(&o, &device, "eval, u8", folder, &eval, false, |i, x, y| {
         let pixels = x.as_slice::<u8>()?;
         for (row, &label) in y.iter().enumerate() {
             let index = i * batch_size + row;
             assert_eq!(Some(label), alone.label(index));
-            let want = eval.apply(&alone.decode(index)?, SplitMix64::new(0))?;
+            let file = alone.get(index)?;
+            let want = codec.load(&file.bytes()?, file.path(), SplitMix64::new(0))?;
             assert!(
                 pixels[row * per..(row + 1) * per] == *want.as_slice::<u8>()?,
                 "sample {index}: the batch's pixels are not the file's"

@@ -1,8 +1,9 @@
 //! WebDataset tar shards of JPEGs decoded on the GPU: three shards of photographs-like JPEGs
 //! (`.jpg` + `.cls`) are read by the loader's workers, each member's bytes copied once into
 //! the batch's pinned block and decoded on the device — by its JPEG engines when it has them,
-//! else nvJPEG's CUDA backend — then resized and cropped there (`TarImageBatcher::on_device`).
-//! The host path (`TarImageBatcher` alone: the workers decode) runs first and every image it
+//! else nvJPEG's CUDA backend — then resized and cropped there (`TarImageBatcher` with the
+//! loader's device a GPU: the codec's `DecodeOn::Auto`). The host path (the loader's device
+//! the host: the workers decode) runs first and every image it
 //! gives is checked pixel for pixel against the JPEG decoded on its own; the GPU's images must
 //! then match it within the decoders' rounding (PSNR ≥ 40 dB), labels exactly. Without a GPU
 //! the device part prints `skipped:`.
@@ -13,7 +14,7 @@
 
 use std::path::Path;
 
-use pinnable::formats::image::{Decoder, DeviceImageBatcher, Transform};
+use pinnable::formats::image::{Decoder, ImageCodec, Transform};
 use pinnable::formats::tar::{TarImageBatcher, TarShards};
 use pinnable::loader::{Loader, SplitMix64};
 use pinnable::{Device, Tensor, ToDevice};
@@ -82,11 +83,10 @@ fn main() -> pinnable::Result<()> {
     );
 
     // The host path: every image equals its JPEG decoded alone and transformed.
-    let host = epoch(
-        &shards,
-        TarImageBatcher::new(transform.clone()),
-        &Device::cpu(),
-    )?;
+    // One batcher for both paths: the loader's device decides where it decodes.
+    let codec = ImageCodec::new(transform.clone());
+    let batcher = TarImageBatcher::new(codec.clone());
+    let host = epoch(&shards, batcher.clone(), &Device::cpu())?;
     let mut decoder = Decoder::new();
     let mut k = 0;
     for (x, y) in &host {
@@ -109,13 +109,8 @@ fn main() -> pinnable::Result<()> {
         std::fs::remove_dir_all(&dir)?;
         return Ok(());
     };
-    let on_device = DeviceImageBatcher::new(&device);
-    println!("decoding on {device} with {}", on_device.chosen());
-    let got = epoch(
-        &shards,
-        TarImageBatcher::new(transform).on_device(on_device),
-        &device,
-    )?;
+    println!("decoding on {device} with {}", codec.chosen(&device));
+    let got = epoch(&shards, batcher, &device)?;
     assert_eq!(got.len(), host.len());
     let mut worst = f64::INFINITY;
     for ((gx, gy), (hx, hy)) in got.iter().zip(&host) {

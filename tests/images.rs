@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pinnable::formats::image::{Decoder, Image, ImageBatcher, ImageFolder, Transform};
+use pinnable::formats::image::{Decoder, Image, ImageBatcher, ImageCodec, ImageFolder, Transform};
 use pinnable::loader::{Dataset, Loader};
 use pinnable::{DType, Error, PinnedPool, PoolConfig, Tensor};
 use pinnable_harness::images::{self, Jpeg};
@@ -542,14 +542,14 @@ fn a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else() {
     files.push(dir.0.join("missing.jpg"));
     let transform = Transform::resized_center_crop(20, 16);
     let folder =
-        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)))
-            .transform(transform.clone());
+        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)));
+    let codec = ImageCodec::new(transform.clone());
     let pool = PinnedPool::new(PoolConfig::default());
     let loader = Loader::builder(folder.clone())
         .batch_size(4)
         .workers(3)
         .pool(pool.clone())
-        .build(ImageBatcher)
+        .build(ImageBatcher::new(codec.clone()))
         .unwrap();
     let mut delivered = 0;
     let mut failure = None;
@@ -560,7 +560,8 @@ fn a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else() {
                 let labels = labels.to_vec::<i64>().unwrap();
                 let pixels = images.to_vec::<u8>().unwrap();
                 for (row, &i) in pixels.chunks(768).zip(&labels) {
-                    let image = folder.decode(i as usize).unwrap();
+                    let file = folder.get(i as usize).unwrap();
+                    let image = codec.decode(&file.bytes().unwrap(), file.path()).unwrap();
                     let rng = pinnable::loader::SplitMix64::new(0);
                     let want = transform
                         .apply(&image, rng)
@@ -598,7 +599,9 @@ fn a_bad_file_fails_its_batch_naming_the_file_and_loses_nothing_else() {
     );
     // A missing file is as clear.
     let e = ImageFolder::from_list([(files[12].clone(), 0)])
-        .decode(0)
+        .get(0)
+        .unwrap()
+        .bytes()
         .unwrap_err();
     assert!(
         e.to_string().contains("missing.jpg") && e.to_string().contains("cannot read"),
@@ -613,8 +616,8 @@ fn crops_and_flips_are_reproducible_from_the_seed_and_change_across_epochs() {
     let files = pictures(&mut r, &dir.0, 10);
     // Each sample labelled by its index, to follow it across epochs.
     let folder =
-        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)))
-            .transform(Transform::random_resized_crop(12).flip(0.5));
+        ImageFolder::from_list(files.iter().enumerate().map(|(i, p)| (p.clone(), i as i64)));
+    let codec = ImageCodec::new(Transform::random_resized_crop(12).flip(0.5));
     let seed: u64 = r.random();
     // Sample index -> its pixels, for one epoch of a loader.
     let epoch = |seed: u64, workers: usize, epoch: u64| {
@@ -622,7 +625,7 @@ fn crops_and_flips_are_reproducible_from_the_seed_and_change_across_epochs() {
             .batch_size(3)
             .shuffle(seed)
             .workers(workers)
-            .build(ImageBatcher)
+            .build(ImageBatcher::new(codec.clone()))
             .unwrap();
         let mut by_index = vec![Vec::new(); 10];
         for b in loader.run_epoch(epoch) {
@@ -703,7 +706,9 @@ fn an_image_folder_lists_classes_and_files_as_torchvision_does() {
     ];
     assert_eq!(listed, want.map(|(p, l)| (p.to_string(), l)));
     // A .jpg holding a PNG decodes: the bytes decide the format.
-    assert_eq!(folder.decode(1).unwrap().pixels(), [7, 8, 9]);
+    let file = folder.get(1).unwrap();
+    let image = ImageCodec::default().decode(&file.bytes().unwrap(), file.path());
+    assert_eq!(image.unwrap().pixels(), [7, 8, 9]);
     assert_eq!(folder.get(4).unwrap().label(), 1);
     assert!(matches!(
         folder.get(5),
@@ -736,17 +741,17 @@ fn normalised_batches_are_the_u8_batches_normalised() {
         pinnable::formats::image::IMAGENET_MEAN,
         pinnable::formats::image::IMAGENET_STD,
     );
-    let run = |folder: ImageFolder| -> Tensor {
-        let loader = Loader::builder(folder)
+    let run = |t: Transform| -> Tensor {
+        let loader = Loader::builder(list())
             .batch_size(4)
             .shuffle(3)
             .workers(2)
-            .build(ImageBatcher)
+            .build(ImageBatcher::new(ImageCodec::new(t)))
             .unwrap();
         loader.run_epoch(5).next().unwrap().unwrap().0
     };
-    let u8s = run(list().transform(t.clone())).to_vec::<u8>().unwrap();
-    let f32s = run(list().transform(t.normalize(DType::F32, mean, std).unwrap()));
+    let u8s = run(t.clone()).to_vec::<u8>().unwrap();
+    let f32s = run(t.normalize(DType::F32, mean, std).unwrap());
     assert_eq!(f32s.dtype(), DType::F32);
     for (i, (&x, &y)) in u8s.iter().zip(&f32s.to_vec::<f32>().unwrap()).enumerate() {
         let c = i / 100 % 3;

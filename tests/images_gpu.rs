@@ -1,4 +1,4 @@
-//! JPEGs decoded on the GPU (`DeviceImageBatcher`): every kind of file the host decoder reads,
+//! JPEGs decoded on the GPU (`ImageCodec` with `DecodeOn::Device`): every kind of file the host decoder reads,
 //! through each decoder the device has (the JPEG engines, nvJPEG's CUDA backend, the host
 //! decoder feeding the device's kernels), within 37 dB PSNR (`PSNR_BAR`, measured) of the host
 //! path on the same files and the same crop boxes; batches mixing decoders; a corrupt file named, the next batch
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 use pinnable::formats::image::{
-    DeviceImageBatcher, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, ImageFolder,
+    DecodeOn, IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageCodec, ImageFile, ImageFolder,
     JpegDecoder, Transform, gpu_decoder,
 };
 use pinnable::loader::{Batcher, Collator, Dataset, Loader};
@@ -67,6 +67,7 @@ fn decoders(device: &Device, test: &str) -> Vec<JpegDecoder> {
             eprintln!("skipped: {test}: nvJPEG decoders: {}", choice.reason);
             vec![]
         }
+        other => panic!("{test}: a decoder this test does not know: {other:?}"),
     };
     v.push(JpegDecoder::Cpu);
     v
@@ -198,14 +199,30 @@ fn samples(folder: &ImageFolder, indices: impl IntoIterator<Item = usize>) -> Ve
         .collect()
 }
 
-/// The batch of `files` made by `batcher`, its images read back to the host as values on the
-/// 0–255 scale (floats mapped back through the normalisation).
+/// The host's batcher for `transform`.
+fn on_host(transform: &Transform) -> ImageBatcher {
+    ImageBatcher::new(ImageCodec::new(transform.clone()).decode_on(DecodeOn::Host))
+}
+
+/// The device's batcher for `transform`, with `decoder` forced when given.
+fn on_gpu(transform: &Transform, decoder: Option<JpegDecoder>) -> ImageBatcher {
+    let codec = ImageCodec::new(transform.clone()).decode_on(DecodeOn::Device);
+    ImageBatcher::new(match decoder {
+        Some(d) => codec.jpeg_decoder(d),
+        None => codec,
+    })
+}
+
+/// The batch of `files` made by `batcher` for `device` (the loader's, handed to the batcher),
+/// its images read back to the host as values on the 0–255 scale (floats mapped back through
+/// the normalisation).
 fn run<B: Batcher<ImageFile, Batch = (Tensor, Tensor)>>(
     batcher: &B,
+    device: &Device,
     files: Vec<ImageFile>,
     pool: &PinnedPool,
 ) -> pinnable::Result<(Vec<f64>, Vec<i64>)> {
-    let mut c = Collator::new(pool);
+    let mut c = Collator::new(pool).with_device(device);
     let (images, labels) = batcher.batch(files, &mut c)?;
     let images = images.to_cpu(false)?;
     let labels = labels.to_cpu(false)?.to_vec::<i64>()?;
@@ -298,14 +315,21 @@ fn every_kind(
 ) {
     let dir = TempDir::new(r, test);
     let files = kinds(r);
-    let folder = write_files(&dir.0, &files).transform(transform.clone());
+    let folder = write_files(&dir.0, &files);
     let pool = PinnedPool::new(PoolConfig::default());
     let all = 0..files.len();
-    let (host, host_labels) = run(&ImageBatcher, samples(&folder, all.clone()), &pool).unwrap();
+    let cpu = Device::cpu();
+    let (host, host_labels) = run(
+        &on_host(transform),
+        &cpu,
+        samples(&folder, all.clone()),
+        &pool,
+    )
+    .unwrap();
     let per = host.len() / files.len();
     for decoder in decoders(device, test) {
-        let batcher = DeviceImageBatcher::new(device).decoder(decoder);
-        let (dev, labels) = run(&batcher, samples(&folder, all.clone()), &pool)
+        let batcher = on_gpu(transform, Some(decoder));
+        let (dev, labels) = run(&batcher, device, samples(&folder, all.clone()), &pool)
             .unwrap_or_else(|e| panic!("{test}: {decoder:?}: the batch failed: {e}"));
         assert_eq!(labels, host_labels);
         let psnrs: Vec<f64> = (0..files.len())
@@ -474,8 +498,8 @@ fn mixed(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
             None,
         ),
     ));
-    let folder =
-        write_files(&dir.0, &files).transform(Transform::random_resized_crop(32).flip(0.5));
+    let transform = Transform::random_resized_crop(32).flip(0.5);
+    let folder = write_files(&dir.0, &files);
     let pool = PinnedPool::new(PoolConfig::default());
     let order: Vec<usize> = {
         let mut o: Vec<usize> = (0..files.len()).collect();
@@ -484,11 +508,18 @@ fn mixed(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
         }
         o
     };
-    let (host, host_labels) = run(&ImageBatcher, samples(&folder, order.clone()), &pool).unwrap();
+    let host = run(
+        &on_host(&transform),
+        &Device::cpu(),
+        samples(&folder, order.clone()),
+        &pool,
+    );
+    let (host, host_labels) = host.unwrap();
     let per = host.len() / files.len();
     for share in [0.0, 0.3] {
-        let batcher = DeviceImageBatcher::new(device).cpu_share(share);
-        let (dev, labels) = run(&batcher, samples(&folder, order.clone()), &pool).unwrap();
+        let codec = ImageCodec::new(transform.clone()).decode_on(DecodeOn::Device);
+        let batcher = ImageBatcher::new(codec.cpu_share(share));
+        let (dev, labels) = run(&batcher, device, samples(&folder, order.clone()), &pool).unwrap();
         assert_eq!(labels, host_labels, "the batch keeps its order");
         for (pos, &i) in order.iter().enumerate() {
             let (d, h) = (&dev[pos * per..][..per], &host[pos * per..][..per]);
@@ -550,13 +581,14 @@ fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
     let mut r = rng(test);
     let dir = TempDir::new(&mut r, test);
     let files = corrupt_files(&mut r);
-    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
+    let transform = Transform::resized_center_crop(64, 56);
+    let folder = write_files(&dir.0, &files);
     let pool = PinnedPool::new(PoolConfig::default());
     for decoder in decoders(&device, test) {
-        let batcher = DeviceImageBatcher::new(&device).decoder(decoder);
+        let batcher = on_gpu(&transform, Some(decoder));
         for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
             let batch = [0, 1, bad, 2];
-            let err = run(&batcher, samples(&folder, batch), &pool)
+            let err = run(&batcher, &device, samples(&folder, batch), &pool)
                 .err()
                 .unwrap_or_else(|| panic!("{decoder:?}: {kind} decoded"));
             let path = folder.path(bad).unwrap().display().to_string();
@@ -565,8 +597,14 @@ fn a_corrupt_file_is_named_whichever_decoder_and_the_next_batch_is_whole() {
             assert!(msg.contains(&path), "{decoder:?} {kind}: {msg}");
             // The worker's decoders are not left broken: the next batch is the host's.
             let next = [3, 4, 5, 6, 7];
-            let (dev, _) = run(&batcher, samples(&folder, next), &pool).unwrap();
-            let (host, _) = run(&ImageBatcher, samples(&folder, next), &pool).unwrap();
+            let (dev, _) = run(&batcher, &device, samples(&folder, next), &pool).unwrap();
+            let host = run(
+                &on_host(&transform),
+                &Device::cpu(),
+                samples(&folder, next),
+                &pool,
+            );
+            let (host, _) = host.unwrap();
             let p = psnr(&dev, &host);
             assert!(
                 p >= PSNR_BAR,
@@ -590,7 +628,7 @@ fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_lef
     let dir = TempDir::new(&mut r, test);
     images::write_folder(&mut r, &dir.0, 3, 30, (160, 120));
     let transform = Transform::random_resized_crop(64).flip(0.5);
-    let folder = ImageFolder::open(&dir.0).unwrap().transform(transform);
+    let folder = ImageFolder::open(&dir.0).unwrap();
     let seed = r.random::<u64>();
     let pool = PinnedPool::new(PoolConfig::default());
     let host_loader = Loader::builder(folder.clone())
@@ -598,7 +636,7 @@ fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_lef
         .shuffle(seed)
         .workers(2)
         .pool(pool.clone())
-        .build(ImageBatcher)
+        .build(on_host(&transform))
         .unwrap();
     let mut host = Vec::new();
     for b in &host_loader {
@@ -617,7 +655,7 @@ fn the_loader_delivers_device_batches_in_the_host_loaders_order_with_nothing_lef
             .workers(2)
             .pool(pool.clone())
             .device(device.clone())
-            .build(DeviceImageBatcher::new(&device))
+            .build(on_gpu(&transform, None))
             .unwrap();
         let mut n = 0;
         for (k, b) in (&loader).into_iter().enumerate() {
@@ -665,9 +703,13 @@ fn the_device_tests_files_decode_on_the_host() {
     let mut r = rng("host_files");
     let dir = TempDir::new(&mut r, "host_files");
     let files = kinds(&mut r);
-    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(72, 64));
+    let folder = write_files(&dir.0, &files);
     let pool = PinnedPool::new(PoolConfig::default());
-    let (values, labels) = run(&ImageBatcher, samples(&folder, 0..files.len()), &pool).unwrap();
+    let (cpu, host) = (
+        Device::cpu(),
+        on_host(&Transform::resized_center_crop(72, 64)),
+    );
+    let (values, labels) = run(&host, &cpu, samples(&folder, 0..files.len()), &pool).unwrap();
     assert_eq!(labels, (0..files.len() as i64).collect::<Vec<_>>());
     // Every picture has content: no kind decoded to a flat field.
     let per = values.len() / files.len();
@@ -683,22 +725,26 @@ fn the_device_tests_files_decode_on_the_host() {
     }
     // The broken files of the corrupt-file test fail on the host too, named.
     let files = corrupt_files(&mut r);
-    let folder = write_files(&dir.0, &files).transform(Transform::resized_center_crop(64, 56));
+    let folder = write_files(&dir.0, &files);
+    let host = on_host(&Transform::resized_center_crop(64, 56));
     for (bad, (kind, _)) in files.iter().enumerate().skip(12) {
-        let err = run(&ImageBatcher, samples(&folder, [0, bad]), &pool)
+        let err = run(&host, &cpu, samples(&folder, [0, bad]), &pool)
             .err()
             .unwrap_or_else(|| panic!("{kind} decoded on the host"));
         let path = folder.path(bad).unwrap().display().to_string();
         assert!(err.to_string().contains(&path), "{kind}: {err}");
     }
-    // A device batcher on the host is refused with the reason, never a panic.
-    let err = run(
-        &DeviceImageBatcher::new(&Device::cpu()),
-        samples(&folder, 0..2),
-        &pool,
-    )
-    .expect_err("the host is not a CUDA device");
-    assert!(err.to_string().contains("DeviceImageBatcher"), "{err}");
+    // The device's decoders asked for a batch for the host: refused with the reason, never a
+    // panic.
+    let on_device = on_gpu(&Transform::resized_center_crop(64, 56), None);
+    let err = run(&on_device, &cpu, samples(&folder, 0..2), &pool)
+        .expect_err("the host is not a CUDA device");
+    assert!(err.to_string().contains("DecodeOn::Device"), "{err}");
+    // With the default (`DecodeOn::Auto`), the same batcher on the host decodes there.
+    let auto = ImageBatcher::new(ImageCodec::new(Transform::resized_center_crop(64, 56)));
+    let (auto, _) = run(&auto, &cpu, samples(&folder, 0..2), &pool).unwrap();
+    let (want, _) = run(&host, &cpu, samples(&folder, 0..2), &pool).unwrap();
+    assert_eq!(auto, want);
 }
 
 #[test]
@@ -741,21 +787,22 @@ fn tar_members(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
     let tar = dir.0.join("images.tar");
     std::fs::write(&tar, shard(&members).0).unwrap();
     let transform = Transform::random_resized_crop(40).flip(0.5);
-    let folder = ImageFolder::from_list(files).transform(transform.clone());
+    let folder = ImageFolder::from_list(files);
     let host: Vec<(Tensor, Tensor)> = Loader::builder(folder)
         .batch_size(8)
         .workers(2)
-        .build(ImageBatcher)
+        .build(on_host(&transform))
         .unwrap()
         .iter()
         .map(|b| b.unwrap())
         .collect();
     let shards = TarShards::open([tar.to_str().unwrap()]).unwrap();
-    let batcher = TarImageBatcher::new(transform).on_device(DeviceImageBatcher::new(device));
+    let codec = ImageCodec::new(transform).decode_on(DecodeOn::Device);
     let got: Vec<(Tensor, Tensor)> = Loader::builder(shards)
         .batch_size(8)
         .workers(2)
-        .build(batcher)
+        .device(device.clone())
+        .build(TarImageBatcher::new(codec))
         .unwrap()
         .iter()
         .map(|b| b.unwrap())

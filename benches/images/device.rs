@@ -1,5 +1,5 @@
 //! The device-decode mode of the images bench: the JPEGs' bytes over the link, decoded by the
-//! GPU (`DeviceImageBatcher`: the JPEG engines in batches, nvJPEG's CUDA backend, or the host
+//! GPU (`ImageCodec` with `DecodeOn::Device`: the JPEG engines in batches, nvJPEG's CUDA backend, or the host
 //! decoder feeding the device's kernels), resized and cropped by the crate's kernels into
 //! `[64, 3, 224, 224]` u8 or normalised f32 on the device. Each row: images/s over a steady
 //! window after a warm-up, and the process's CPU time over that window (getrusage: user +
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use pinnable::formats::image::{
-    DeviceImageBatcher, ImageFolder, JpegDecoder, Transform, gpu_decoder,
+    DecodeOn, ImageBatcher, ImageCodec, ImageFolder, JpegDecoder, Transform, gpu_decoder,
 };
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
@@ -51,8 +51,7 @@ pub struct Row {
 /// (workers stopped and joined) is timed apart: a stream's window holds steady batches only.
 pub fn measure(
     files: &[PathBuf],
-    transform: &Transform,
-    batcher: DeviceImageBatcher,
+    batcher: ImageBatcher,
     workers: usize,
     batches: usize,
     dev: &Device,
@@ -63,7 +62,7 @@ pub fn measure(
     let tail = workers * prefetch + 2;
     let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
-    let folder = ImageFolder::from_list(list).transform(transform.clone());
+    let folder = ImageFolder::from_list(list);
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
         .workers(workers)
@@ -158,15 +157,17 @@ pub fn table(
                    force: Option<JpegDecoder>,
                    w: usize,
                    (share, engines): (f64, usize)| {
-        let mut batcher = DeviceImageBatcher::new(dev)
+        let mut codec = ImageCodec::new(t.clone())
+            .decode_on(DecodeOn::Device)
             .cpu_share(share)
             .engine_threads(engines);
         if let Some(d) = force {
-            batcher = batcher.decoder(d);
+            codec = codec.jpeg_decoder(d);
         }
-        let name = format!("{:?}", batcher.chosen().decoder);
+        let name = format!("{:?}", codec.chosen(dev).decoder);
+        let batcher = ImageBatcher::new(codec);
         rep.line(
-            &match measure(files, t, batcher, w, batches, dev, consume) {
+            &match measure(files, batcher, w, batches, dev, consume) {
                 Ok(r) => format!(
                     "| {what} | {name} | {engines} | {w} | {:.0}% | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms | {} |",
                     share * 100.0,

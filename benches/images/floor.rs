@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::time::Instant;
 
-use pinnable::formats::image::{ImageFolder, Transform};
+use pinnable::formats::image::{ImageCodec, ImageFolder, Transform};
 use pinnable::loader::{Dataset, SplitMix64};
 use pinnable::{BatchLayout, PinnedBatch, Slot};
 
@@ -93,12 +93,19 @@ impl fmt::Display for Cpus {
 }
 
 /// Writes the next `rows`-long batch of `folder`'s samples (from the `k`th, cycled) into
-/// `block`'s slot `slot`.
-fn write_batch(folder: &ImageFolder, block: &mut PinnedBatch, slot: Slot, k: &mut usize) {
+/// `block`'s slot `slot`, as `codec` makes them.
+fn write_batch(
+    folder: &ImageFolder,
+    codec: &ImageCodec,
+    block: &mut PinnedBatch,
+    slot: Slot,
+    k: &mut usize,
+) {
     for mut row in block.view_mut(slot).rows_mut() {
         let sample = folder.get(*k % folder.len()).expect("sample");
-        sample
-            .write(&mut row, SplitMix64::new(*k as u64))
+        let bytes = sample.bytes().expect("read");
+        codec
+            .write(&bytes, sample.path(), &mut row, SplitMix64::new(*k as u64))
             .expect("write");
         *k += 1;
     }
@@ -114,10 +121,10 @@ pub fn images_per_s(
     batch: usize,
     batches: usize,
 ) -> f64 {
-    let folder =
-        ImageFolder::from_list(files.iter().map(|p| (p.clone(), 0))).transform(transform.clone());
+    let folder = ImageFolder::from_list(files.iter().map(|p| (p.clone(), 0)));
+    let codec = ImageCodec::new(transform.clone());
     let start = Barrier::new(threads + 1);
-    let (folder, start) = (&folder, &start);
+    let (folder, codec, start) = (&folder, &codec, &start);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -125,19 +132,19 @@ pub fn images_per_s(
                     // A panic before the start is carried past it, so no thread waits forever.
                     let ready = catch_unwind(AssertUnwindSafe(|| {
                         let mut layout = BatchLayout::new();
-                        let [c, h, w] = folder.sample_shape();
+                        let [c, h, w] = codec.shape();
                         let slot = layout
-                            .push(folder.dtype(), &[batch, c, h, w])
+                            .push(codec.dtype(), &[batch, c, h, w])
                             .expect("layout");
                         let mut block = layout.allocate().expect("block");
                         let mut k = t * (batches + 1) * batch;
-                        write_batch(folder, &mut block, slot, &mut k);
+                        write_batch(folder, codec, &mut block, slot, &mut k);
                         (block, slot, k)
                     }));
                     start.wait();
                     let (mut block, slot, mut k) = ready.unwrap_or_else(|p| resume_unwind(p));
                     for _ in 0..batches {
-                        write_batch(folder, &mut block, slot, &mut k);
+                        write_batch(folder, codec, &mut block, slot, &mut k);
                     }
                     Instant::now()
                 })

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pinnable::formats::image::{IMAGENET_MEAN, IMAGENET_STD, ImageBatcher, ImageFile, Transform};
+use pinnable::formats::image::{IMAGENET_MEAN, IMAGENET_STD, ImageFile, Transform};
 use pinnable::loader::Batcher;
 use pinnable::{DType, Device, Tensor};
 use pinnable_harness::bench::{Report, raw_one_copy};
 use pinnable_harness::kernels::Consumer;
 
-use super::{BATCH, COLUMNS, cores, device, window, window_row, window_with};
+use super::{BATCH, COLUMNS, cores, device, on_host, window, window_row, window_with};
 
 /// The consumer: one kernel reads every byte of the batch after its copy, then a sync of the
 /// compute stream, as the twin's `x.sum()` and synchronize do. `asleep`: the sync waits on an
@@ -109,8 +109,9 @@ pub fn gpu_part(
     }
     // u8 over the link, normalised to f32 on the device by the gather's conversion.
     for &w in workers {
-        let batcher = |samples: Vec<ImageFile>, c: &mut pinnable::loader::Collator| {
-            let (x, y) = ImageBatcher.batch(samples, c)?;
+        let host = on_host(eval);
+        let batcher = move |samples: Vec<ImageFile>, c: &mut pinnable::loader::Collator| {
+            let (x, y) = host.batch(samples, c)?;
             let b = x.shape()[0];
             let to = pinnable::Convert::normalize(DType::F32, &IMAGENET_MEAN, &IMAGENET_STD)?;
             Ok((
@@ -120,7 +121,7 @@ pub fn gpu_part(
         };
         let tensors =
             |(x, y): (pinnable::Gather, pinnable::Gather)| Ok((x.into_tensor()?, y.into_tensor()?));
-        let m = window_with(files, eval, w, batches, dev, batcher, tensors, read);
+        let m = window_with(files, w, batches, dev, batcher, tensors, read);
         rep.line(&window_row(
             "u8 over the link, f32 made on the device",
             w,

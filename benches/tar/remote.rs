@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pinnable::formats::image::Transform;
+use pinnable::formats::image::{ImageCodec, Transform};
 use pinnable::formats::tar::{Remote, TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::{Result, Tensor};
@@ -235,7 +235,7 @@ pub fn over_http(
             .batch_size(BATCH)
             .shuffle(1)
             .workers(w)
-            .build(TarImageBatcher::new(transform.clone()))
+            .build(TarImageBatcher::new(ImageCodec::new(transform.clone())))
             .unwrap();
         let before = server.served();
         let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);

@@ -1,18 +1,16 @@
-//! [`ImageFolder`]: a dataset of image files with labels, whose samples ([`ImageFile`]) are
-//! decoded and transformed straight into their row of the batch by [`ImageBatcher`].
+//! [`ImageFolder`]: a dataset of image files with labels; its samples ([`ImageFile`]) hand
+//! their bytes to [`ImageBatcher`], whose [`ImageCodec`] writes each into its row of the batch.
 
-use std::cell::RefCell;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::decode::{Decoder, EXTENSIONS, Image, MAX_PIXELS};
-use super::transform::Transform;
-use crate::batch::TensorMut;
-use crate::dtype::DType;
+use super::codec::{Encoded, ImageCodec};
+use super::decode::EXTENSIONS;
+use super::gpu::inputs::{Inputs, read_files};
 use crate::error::{Error, Result};
-use crate::loader::{Batcher, Collator, Dataset, SplitMix64};
+use crate::loader::{Batcher, Collator, Dataset};
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug)]
@@ -20,32 +18,29 @@ struct Folder {
     files: Vec<PathBuf>,
     labels: Vec<i64>,
     classes: Vec<String>,
-    transform: Transform,
-    max_pixels: usize,
 }
 
-/// Image files and their labels, as a [`Dataset`] whose samples decode themselves into the
-/// batch: like torchvision's `ImageFolder` (one subfolder per class, classes and files sorted)
-/// or a list of `(path, label)`.
+/// Image files and their labels, as a [`Dataset`]: like torchvision's `ImageFolder` (one
+/// subfolder per class, classes and files sorted) or a list of `(path, label)`.
 ///
-/// Each sample is an [`ImageFile`], a cheap handle: `get` reads nothing. The bytes are read,
-/// decoded and transformed when the batch is written, by [`ImageBatcher`], each image straight
-/// into its row of the batch's pinned block (as `u8` `[3, H, W]`, or normalised floats), the
-/// worker thread reusing its file, pixel and resize buffers from image to image.
-///
-/// The transform defaults to [`Transform::resized_center_crop`]`(256, 224)`.
+/// Each sample is an [`ImageFile`], a cheap handle: `get` reads nothing. The bytes are read
+/// when the batch is written, by [`ImageBatcher`], and decoded and transformed by its
+/// [`ImageCodec`] (the same settings and the same rows as for a tar shard's members), each
+/// image straight into its row of the batch's pinned block, or on the GPU's decoders when the
+/// loader's device is a GPU.
 ///
 /// # Examples
 ///
 /// ```no_run
-/// use pinnable::formats::image::{ImageBatcher, ImageFolder, Transform};
+/// use pinnable::formats::image::{ImageBatcher, ImageCodec, ImageFolder, Transform};
 /// use pinnable::loader::Loader;
 ///
 /// // train/cat/001.jpg, train/cat/002.png, train/dog/001.jpg, ...
-/// let train = ImageFolder::open("train")?
-///     .transform(Transform::random_resized_crop(224).flip(0.5));
+/// let train = ImageFolder::open("train")?;
 /// println!("{} images of {} classes", train.len(), train.classes().len());
-/// let loader = Loader::builder(train).batch_size(64).shuffle(7).workers(8).build(ImageBatcher)?;
+/// let codec = ImageCodec::new(Transform::random_resized_crop(224).flip(0.5));
+/// let loader =
+///     Loader::builder(train).batch_size(64).shuffle(7).workers(8).build(ImageBatcher::new(codec))?;
 /// for batch in &loader {
 ///     let (images, labels) = batch?; // u8 [64, 3, 224, 224] and i64 [64], in one pinned block
 /// }
@@ -159,23 +154,8 @@ impl ImageFolder {
                 files,
                 labels,
                 classes,
-                transform: Transform::resized_center_crop(256, 224),
-                max_pixels: MAX_PIXELS,
             }),
         }
-    }
-
-    /// What becomes of each image (see [`Transform`]).
-    pub fn transform(mut self, transform: Transform) -> ImageFolder {
-        Arc::make_mut(&mut self.folder).transform = transform;
-        self
-    }
-
-    /// Refuses files that decode to more than `max_pixels` pixels, before decoding them
-    /// (default [`MAX_PIXELS`], PIL's limit).
-    pub fn max_pixels(mut self, max_pixels: usize) -> ImageFolder {
-        Arc::make_mut(&mut self.folder).max_pixels = max_pixels;
-        self
     }
 
     /// How many images.
@@ -205,33 +185,6 @@ impl ImageFolder {
     /// The label of sample `index`.
     pub fn label(&self, index: usize) -> Option<i64> {
         self.folder.labels.as_slice().get(index).copied()
-    }
-
-    /// The element type of a sample's pixels in the batch (the transform's).
-    pub fn dtype(&self) -> DType {
-        self.folder.transform.dtype()
-    }
-
-    /// The shape of a sample's pixels in the batch, `[3, H, W]` (the transform's).
-    pub fn sample_shape(&self) -> [usize; 3] {
-        self.folder.transform.shape()
-    }
-
-    /// Sample `index`'s file decoded, upright, untransformed.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::IndexOutOfRange`]; [`Error::Image`] naming the file that cannot be read or
-    /// decoded.
-    pub fn decode(&self, index: usize) -> Result<Image> {
-        let path = self.path(index).ok_or(Error::IndexOutOfRange {
-            index,
-            len: self.folder.files.len(),
-        })?;
-        let bytes = fs::read(path).map_err(|e| read_error(path, &e))?;
-        let mut decoder = Decoder::new().max_pixels(self.folder.max_pixels);
-        decoder.decode(&bytes, path)?;
-        Ok(decoder.into_image())
     }
 }
 
@@ -264,22 +217,11 @@ impl Dataset for ImageFolder {
     }
 }
 
-/// One sample of an [`ImageFolder`]: which file, its label, and how to write it into a batch.
+/// One sample of an [`ImageFolder`]: which file and its label.
 #[derive(Clone, Debug)]
 pub struct ImageFile {
     folder: Arc<Folder>,
     index: usize,
-}
-
-/// A worker thread's buffers, reused from image to image.
-#[derive(Default)]
-struct Scratch {
-    bytes: Vec<u8>,
-    decoder: Option<Decoder>,
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl ImageFile {
@@ -298,88 +240,97 @@ impl ImageFile {
         self.folder.labels[self.index]
     }
 
-    /// The transform of the sample's dataset.
-    pub(super) fn transform(&self) -> &Transform {
-        &self.folder.transform
-    }
-
-    /// The dataset's limit on decoded pixels.
-    pub(super) fn max_pixels(&self) -> usize {
-        self.folder.max_pixels
-    }
-
-    /// Reads and decodes the file and writes it, transformed with the random draws of `rng`,
-    /// into `row` (a view of the dataset's [`sample_shape`](ImageFolder::sample_shape) and
-    /// [`dtype`](ImageFolder::dtype), e.g. its row of a batch). The thread's file, pixel and
-    /// resize buffers are reused from call to call.
+    /// The file's bytes, read now.
     ///
     /// # Errors
     ///
-    /// [`Error::Image`] naming the file that cannot be read or decoded; [`Error::Shape`] for a
-    /// view of another shape or dtype.
-    pub fn write(&self, row: &mut TensorMut<'_>, rng: SplitMix64) -> Result<()> {
+    /// [`Error::Image`] naming the file that cannot be read.
+    pub fn bytes(&self) -> Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        self.read_into(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Reads the file into `bytes` (cleared first, its capacity reused).
+    fn read_into(&self, bytes: &mut Vec<u8>) -> Result<()> {
         let path = self.path();
-        let max_pixels = self.folder.max_pixels;
-        SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            let Scratch { bytes, decoder } = &mut *scratch;
-            bytes.clear();
-            fs::File::open(path)
-                .and_then(|mut f| f.read_to_end(bytes))
-                .map_err(|e| read_error(path, &e))?;
-            let decoder = decoder.get_or_insert_with(Decoder::new);
-            decoder.max_pixels = max_pixels;
-            let image = decoder.decode(bytes, path)?;
-            self.folder.transform.write(image, row, rng)
-        })
-    }
-
-    /// The sample decoded and transformed into a tensor of its own, drawing from `rng`.
-    ///
-    /// # Errors
-    ///
-    /// As [`write`](Self::write).
-    pub fn load(&self, rng: SplitMix64) -> Result<Tensor> {
-        let image = ImageFolder {
-            folder: self.folder.clone(),
-        }
-        .decode(self.index)?;
-        self.folder.transform.apply(&image, rng)
+        bytes.clear();
+        fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(bytes))
+            .map_err(|e| read_error(path, &e))?;
+        Ok(())
     }
 }
 
-/// Batches [`ImageFile`]s into `(images, labels)`: the images `[B, 3, H, W]` (the transform's
-/// size and dtype), each decoded straight into its row of the batch's pinned block
-/// ([`Collator::write_rows`]), and the labels `i64 [B]`, in the same block. Each image draws
-/// its crop and flip from its own random stream ([`Collator::sample_rng`]): the loader's seed,
-/// the epoch and the sample's index.
+impl Encoded for ImageFile {
+    fn with_bytes<R>(
+        &self,
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(&[u8], &Path) -> Result<R>,
+    ) -> Result<R> {
+        self.read_into(buf)?;
+        f(buf, self.path())
+    }
+
+    fn gather(
+        samples: &[ImageFile],
+        labels: Vec<i64>,
+        max_pixels: usize,
+        c: &Collator,
+    ) -> Result<Inputs> {
+        let (block, ranges) = read_files(samples, c)?;
+        Ok(Inputs {
+            block,
+            ranges,
+            names: samples.iter().map(|s| s.path().to_path_buf()).collect(),
+            indices: samples.iter().map(ImageFile::index).collect(),
+            labels,
+            max_pixels,
+        })
+    }
+}
+
+/// Batches [`ImageFile`]s into `(images, labels)`: the images `[B, 3, H, W]` (the codec's
+/// transform's size and dtype), the labels `i64 [B]`. Each image draws its crop and flip from
+/// its own random stream ([`Collator::sample_rng`]): the loader's seed, the epoch and the
+/// sample's index.
+///
+/// Where the images are made is the [`ImageCodec`]'s [`DecodeOn`](super::DecodeOn) and the
+/// loader's device ([`Collator::device`]): by default, on the GPU's JPEG decoders when the
+/// loader delivers to a CUDA device and nvJPEG is there (each file's bytes read once into
+/// pinned memory, the images made into the batch's device tensor, the labels pinned on the
+/// host and moved by the loader); else decoded by the loader's workers straight into their
+/// rows of the batch's pinned block ([`Collator::write_rows`]). The device is never named
+/// here: one batcher serves every loader of
+/// [`build_per_device`](crate::loader::LoaderBuilder::build_per_device), each GPU's decoding
+/// state made on its first batch and kept.
 ///
 /// # Errors
 ///
 /// A file that cannot be read or decoded arrives as [`Error::Sample`] naming the sample's
 /// index, its source an [`Error::Image`] naming the file and the reason.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ImageBatcher;
+#[derive(Clone, Debug, Default)]
+pub struct ImageBatcher {
+    codec: ImageCodec,
+}
+
+impl ImageBatcher {
+    /// Images made as `codec` says.
+    pub fn new(codec: ImageCodec) -> ImageBatcher {
+        ImageBatcher { codec }
+    }
+
+    /// The codec's settings.
+    pub fn codec(&self) -> &ImageCodec {
+        &self.codec
+    }
+}
 
 impl Batcher<ImageFile> for ImageBatcher {
     type Batch = (Tensor, Tensor);
 
     fn batch(&self, samples: Vec<ImageFile>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
-        let Some(first) = samples.first() else {
-            return Err(Error::Field {
-                path: "images".into(),
-                message: "there are no samples to collate".into(),
-            });
-        };
-        let (dtype, shape) = (
-            first.folder.transform.dtype(),
-            first.folder.transform.shape(),
-        );
-        let labels = c.stack_scalars("labels", samples.iter().map(ImageFile::label))?;
-        let images = c.write_rows("images", dtype, &shape, samples, |s, row, rng| {
-            s.write(row, rng)
-        })?;
-        let mut out = c.finish()?;
-        Ok((out.take(images)?, out.take(labels)?))
+        let labels = samples.iter().map(ImageFile::label).collect();
+        self.codec.batch(samples, labels, c)
     }
 }

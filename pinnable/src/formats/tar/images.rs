@@ -1,14 +1,13 @@
-//! The batcher for image members (the `image` feature): JPEG and PNG members decoded straight
-//! into their rows of the pinned batch with the image module's [`Decoder`] and [`Transform`].
-//! Only members the decoder reads are taken as a sample's image.
+//! The batcher for image members (the `image` feature): each sample's JPEG or PNG member handed
+//! to the image module's [`ImageCodec`], which writes it into its row of the batch, on the host
+//! or on the GPU's decoders. Only members the decoder reads are taken as a sample's image.
 
-use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::TarSample;
 use crate::error::Result;
 use crate::formats::image::gpu::inputs::Inputs;
-use crate::formats::image::{Decoder, DeviceImageBatcher, EXTENSIONS, MAX_PIXELS, Transform};
+use crate::formats::image::{EXTENSIONS, Encoded, ImageCodec};
 use crate::loader::{Batcher, Collator};
 use crate::tensor::Tensor;
 
@@ -19,57 +18,48 @@ const NOT_DECODED: &[&str] = &[
     "pnm",
 ];
 
-thread_local! {
-    /// A worker thread's decoder, its buffers reused from image to image.
-    static DECODER: RefCell<Option<Decoder>> = const { RefCell::new(None) };
-}
-
 /// Batches samples into `(images [B, 3, H, W], labels i64 [B])`, as
-/// [`ImageBatcher`](crate::formats::image::ImageBatcher) does for files: each sample's first
-/// member among `jpg`, `jpeg`, `png` (the formats decoded; a `.webp` or other member beside
-/// them is left alone) is decoded from the shard's bytes straight into its row of the pinned
-/// block, transformed by the transform (crop, resize, flip drawn from the
+/// [`ImageBatcher`](crate::formats::image::ImageBatcher) does for files, with the same
+/// [`ImageCodec`] settings and the same rows for the same bytes: each sample's first member
+/// among `jpg`, `jpeg`, `png` (the formats decoded; a `.webp` or other member beside them is
+/// left alone) is decoded and transformed by the codec (crop, resize, flip drawn from the
 /// loader's seed, the epoch and the sample); the label is the `cls` member (or the extension
 /// given to [`label`](Self::label)).
+///
+/// Where the images are made is the codec's [`DecodeOn`](crate::formats::image::DecodeOn) and
+/// the loader's device: by default on the GPU's decoders when the loader delivers to a CUDA
+/// device and nvJPEG is there (each member's bytes copied once into the batch's pinned block),
+/// else on the loader's workers straight into the rows of the pinned block.
 ///
 /// # Errors
 ///
 /// A sample without an image or a label, or one that cannot be decoded, arrives as the batch's
 /// error naming the shard and the key; a sample whose only image is in a format not decoded
 /// (`.webp`, `.gif`, ...) names the member and the formats that are.
-///
-/// [`on_device`](Self::on_device) makes the images on a GPU instead, as
-/// [`DeviceImageBatcher`] does for files: each member's bytes are read from the shard once
-/// and copied into the batch's pinned block (the shard reader hands them over in memory), then
-/// decoded and transformed on the device.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TarImageBatcher {
-    transform: Transform,
+    codec: ImageCodec,
     label: String,
-    device: Option<DeviceImageBatcher>,
 }
 
 impl TarImageBatcher {
-    /// Images transformed by `transform`, labels from `.cls`.
-    pub fn new(transform: Transform) -> TarImageBatcher {
+    /// Images made as `codec` says, labels from `.cls`.
+    pub fn new(codec: ImageCodec) -> TarImageBatcher {
         TarImageBatcher {
-            transform,
+            codec,
             label: "cls".into(),
-            device: None,
         }
-    }
-
-    /// Makes the images on `batcher`'s device, with its decoders (same crop boxes and flips as
-    /// on the host).
-    pub fn on_device(mut self, batcher: DeviceImageBatcher) -> TarImageBatcher {
-        self.device = Some(batcher);
-        self
     }
 
     /// Labels from the members with extension `ext`.
     pub fn label(mut self, ext: &str) -> TarImageBatcher {
         self.label = ext.to_lowercase();
         self
+    }
+
+    /// The codec's settings.
+    pub fn codec(&self) -> &ImageCodec {
+        &self.codec
     }
 }
 
@@ -96,6 +86,41 @@ fn image_ext(s: &TarSample) -> Result<&'static str> {
     Err(s.error(problem))
 }
 
+/// What errors call the image member `ext` of `s`: the shard and the member.
+fn member_name(s: &TarSample, ext: &str) -> PathBuf {
+    PathBuf::from(format!("{}:{}.{ext}", s.shard(), s.shown_key()))
+}
+
+impl Encoded for TarSample {
+    fn with_bytes<R>(
+        &self,
+        _buf: &mut Vec<u8>,
+        f: impl FnOnce(&[u8], &Path) -> Result<R>,
+    ) -> Result<R> {
+        let ext = image_ext(self)?;
+        let bytes = self.bytes(ext)?;
+        f(&bytes, &member_name(self, ext))
+    }
+
+    fn gather(
+        samples: &[TarSample],
+        labels: Vec<i64>,
+        max_pixels: usize,
+        c: &Collator,
+    ) -> Result<Inputs> {
+        let mut members = Vec::with_capacity(samples.len());
+        for (s, label) in samples.iter().zip(labels) {
+            let ext = image_ext(s)?;
+            members.push((s.bytes(ext)?, member_name(s, ext), s.index(), label));
+        }
+        let pictures: Vec<_> = members
+            .iter()
+            .map(|(b, n, i, l)| (b.as_ref(), n.clone(), *i, *l))
+            .collect();
+        Inputs::copied(&pictures, max_pixels, c)
+    }
+}
+
 impl Batcher<TarSample> for TarImageBatcher {
     type Batch = (Tensor, Tensor);
 
@@ -104,41 +129,6 @@ impl Batcher<TarSample> for TarImageBatcher {
             .iter()
             .map(|s| s.class(&self.label))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(device) = &self.device {
-            let mut members = Vec::with_capacity(samples.len());
-            for (s, &label) in samples.iter().zip(&labels) {
-                let ext = image_ext(s)?;
-                let name = PathBuf::from(format!("{}:{}.{ext}", s.shard(), s.shown_key()));
-                members.push((s.bytes(ext)?, name, s.index(), label));
-            }
-            let pictures: Vec<_> = members
-                .iter()
-                .map(|(b, n, i, l)| (b.as_ref(), n.clone(), *i, *l))
-                .collect();
-            let inputs = Inputs::copied(&pictures, MAX_PIXELS, c)?;
-            return device.make(&self.transform, inputs, c);
-        }
-        let labels = c.stack_scalars("labels", labels)?;
-        let transform = self.transform.clone();
-        let shape = transform.shape();
-        let images = c.write_rows(
-            "images",
-            transform.dtype(),
-            &shape,
-            samples,
-            move |s, row, rng| {
-                let ext = image_ext(&s)?;
-                let bytes = s.bytes(ext)?;
-                let name = PathBuf::from(format!("{}:{}.{ext}", s.shard(), s.shown_key()));
-                DECODER.with(|d| {
-                    let mut d = d.borrow_mut();
-                    let decoder = d.get_or_insert_with(Decoder::new);
-                    let image = decoder.decode(&bytes, &name)?;
-                    transform.write(image, row, rng)
-                })
-            },
-        )?;
-        let mut out = c.finish()?;
-        Ok((out.take(images)?, out.take(labels)?))
+        self.codec.batch(samples, labels, c)
     }
 }

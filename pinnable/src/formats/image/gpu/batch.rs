@@ -1,4 +1,4 @@
-//! [`DeviceImageBatcher`]: a batch of image files decoded and transformed on the device.
+//! The codec's device path: a batch of encoded images decoded and transformed on the GPU.
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, OnceLock};
@@ -6,19 +6,19 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result;
 
 use super::backend::{Backend, engine_turn};
-use super::inputs::{Inputs, read_files};
+use super::inputs::Inputs;
 use super::memory::{device_buffer, upload, written_on};
 use super::notice::{ENGINE_STRIKES, nv_error, say_engines_failed, say_forced};
 use super::nvjpeg::{self, ImageDesc, Library};
 use super::plan::{Job, probe};
 use super::worker::{Worker, with_worker};
-use super::{DecoderChoice, JpegDecoder, gpu_decoder};
+use super::{JpegDecoder, chosen_decoder};
 use crate::alloc::{Fence, PinnedBlock};
 use crate::cuda::{CudaDevice, Device, Event, image_kernels};
 use crate::error::{Error, Result};
+use crate::formats::image::ImageCodec;
 use crate::formats::image::decode::jpeg_looks_whole;
-use crate::formats::image::folder::ImageFile;
-use crate::loader::{Batcher, Collator};
+use crate::loader::Collator;
 use crate::tensor::{Arena, Tensor};
 
 /// Threads a block of the image kernels.
@@ -27,107 +27,6 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u32 = 1024;
 /// Alignment of each picture's part of the device buffers.
 const ALIGN: usize = 256;
-
-/// Batches [`ImageFile`]s into `(images [B, 3, S, S], labels i64 [B])` with the images made
-/// on a CUDA device: each file's bytes read once into pinned memory and decoded there by the
-/// fastest decoder the device has ([`gpu_decoder`]), then resized, cropped, flipped and
-/// converted by the crate's kernels into the batch's device tensor, stream-ordered (the tensor
-/// carries a ready event; nothing waits on the host). The labels are pinned, on the host: a
-/// loader with [`device`](crate::loader::LoaderBuilder::device) moves them with the batch.
-///
-/// The crop boxes and flips are those the host path ([`ImageBatcher`](super::super::ImageBatcher))
-/// draws for the same (seed, epoch, index), whichever decoder ran; pixel values agree with it
-/// within the decoders' rounding (PSNR ≥ 40 dB).
-///
-/// # Errors
-///
-/// A file that cannot be read or decoded by any decoder arrives as [`Error::Sample`] naming the
-/// sample, its source an [`Error::Image`] naming the file; the batch is lost, not the loader.
-///
-/// # Examples
-///
-/// ```no_run
-/// use pinnable::formats::image::{DeviceImageBatcher, ImageFolder, JpegDecoder};
-/// use pinnable::loader::Loader;
-/// use pinnable::Device;
-///
-/// let device = Device::cuda(0)?;
-/// let train = ImageFolder::open("train")?;
-/// let batcher = DeviceImageBatcher::new(&device);
-/// println!("decoding with {}", batcher.chosen());
-/// let loader = Loader::builder(train).batch_size(64).workers(2).device(device).build(batcher)?;
-/// for batch in &loader {
-///     let (images, labels) = batch?; // u8 [64, 3, 224, 224] on the device, i64 [64]
-/// }
-/// # Ok::<(), pinnable::Error>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct DeviceImageBatcher {
-    device: Device,
-    decoder: Option<JpegDecoder>,
-    cpu_share: f64,
-    engine_threads: usize,
-}
-
-impl DeviceImageBatcher {
-    /// Images made on `device` by the decoder [`gpu_decoder`] picks.
-    pub fn new(device: &Device) -> DeviceImageBatcher {
-        DeviceImageBatcher {
-            device: device.clone(),
-            decoder: None,
-            cpu_share: 0.0,
-            engine_threads: 1,
-        }
-    }
-
-    /// Forces `decoder` instead of the one [`gpu_decoder`] picks (what it refuses still falls
-    /// back, as always: engines → CUDA backend → host).
-    pub fn decoder(mut self, decoder: JpegDecoder) -> DeviceImageBatcher {
-        self.decoder = Some(decoder);
-        self
-    }
-
-    /// Has the loader's workers decode this share of each batch's JPEGs on the host (0 to 1;
-    /// default 0), beside the device's decoders: the same positions of every batch, so the
-    /// output stays a function of (seed, epoch, index).
-    pub fn cpu_share(mut self, share: f64) -> DeviceImageBatcher {
-        self.cpu_share = if share.is_finite() {
-            share.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        self
-    }
-
-    /// How many of the loader's workers may be in the JPEG engines' batched decode at once: 1
-    /// (the default) or 2 (0 counts as 1, more as 2). The call keeps its thread busy until the
-    /// engines are done, so each thread inside is a core spent waiting; with one, the other
-    /// workers read and parse the next batches meanwhile. Two decode faster by up to a third
-    /// for about 0.4 more cores; use them when cores are there to spend, as with a
-    /// [`cpu_share`](Self::cpu_share). More are not allowed: four callers at once can stop
-    /// inside nvJPEG.
-    pub fn engine_threads(mut self, threads: usize) -> DeviceImageBatcher {
-        self.engine_threads = threads.clamp(1, 2);
-        self
-    }
-
-    /// The decoder this batcher runs, and why.
-    pub fn chosen(&self) -> DecoderChoice {
-        match self.decoder {
-            Some(d) => DecoderChoice {
-                decoder: d,
-                reason: "forced by DeviceImageBatcher::decoder".into(),
-            },
-            None => gpu_decoder(&self.device),
-        }
-    }
-
-    /// Whether position `pos` of a batch is one the host decodes for its share.
-    pub(super) fn host_share(&self, pos: usize) -> bool {
-        let s = self.cpu_share;
-        ((pos + 1) as f64 * s).floor() > (pos as f64 * s).floor()
-    }
-}
 
 /// How a picture is decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,55 +41,32 @@ fn align(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-impl Batcher<ImageFile> for DeviceImageBatcher {
-    type Batch = (Tensor, Tensor);
-
-    fn batch(&self, samples: Vec<ImageFile>, c: &mut Collator) -> Result<(Tensor, Tensor)> {
-        let Some(first) = samples.first() else {
-            return Err(Error::Field {
-                path: "images".into(),
-                message: "there are no samples to collate".into(),
-            });
-        };
-        let transform = first.transform().clone();
-        let max_pixels = first.max_pixels();
-        let (block, ranges) = read_files(&samples, c)?;
-        let inputs = Inputs {
-            block,
-            ranges,
-            names: samples.iter().map(|s| s.path().to_path_buf()).collect(),
-            indices: samples.iter().map(ImageFile::index).collect(),
-            labels: samples.iter().map(ImageFile::label).collect(),
-            max_pixels,
-        };
-        self.make(&transform, inputs, c)
-    }
-}
-
-impl DeviceImageBatcher {
-    /// The batch of `inputs`, transformed by `transform`, made on the device by this thread's
-    /// decoders.
-    pub(crate) fn make(
-        &self,
-        transform: &crate::formats::image::Transform,
-        inputs: Inputs,
-        c: &mut Collator,
-    ) -> Result<(Tensor, Tensor)> {
-        transform.validate()?;
-        let dev = self.device.cuda_device("DeviceImageBatcher")?.clone();
-        let decoder = self.chosen().decoder;
-        if let Some(forced) = self.decoder {
+/// The batch of `inputs`, transformed as `codec` says, made on `device` by this thread's
+/// decoders (created on its first batch for `device`, kept from batch to batch and epoch to
+/// epoch).
+pub(crate) fn make(
+    codec: &ImageCodec,
+    device: &Device,
+    inputs: Inputs,
+    c: &mut Collator,
+) -> Result<(Tensor, Tensor)> {
+    codec.transform.validate()?;
+    let dev = device.cuda_device("ImageCodec on the GPU")?.clone();
+    let decoder = match codec.decoder {
+        Some(forced) => {
             say_forced(dev.ordinal, forced);
+            forced
         }
-        with_worker(&dev, |worker| {
-            run(self, worker, &dev, decoder, transform, inputs, c)
-        })
-    }
+        None => chosen_decoder(device),
+    };
+    with_worker(&dev, |worker| {
+        run(codec, worker, &dev, decoder, &codec.transform, inputs, c)
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run(
-    batcher: &DeviceImageBatcher,
+    codec: &ImageCodec,
     worker: &mut Worker,
     dev: &Arc<CudaDevice>,
     decoder: JpegDecoder,
@@ -241,7 +117,7 @@ fn run(
             lib.is_some()
                 && i.for_nvjpeg()
                 && i.width.saturating_mul(i.height) <= inputs.max_pixels
-                && !batcher.host_share(pos)
+                && !codec.host_share(pos)
                 && jpeg_looks_whole(file(pos), i.width, i.height)
                 && worker
                     .cuda
@@ -361,7 +237,7 @@ fn run(
                 .idle
                 .synchronize()
                 .map_err(|e| Error::driver("cuEventSynchronize", e))?;
-            let _turn = engine_turn(dev.ordinal, batcher.engine_threads);
+            let _turn = engine_turn(dev.ordinal, codec.engine_threads);
             // SAFETY: `data` and `lengths` name the files' bytes in the pinned block, which
             // lives until the stream passes this batch (its fence is recorded below); each
             // destination is a picture's part of `decoded`, whose allocation and every

@@ -83,7 +83,7 @@ const HELD_OPEN: usize = 256;
 
 /// Reads every file into one pinned block: the block and each file's range in it. A file is
 /// opened once and sized from its handle: one path lookup a file, which is most of the cost.
-pub(super) fn read_files(
+pub(crate) fn read_files(
     samples: &[ImageFile],
     c: &Collator,
 ) -> Result<(PinnedBlock, Vec<(usize, usize)>)> {

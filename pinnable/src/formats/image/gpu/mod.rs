@@ -1,7 +1,8 @@
-//! JPEGs decoded on the GPU: the file's bytes cross the link, the pixels are made on the device.
+//! JPEGs decoded on the GPU (the codec's device path): the encoded bytes cross the link, the
+//! pixels are made on the device.
 //!
 //! ```text
-//!  ImageFile ─► its bytes, read once into the batch's pinned block ─► headers parsed (size,
+//!  a sample ─► its bytes, read once into the batch's pinned block ─► headers parsed (size,
 //!     EXIF orientation) ─► crop box, flip and filter taps drawn on the host as the CPU path
 //!     draws them (seed, epoch, index) ─► decoded: the JPEG engines (nvJPEG's hardware backend,
 //!     batched), nvJPEG's CUDA backend for what the engines refuse (progressive, unusual
@@ -11,7 +12,8 @@
 //!
 //! nvJPEG is loaded at run time (`libnvjpeg.so.13` or `.12`, see [`gpu_decoder`]): nothing is
 //! needed to build. Which decoder runs is chosen once per device and said once on standard
-//! error; [`gpu_decoder`] tells it and why, and [`DeviceImageBatcher::decoder`] forces one.
+//! error; [`gpu_decoder`] tells it and why, and [`ImageCodec::jpeg_decoder`](super::ImageCodec::jpeg_decoder)
+//! forces one.
 //! Every decoder gives the same crop boxes and flips (they are drawn before decoding, from the
 //! file's headers), so a batch is the same function of (seed, epoch, index) whichever decoded
 //! it; values differ by the decoders' rounding only (nvJPEG's IDCT and chroma upsampling are
@@ -40,13 +42,12 @@ mod search;
 mod worker;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use crate::cuda::Device;
 
-pub use batch::DeviceImageBatcher;
-
 /// Which decoder turns a batch's JPEGs into pixels on the device.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum JpegDecoder {
     /// The GPU's JPEG engines (nvJPEG's hardware backend), in batches; what they refuse goes
@@ -87,7 +88,9 @@ impl fmt::Display for DecoderChoice {
 }
 
 /// Per ordinal: the decoder chosen, once.
-static CHOSEN: Mutex<Vec<Arc<OnceLock<DecoderChoice>>>> = Mutex::new(Vec::new());
+/// Each slot is leaked once per ordinal (a handful a process), so a choice is read without
+/// copying it.
+static CHOSEN: Mutex<Vec<&'static OnceLock<DecoderChoice>>> = Mutex::new(Vec::new());
 
 /// Which decoder JPEGs moved to `device` get, and why: the GPU's JPEG engines where the library
 /// and the engines are there; else nvJPEG's CUDA backend (no engines on this GPU or driver:
@@ -118,25 +121,35 @@ static CHOSEN: Mutex<Vec<Arc<OnceLock<DecoderChoice>>>> = Mutex::new(Vec::new())
 /// println!("JPEGs are decoded by {choice}");
 /// ```
 pub fn gpu_decoder(device: &Device) -> DecoderChoice {
-    let Some(ordinal) = device.ordinal() else {
-        return DecoderChoice {
+    match chosen_slot(device) {
+        Some(slot) => slot.clone(),
+        None => DecoderChoice {
             decoder: JpegDecoder::Cpu,
             reason: "the device is the host".into(),
-        };
-    };
+        },
+    }
+}
+
+/// [`gpu_decoder`]'s decoder alone, without copying its reason (asked once a batch).
+pub(crate) fn chosen_decoder(device: &Device) -> JpegDecoder {
+    chosen_slot(device).map_or(JpegDecoder::Cpu, |c| c.decoder)
+}
+
+/// The decoder chosen for `device`, chosen on the first call; `None` for the host.
+fn chosen_slot(device: &Device) -> Option<&'static DecoderChoice> {
+    let ordinal = device.ordinal()?;
     let slot = {
         let mut chosen = CHOSEN.lock().unwrap_or_else(|e| e.into_inner());
         if chosen.len() <= ordinal {
-            chosen.resize_with(ordinal + 1, Default::default);
+            chosen.resize_with(ordinal + 1, || Box::leak(Box::default()));
         }
-        chosen[ordinal].clone()
+        chosen[ordinal]
     };
-    slot.get_or_init(|| {
+    Some(slot.get_or_init(|| {
         let choice = choose(device, nvjpeg::Library::get());
         eprintln!("pinnable: JPEGs for {device} are decoded by {choice}");
         choice
-    })
-    .clone()
+    }))
 }
 
 /// The fastest decoder `device` can run with `library`.

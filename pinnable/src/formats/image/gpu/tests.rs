@@ -7,7 +7,9 @@ use super::nvjpeg::{Library, status_name};
 use super::plan::{Jobs, JpegInfo, model, probe};
 use super::*;
 use crate::dtype::DType;
-use crate::formats::image::{Decoder, IMAGENET_MEAN, IMAGENET_STD, Image, Transform, orient};
+use crate::formats::image::{
+    Decoder, IMAGENET_MEAN, IMAGENET_STD, Image, ImageCodec, Transform, orient,
+};
 use crate::loader::SplitMix64;
 
 /// A fresh seed each run, printed with the line that reruns it.
@@ -336,7 +338,7 @@ fn statuses_are_named_as_the_header_names_them() {
 fn the_host_share_takes_the_same_positions_of_every_batch() {
     let mut rng = SplitMix64::new(seed("share"));
     let share = (rng.below(1000) as f64) / 1000.0;
-    let b = DeviceImageBatcher::new(&Device::cpu()).cpu_share(share);
+    let b = ImageCodec::default().cpu_share(share);
     let n = 64 + rng.below(200) as usize;
     let taken: Vec<usize> = (0..n).filter(|&p| b.host_share(p)).collect();
     assert_eq!(
@@ -345,19 +347,26 @@ fn the_host_share_takes_the_same_positions_of_every_batch() {
         "share {share} of {n}"
     );
     assert!(
-        DeviceImageBatcher::new(&Device::cpu())
+        ImageCodec::default()
             .cpu_share(1.0)
             .host_share(rng.below(99) as usize)
     );
+    assert!(!ImageCodec::default().cpu_share(f64::NAN).host_share(0));
+    // A forced decoder is for the GPU: a batch for the host is decoded there.
+    let forced = ImageCodec::default().jpeg_decoder(JpegDecoder::Cuda);
+    assert_eq!(forced.chosen(&Device::cpu()).decoder, JpegDecoder::Cpu);
     assert!(
-        !DeviceImageBatcher::new(&Device::cpu())
-            .cpu_share(f64::NAN)
-            .host_share(0)
+        !forced
+            .on_device(&Device::cpu())
+            .expect("Auto takes the host")
     );
-    let forced = DeviceImageBatcher::new(&Device::cpu())
-        .decoder(JpegDecoder::Cuda)
-        .chosen();
-    assert_eq!(forced.decoder, JpegDecoder::Cuda);
+    let host = ImageCodec::default().decode_on(crate::formats::image::DecodeOn::Host);
+    assert_eq!(host.chosen(&Device::cpu()).decoder, JpegDecoder::Cpu);
+    let device = ImageCodec::default().decode_on(crate::formats::image::DecodeOn::Device);
+    let err = device
+        .on_device(&Device::cpu())
+        .expect_err("no GPU to decode on");
+    assert!(err.to_string().contains("DecodeOn::Device"), "{err}");
 }
 
 #[test]
