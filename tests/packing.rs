@@ -322,6 +322,7 @@ fn batches_never_exceed_the_budget() {
                     assert!(real <= row_tokens * rows, "{budget:?}: {real}");
                     assert!(lens.iter().all(|&l| l <= row_tokens));
                 }
+                other => panic!("a budget this test does not know: {other:?}"),
             }
             let total = b.input_ids.shape()[1];
             if fixed {
@@ -577,6 +578,7 @@ fn shards_split_at_the_separator() {
                         want.push(std::mem::take(&mut cur));
                         cur.push(x);
                     }
+                    (true, other) => panic!("a separator rule this test does not know: {other:?}"),
                 }
             }
             want.push(cur);

@@ -29,6 +29,7 @@ use crate::hash::Fingerprint;
 
 /// What a batch may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Budget {
     /// Whole samples up to `max_tokens` a batch: their tokens, or with `count_padding` the
     /// batch's longest sample times the number of samples (what a padded `[B, T]` batch holds).

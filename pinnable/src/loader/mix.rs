@@ -30,6 +30,7 @@ use crate::hash::Fingerprint;
 /// out a little early is reshuffled and goes on. With per-batch counts the shares are exact, and
 /// so is the rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Stop {
     /// Until every source has been read through at least once (the largest source, in
     /// proportion to its share, sets the length); smaller sources cycle, reshuffled at each

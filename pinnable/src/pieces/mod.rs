@@ -19,6 +19,7 @@ pub(crate) use starts::StartTable;
 /// failure, `PINNABLE_GATHER_KERNELS=0`): it takes the copy engine and host staging instead,
 /// and [`Device::gather_kernels`](crate::Device::gather_kernels) says why.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GatherRoute {
     /// Each run of consecutive pieces read where it lies: by the gather kernels below 512 KiB,
     /// by the copy engine (one copy) from 512 KiB up, where it is as fast and leaves the SMs to

@@ -24,6 +24,7 @@ pub use view::{DeviceView, DeviceViewMut};
 
 /// Where a tensor's elements live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Placement {
     /// Ordinary (pageable) host memory: the copy engine cannot read it directly, so a move
     /// stages it through pinned memory. Both this and [`Pinned`](Self::Pinned) are host

@@ -12,6 +12,7 @@ use crate::tensor::Tensor;
 
 /// What becomes of the separator token when shards are split into documents.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Separator {
     /// Dropped: a document is a run of tokens between separators (empty runs are no document).
     #[default]
