@@ -5,9 +5,9 @@ is reachable by more than one path (a module made public *and* its items re-expo
     scripts/public-api.py target/doc/pinnable.json               # print the paths, check
     scripts/public-api.py target/doc/pinnable.json --check FILE  # also compare with a list
 
-The JSON comes from the nightly toolchain (rustdoc's JSON output is unstable):
+The JSON comes from rustdoc's unstable JSON output (scripts/public-api.sh makes it):
 
-    cargo +nightly rustdoc -p pinnable --lib --features image,ndarray,dlpack -- \
+    RUSTC_BOOTSTRAP=1 cargo rustdoc -p pinnable --lib --all-features -- \
         -Z unstable-options --output-format json
 
 Items hidden from the docs (`#[doc(hidden)]`, the derive's `__private`) are not public API.

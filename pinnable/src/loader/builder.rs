@@ -16,7 +16,7 @@ use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::transfer::ToDevice;
 
-/// The settings of a loader over a source (a [`Dataset`] or an [`IterSource`]), ending in
+/// The settings of a loader over a source (a [`Dataset`](super::Dataset) or an [`IterSource`](super::IterSource)), ending in
 /// `build` (a [`Batcher`]) or `build_with` (a closure).
 ///
 /// Defaults: batches of 1, sequential order, the short last batch kept, half the cores as
@@ -146,7 +146,7 @@ impl<Src> LoaderBuilder<Src> {
     }
 
     /// This process is rank `rank` of `world` in a data-parallel run: it gets its part of
-    /// every epoch (see [`Sampler`] and [`IterSource`] for how the parts are cut).
+    /// every epoch (see [`Sampler`] and [`IterSource`](super::IterSource) for how the parts are cut).
     pub fn shard(mut self, rank: usize, world: usize) -> Self {
         self.rank = rank;
         self.world = world;
@@ -162,7 +162,7 @@ impl<Src> LoaderBuilder<Src> {
     ///
     /// `build` checks the position against the loader: it must come from a loader with the
     /// same dataset length, batch size, world size, rank, seed and `drop_last`. A stream
-    /// loader resumes mid-epoch only if its source is [`Seekable`].
+    /// loader resumes mid-epoch only if its source is [`Seekable`](super::Seekable).
     ///
     /// [`Epoch::position`]: super::Epoch::position
     ///

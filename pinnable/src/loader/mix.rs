@@ -1,6 +1,6 @@
 //! Weighted mixing of several sources into one: [`Mix`], with its [`Stop`] rule.
 //!
-//! A mix is a [`Dataset`] that plans its own epochs ([`Dataset::order`]): the plan says, for
+//! A mix is a [`Dataset`] that plans its own epochs ([`Dataset::plan`]): the plan says, for
 //! each place of the epoch, which source it draws from and which of that source's samples it
 //! takes. Sources are read in an order of their own (shuffled under the seed, the epoch and the
 //! source's number, or their own plan for a source that plans, like tar shards); a source that

@@ -7,7 +7,8 @@ use crate::error::Result;
 /// the stream of epoch `e` (so a stream can reshuffle its own files per epoch).
 ///
 /// Streams have no length and no random access, so a loader over one does not shuffle, and
-/// its epoch is a plain [`Iterator`] (not an `ExactSizeIterator`). Samples are read by the
+/// its epoch's length is not known until it ends ([`Epoch::remaining`](super::Epoch::remaining)
+/// is `None`). Samples are read by the
 /// worker threads in turn, one batch's worth at a time, and collated in parallel. Sharded
 /// `(rank, world)`, rank `r` takes items `r, r + world, r + 2·world, …` of the stream; the
 /// ranks' parts then differ in length by at most one sample (so by at most one batch), since the

@@ -30,8 +30,8 @@ pub const IGNORE_INDEX: i64 = -100;
 
 /// Documents batched by a [`TokenBudget`] plan, as a [`Dataset`] for the loader: sample `i` is
 /// slot `i` of an epoch's plan (every rank's batches together), and the dataset deals each
-/// rank its slots ([`Dataset::order`]), so every rank gets the same number of batches
-/// ([`TokenBudget::rank_slots`]). Build the loader with a batch size of 1 (the default) and
+/// rank its slots and cuts one batch a slot ([`Dataset::plan`]), so every rank gets the same
+/// number of batches ([`TokenBudget::rank_slots`]). Build the loader with no batch size and
 /// the batcher from [`batcher`](Self::batcher); the plan's own seed
 /// ([`BudgetOptions::shuffle`](crate::loader::BudgetOptions::shuffle)) shuffles, not the
 /// loader's. A position saved by such a loader carries the plan's digest, so it resumes only
@@ -589,7 +589,8 @@ impl Batcher<usize> for PackedBatcher {
                 setting: "batch_size",
                 problem: format!(
                     "each sample of PackedDocs is a whole packed batch; the loader gave {} \
-                     together: build it with batch_size(1)",
+                     together: leave the loader's batch size unset (the plan cuts the \
+                     batches)",
                     slots.len()
                 ),
             });

@@ -143,7 +143,7 @@ impl TokenWindows {
     /// windows, read by the GPU where they lie when every window of the batch is in a pinned
     /// shard, else from the batch's pinned block, into which the loader's worker copies the
     /// windows (a mapped shard is staged there); the move widens them on the GPU. For the host
-    /// ([`Device::cpu`]), the worker writes `x` and `y`, widened, into the batch's pinned block.
+    /// ([`Device::cpu`](crate::Device::cpu)), the worker writes `x` and `y`, widened, into the batch's pinned block.
     ///
     /// # Errors
     ///

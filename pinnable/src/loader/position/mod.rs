@@ -211,9 +211,9 @@ impl Position {
         self.drop_last
     }
 
-    /// The setting of a dataset that plans its own epochs
-    /// ([`Dataset::plan_setting`](super::Dataset::plan_setting), e.g. a tar source's shuffle
-    /// buffer), `None` for the others.
+    /// The fingerprint of a dataset that plans its own epochs
+    /// ([`Plan::fingerprint`](super::Plan::fingerprint), e.g. a tar source's shuffle buffer and
+    /// shard list), `None` for the others.
     pub fn plan(&self) -> Option<u64> {
         self.plan
     }
@@ -437,7 +437,7 @@ impl Position {
     }
 
     /// Refuses a position whose plan setting differs from `current` (the name and value of the
-    /// loader's dataset's, [`Dataset::plan_setting`](super::Dataset::plan_setting)), naming
+    /// loader's dataset's plans, [`Plan::fingerprint`](super::Plan::fingerprint)), naming
     /// it; or, for a format-2 position whose kind of fingerprint this release computes with
     /// another hash, with [`Error::Position`] saying how to go on.
     pub(crate) fn check_plan(&self, current: Option<(&'static str, u64)>) -> Result<()> {
