@@ -146,6 +146,7 @@ pub mod numa;
 mod path;
 mod pieces;
 mod pin;
+pub mod storage;
 mod tensor;
 mod transfer;
 
