@@ -2,10 +2,7 @@
 //! (tests/support/http.rs) serving the same shard files as the local source reads, with its
 //! faults, and an S3-compatible server (moto) when one can be started.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pinnable::Error;
@@ -15,6 +12,7 @@ use pinnable::storage::Storage;
 use pinnable::{Result, Tensor};
 use pinnable_harness::http::{Fault, Server};
 use pinnable_harness::rng;
+use pinnable_harness::s3::Moto;
 use pinnable_harness::tar::{Sample, folder, gzip, random_shards, shard};
 use rand::Rng;
 
@@ -458,79 +456,6 @@ fn a_resumed_epoch_reads_again_little_before_its_position() {
         "the resumed epoch read {read} of {total} bytes ({left} of {n} samples left)"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// An S3-compatible server (moto's), stopped on drop.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Moto {
-    /// Starts `python3 -m moto.server` on an unused port and waits (20 s at most) until it
-    /// answers; the reason when it cannot.
-    fn start() -> std::result::Result<Moto, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run python3: {e}"))?;
-        let mut moto = Moto { child, port };
-        let until = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < until {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                return Err(format!(
-                    "python3 -m moto.server exited ({status}); install it with \
-                     `pip install 'moto[server]'`"
-                ));
-            }
-            if moto.request("GET", "/", &[]).is_ok() {
-                return Ok(moto);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err("moto's server did not answer within 20 s".into())
-    }
-
-    /// One unsigned request (moto does not check signatures); its status.
-    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<u16> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n",
-            self.port,
-            body.len()
-        )?;
-        s.write_all(body)?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer)?;
-        let text = String::from_utf8_lossy(&answer);
-        text.split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status in {text:?}")))
-    }
 }
 
 #[test]

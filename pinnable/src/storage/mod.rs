@@ -334,6 +334,14 @@ pub(crate) struct Session {
     remote: std::sync::OnceLock<Arc<remote::Remote>>,
 }
 
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("storage", &self.storage)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Session {
     pub(crate) fn new(storage: &Storage) -> Session {
         Session {
