@@ -390,6 +390,7 @@ impl Session {
 
     /// The objects under the `s3://` prefix `location` (a folder), with their sizes, sorted by
     /// key.
+    #[cfg_attr(not(feature = "image"), allow(dead_code))]
     pub(crate) fn list(&self, location: &str) -> Result<Vec<(String, u64)>> {
         #[cfg(feature = "remote")]
         return self.remote()?.list(location);

@@ -23,6 +23,9 @@ use io::*;
 pub(crate) use io::{Io, Object};
 pub(crate) use stream::{Planned, Streamer, Streams};
 
+/// An object found: its URL, its store and its path there.
+pub(crate) type Located = (String, Arc<dyn ObjectStore>, StorePath);
+
 /// The runtime and the stores (one per bucket or server) of the objects opened with one set
 /// of settings.
 pub(crate) struct Remote {
@@ -42,10 +45,7 @@ impl Remote {
 
     /// The objects `name` names (one, or for an `s3://` glob those it matches, sorted by key),
     /// without their sizes.
-    pub(crate) fn locate(
-        &self,
-        name: &str,
-    ) -> Result<Vec<(String, Arc<dyn ObjectStore>, StorePath)>> {
+    pub(crate) fn locate(&self, name: &str) -> Result<Vec<Located>> {
         let (url, base) = parse(name)?;
         let store = self.store_for(&url, &base, name)?;
         if url.path().contains(['*', '?']) {
@@ -62,10 +62,7 @@ impl Remote {
     }
 
     /// The objects located, with their sizes (`HEAD` requests made together).
-    pub(crate) fn objects(
-        &self,
-        located: Vec<(String, Arc<dyn ObjectStore>, StorePath)>,
-    ) -> Result<Vec<Arc<Object>>> {
+    pub(crate) fn objects(&self, located: Vec<Located>) -> Result<Vec<Arc<Object>>> {
         if located.is_empty() {
             return Ok(Vec::new());
         }

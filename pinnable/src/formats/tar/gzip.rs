@@ -11,7 +11,7 @@
 //! a resumed epoch at most 1024 samples before its position. Offsets in errors count
 //! decompressed bytes. A sample read outside the epoch's run decompresses from where the
 //! shard's decoder stands, or from the start when the sample lies before it. Compressed bytes
-//! are read a chunk at a time (1 MiB from a file, [`Remote::chunk_size`](super::Remote) from
+//! are read a chunk at a time (1 MiB from a file, [`Storage::chunk_size`](crate::storage::Storage::chunk_size) from
 //! a store), each read when decompression needs it.
 
 use std::borrow::Cow;

@@ -13,7 +13,7 @@
 //!                ▼  or decodes each field straight into its row of the pinned batch
 //! ```
 //!
-//! - **Reader** ([`members`]): ustar, pax (`path`, `size`; per-member and global headers), GNU
+//! - **Reader**: ustar, pax (`path`, `size`; per-member and global headers), GNU
 //!   long names; checksums checked; every length checked against the shard's size; errors
 //!   ([`Error::Tar`]) name the shard and the byte offset. Our own reader rather than the `tar`
 //!   crate: members must stay byte ranges of the shard (read where they lie, or viewed in a
@@ -28,7 +28,7 @@
 //!   never views of a mapping (also under [`TarShards::open_mapped`]); offsets in their errors
 //!   count decompressed bytes. bzip2, xz and zstd shards are refused with a message naming the
 //!   compression.
-//! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
+//! - **Grouping** as webdataset 1.0 does it: key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
 //!   is an error naming the shard and the key, `__*__` members skipped. Keys are bytes, as the
 //!   shard stores them ([`TarSample::key_bytes`]; [`TarSample::key`] is the `&str` view where
@@ -47,12 +47,13 @@
 //!   The sample being assembled when a bad header is found comes first, with the members read
 //!   before it, as webdataset gives it (Python's `tarfile` ends the archive at a bad header);
 //!   a sample whose own member is cut short by the shard's end is dropped.
-//! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
-//!   through object_store, streamed in ranged chunks with a bounded read-ahead; the guide's
-//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost.
-//!   [`TarShards::open`] takes a list of URLs with
-//!   `Remote`'s defaults. Other sources of ranged bytes implement [`ByteSource`] and go to
-//!   [`TarShards::from_shards`].
+//! - **Remote shards** (feature `remote`): [`TarShards::open`] and
+//!   [`open_with`](TarShards::open_with) take `s3://` and `http(s)://` shard lists, read
+//!   through [`storage`](crate::storage) (the reads' settings in a
+//!   [`Storage`](crate::storage::Storage)); each epoch streams every rank's run in ranged
+//!   chunks with a bounded read-ahead, several ranks of one process at once. The guide's
+//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost. Other
+//!   sources of ranged bytes implement [`ByteSource`] and go to [`TarShards::from_shards`].
 //! - **A resume over other shards** is refused: positions carry a hash of the shards' file
 //!   names in list order (with the shuffle buffer), so the same number of samples from another
 //!   list does not pass for the run that was saved.

@@ -47,7 +47,7 @@ pub(crate) struct Member {
     pub size: u64,
 }
 
-/// The members of a shard in file order, from [`members`].
+/// The members of a shard in file order, from `members`.
 pub(crate) struct Members<'a> {
     bytes: &'a dyn ByteSource,
     /// A compressed shard, whose size is known only once decompression reaches its end.

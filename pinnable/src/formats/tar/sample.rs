@@ -15,7 +15,7 @@ pub(crate) type Held = Arc<dyn HostBytes>;
 
 /// One sample of [`TarShards`](super::TarShards): which shard, its key, and where each field's
 /// bytes lie. From local shards nothing is read until a field is asked for; a remote sample
-/// holds its bytes, streamed ahead (see [`Remote`](super::Remote)).
+/// holds its bytes, streamed ahead (see [`TarShards::open_with`](super::TarShards::open_with)).
 #[derive(Clone)]
 pub struct TarSample {
     index: Arc<Index>,

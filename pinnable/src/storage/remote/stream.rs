@@ -197,7 +197,7 @@ struct Shared {
     /// The least charge of a received buffer (see [`LEAST_CHARGE`]).
     least: u64,
     /// The epoch being streamed by each rank (`(rank, world)`) reading through this source.
-    plans: RwLock<Vec<((usize, usize), Arc<Plan>)>>,
+    plans: RwLock<Vec<RankPlan>>,
     chunk: u64,
     read_ahead: usize,
     /// Read-ahead stops while the samples held (in buffers of their own and in the received
@@ -206,6 +206,9 @@ struct Shared {
     /// samples keep slices of the pieces they arrive in only while the ledger is under it.
     cap: u64,
 }
+
+/// A rank's plan: `(rank, world)` and the epoch it streams.
+type RankPlan = ((usize, usize), Arc<Plan>);
 
 /// The streams of one opened source (see the [module docs](self)).
 pub(crate) struct Streamer {
