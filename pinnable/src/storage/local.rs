@@ -55,15 +55,12 @@ impl ByteSource for MappedBytes {
     }
 }
 
-/// The file at `path`, read with positioned reads; an empty file is an error.
+/// The file at `path`, read with positioned reads.
 pub(super) fn open_file(path: &Path) -> Result<Arc<dyn ByteSource>> {
     let name = path.display().to_string();
     let cannot = |problem: String| storage_error(&name, format!("cannot open it: {problem}"));
     let file = File::open(path).map_err(|e| cannot(e.to_string()))?;
     let len = file.metadata().map_err(|e| cannot(e.to_string()))?.len();
-    if len == 0 {
-        return Err(cannot("the file is empty".into()));
-    }
     Ok(Arc::new(FileBytes { file, len }))
 }
 

@@ -258,7 +258,7 @@ impl Storage {
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] naming `location`: a file that cannot be opened or is empty; a URL
+    /// [`Error::Storage`] naming `location`: a file that cannot be opened; a URL
     /// without the `remote` feature, with an unsupported scheme, or whose object is missing
     /// (404), refused (401, 403) or cannot be reached after the retries.
     pub fn open(&self, location: &str) -> Result<Arc<dyn ByteSource>> {

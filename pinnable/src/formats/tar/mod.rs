@@ -243,6 +243,13 @@ impl TarShards {
             .map(|p| {
                 let name = p.display().to_string();
                 let bytes = session.open(&name).map_err(as_tar)?;
+                if bytes.is_empty() {
+                    return Err(Error::Tar {
+                        shard: name,
+                        offset: 0,
+                        problem: "cannot open it: the file is empty".into(),
+                    });
+                }
                 Ok((name, bytes))
             })
             .collect::<Result<Vec<_>>>()?;
