@@ -128,17 +128,6 @@ fn expand_glob(pattern: &str) -> Result<Vec<PathBuf>> {
 /// # Errors
 ///
 /// As [`expand_braces`]; a glob that matches no file.
-///
-/// # Examples
-///
-/// ```
-/// use pinnable::formats::tar::expand_braces;
-///
-/// let names = expand_braces("s3/train-{000..002}-{a,b}.tar")?;
-/// assert_eq!(names[..3], ["s3/train-000-a.tar", "s3/train-000-b.tar", "s3/train-001-a.tar"]);
-/// assert_eq!(names.len(), 6);
-/// # Ok::<(), pinnable::Error>(())
-/// ```
 pub(crate) fn expand<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for pattern in patterns {
