@@ -50,7 +50,7 @@
 //! - **Remote shards** (feature `remote`): [`TarShards::open`] and
 //!   [`open_with`](TarShards::open_with) take `s3://` and `http(s)://` shard lists, read
 //!   through [`storage`](crate::storage) (the reads' settings in a
-//!   [`Storage`](crate::storage::Storage)); each epoch streams every rank's run in ranged
+//!   [`Storage`]); each epoch streams every rank's run in ranged
 //!   chunks with a bounded read-ahead, several ranks of one process at once. The guide's
 //!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost. Other
 //!   sources of ranged bytes implement [`ByteSource`] and go to [`TarShards::from_shards`].
