@@ -132,7 +132,7 @@ fn token_batch(dev: &Device, rep: &mut Report) {
         .flat_map(|t| t.to_le_bytes())
         .collect();
     std::fs::write(&dir, bytes).expect("write tokens");
-    let shards = TokenShards::read([&dir]).expect("read tokens");
+    let shards = TokenShards::open([&dir]).expect("read tokens");
     let _ = std::fs::remove_file(&dir);
     let windows = TokenWindows::new(shards, 1024).expect("windows");
     let source = windows.shards().pinned().expect("pinned").clone();

@@ -143,7 +143,7 @@ fn main() {
         });
     let file = docs_file(&dir, n);
     let t = Instant::now();
-    let shards = TokenShards::read([&file]).expect("read the documents into pinned memory");
+    let shards = TokenShards::open([&file]).expect("read the documents into pinned memory");
     let read = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let docs = Arc::new(TokenDocs::split(shards, SEPARATOR.into(), Separator::End).expect("split"));

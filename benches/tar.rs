@@ -13,7 +13,7 @@
 //!    the loopback HTTP ceiling (every shard fetched whole by 1, 4 and 16 parallel plain
 //!    `GET`s, bodies discarded; the best is "the ceiling") and object_store's `get` alone
 //!    (all shards at once, bodies drained). Then ours, fields only and decoded, through
-//!    `Remote` with a shuffle buffer of 256 samples, against the ceiling and the local-file
+//!    `Storage` with a shuffle buffer of 256 samples, against the ceiling and the local-file
 //!    rates above, with the bytes and requests an epoch and where the workers' time went.
 //! 4. **Steady state** (with `remote`): an epoch of 16 shards lasts 10 to 20 ms, start-up and
 //!    end included; the shards listed 40 times make one long epoch, read locally and over HTTP
@@ -21,7 +21,7 @@
 //!    the listed shards fetched whole over 16 kept-open connections.
 //!
 //!    Sections 3 and 4 are in `tar/remote.rs`. Knobs: `PINNABLE_BENCH_CHUNK_KIB` (4096), `PINNABLE_BENCH_READ_AHEAD` (4),
-//!    `PINNABLE_BENCH_CACHE_MIB` (`Remote::cache_bytes`, 256, the library's default),
+//!    `PINNABLE_BENCH_CACHE_MIB` (`Storage::cache_bytes`, 256, the library's default),
 //!    `PINNABLE_BENCH_THREADS` (runtime threads, 4); `PINNABLE_BENCH_DECODE=0` leaves the
 //!    decoded rows out; `PINNABLE_BENCH_REPEAT` (40) and `PINNABLE_BENCH_WINDOW` (1024) set
 //!    section 4's listings and window. Section 4 also gives each row's CPU time a sample and

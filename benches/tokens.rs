@@ -160,7 +160,7 @@ fn main() {
     let pinned = Arc::new(
         TokenShards::options()
             .residency(Residency::Pinned)
-            .read([&file])
+            .open([&file])
             .expect("read train.bin into pinned memory"),
     );
     let read_in = t.elapsed().as_secs_f64();
@@ -169,7 +169,7 @@ fn main() {
         unsafe {
             TokenShards::options()
                 .residency(Residency::Mapped)
-                .open([&file])
+                .open_mapped([&file])
         }
         .expect("map train.bin"),
     );
@@ -251,7 +251,7 @@ fn resume_part(dir: &Path, rep: &mut Report) {
         .flat_map(|_| ((r.next_u64() % 50257) as u16).to_le_bytes())
         .collect();
     std::fs::write(&path, bytes).expect("write resume.bin");
-    let windows = TokenWindows::new(TokenShards::read([&path]).expect("read"), 8).expect("windows");
+    let windows = TokenWindows::new(TokenShards::open([&path]).expect("read"), 8).expect("windows");
     let position = Loader::builder(windows.clone())
         .batch_size(1)
         .shuffle(7)

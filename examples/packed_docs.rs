@@ -56,7 +56,7 @@ fn main() -> pinnable::Result<()> {
     let path = std::env::temp_dir().join(format!("packed-docs-{}.bin", std::process::id()));
     std::fs::File::create(&path)?.write_all(&bytes)?;
 
-    let docs = TokenDocs::split(TokenShards::read([&path])?, EOT.into(), Separator::End)?;
+    let docs = TokenDocs::split(TokenShards::open([&path])?, EOT.into(), Separator::End)?;
     let plan = TokenBudget::options(Budget::Packed {
         row_tokens: row,
         rows,

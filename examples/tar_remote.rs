@@ -11,8 +11,9 @@
 //!
 //! With `PINNABLE_REQUIRE_GPU=1` a missing GPU is a failure.
 
-use pinnable::formats::tar::{Remote, TarNpyBatcher, TarShards};
+use pinnable::formats::tar::{TarNpyBatcher, TarShards};
 use pinnable::loader::Loader;
+use pinnable::storage::Storage;
 use pinnable::{Device, ToDevice};
 use pinnable_harness::http::Server;
 use pinnable_harness::npy::npy_file;
@@ -66,10 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let server = Server::start(&dir);
     let url = format!("{}/train-{{0..2}}.tar", server.url());
-    let remote = Remote::new()
-        .chunk_size(64 << 10)
-        .read_ahead(2)
-        .open([&url])?
+    let remote = TarShards::open_with(&Storage::new().chunk_size(64 << 10).read_ahead(2), [&url])?
         .shuffle_buffer(32);
     let local =
         TarShards::open([format!("{}/train-{{0..2}}.tar", dir.display())])?.shuffle_buffer(32);

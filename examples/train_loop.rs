@@ -138,9 +138,9 @@ fn dataset(o: &Options, dir: &Path) -> pinnable::Result<(TensorRows, Vec<i64>)> 
     drop(pixels);
     // From here on, the data is what a Python user saved: no conversion step.
     // SAFETY: this program wrote the two files above and nothing writes them while mapped.
-    let images = unsafe { NpyArray::open(&images_npy) }?;
+    let images = unsafe { NpyArray::open_mapped(&images_npy) }?;
     // SAFETY: as above.
-    let labels = unsafe { NpyArray::open(&labels_npy) }?
+    let labels = unsafe { NpyArray::open_mapped(&labels_npy) }?
         .tensor()
         .to_vec::<i64>()?;
     Ok((TensorRows::new(images.tensor().clone())?, labels))

@@ -139,7 +139,7 @@ fn main() -> pinnable::Result<()> {
         TokenShards::options()
             .residency(residency)
             .vocab(50257)
-            .open(&paths)
+            .open_mapped(&paths)
     }?;
     let opened = started.elapsed();
     let windows = TokenWindows::new(shards, o.context)?;

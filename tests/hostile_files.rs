@@ -54,14 +54,14 @@ type Outcome = std::result::Result<String, String>;
 fn open_npy(path: &Path) -> Result<String> {
     // SAFETY: the file is this test's own, and nothing writes or truncates it while the array
     // (dropped before this function returns) views it.
-    let array = unsafe { NpyArray::open(path)? };
+    let array = unsafe { NpyArray::open_mapped(path)? };
     let t = array.tensor();
     let sum: f64 = t.to_vec::<f32>()?.iter().map(|&v| f64::from(v)).sum();
     Ok(format!("{:?} {sum}", t.shape()))
 }
 
 fn open_tokens(path: &Path) -> Result<String> {
-    let shards = TokenShards::read([path])?;
+    let shards = TokenShards::open([path])?;
     Ok(format!("{} tokens", shards.len()))
 }
 

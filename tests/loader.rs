@@ -80,7 +80,7 @@ fn labels_of(batches: &[Bytes]) -> Vec<i64> {
 /// Opens a `.npy` file a test wrote.
 fn open_npy(path: impl AsRef<std::path::Path>) -> pinnable::Result<NpyArray> {
     // SAFETY: the tests write their files before opening them and never while they are mapped.
-    unsafe { NpyArray::open(path) }
+    unsafe { NpyArray::open_mapped(path) }
 }
 
 #[test]

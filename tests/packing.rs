@@ -211,7 +211,7 @@ fn batches_equal_hugging_faces_collator_output() {
     };
     let load = |name: &str| -> Tensor {
         // SAFETY: the fixture is only read.
-        let a = unsafe { NpyArray::open(dir.join(name)) }.unwrap();
+        let a = unsafe { NpyArray::open_mapped(dir.join(name)) }.unwrap();
         a.tensor().clone()
     };
     let (tokens, lengths, sizes, members) = (
@@ -584,7 +584,7 @@ fn shards_split_at_the_separator() {
             want.push(cur);
         }
         want.retain(|d| !d.is_empty());
-        let docs = TokenDocs::split(TokenShards::read(&paths).unwrap(), sep, keep).unwrap();
+        let docs = TokenDocs::split(TokenShards::open(&paths).unwrap(), sep, keep).unwrap();
         assert_eq!(docs.len(), want.len(), "{keep:?}");
         for (i, w) in want.iter().enumerate() {
             let got: Vec<u32> = docs

@@ -129,7 +129,7 @@ fn token_shards(r: &mut SmallRng, dir: &TempDir, context: usize) -> Arc<TokenSha
             )
         })
         .collect();
-    Arc::new(TokenShards::read(&paths).unwrap())
+    Arc::new(TokenShards::open(&paths).unwrap())
 }
 
 #[test]

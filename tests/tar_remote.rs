@@ -2,24 +2,23 @@
 //! (tests/support/http.rs) serving the same shard files as the local source reads, with its
 //! faults, and an S3-compatible server (moto) when one can be started.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pinnable::Error;
-use pinnable::formats::tar::{Remote, TarSample, TarShards};
+use pinnable::formats::tar::{TarSample, TarShards};
 use pinnable::loader::{Collator, Dataset, Loader};
+use pinnable::storage::Storage;
 use pinnable::{Result, Tensor};
 use pinnable_harness::http::{Fault, Server};
 use pinnable_harness::rng;
+use pinnable_harness::s3::Moto;
 use pinnable_harness::tar::{Sample, folder, gzip, random_shards, shard};
 use rand::Rng;
 
 /// Settings that fail fast: small chunks (several per shard), short timeouts, few retries.
-fn remote() -> Remote {
-    Remote::new()
+fn remote() -> Storage {
+    Storage::new()
         .chunk_size(64 << 10)
         .read_ahead(2)
         .timeout(Duration::from_secs(5))
@@ -81,8 +80,7 @@ fn http_shards_yield_the_local_samples_in_the_local_order() {
     let (pattern, _) = random_shards(&dir, &mut r, &counts);
     let server = Server::start(&dir);
     let local = TarShards::open([&pattern]).unwrap().shuffle_buffer(32);
-    let over_http = remote()
-        .open([url_pattern(&server, counts.len())])
+    let over_http = TarShards::open_with(&remote(), [url_pattern(&server, counts.len())])
         .unwrap()
         .shuffle_buffer(32);
     assert_eq!(over_http.len(), local.len());
@@ -168,13 +166,15 @@ fn the_index_pass_reads_headers_only_and_every_epoch_reads_each_shard_byte_once(
         let buffer = r.random_range(1..80);
         let workers = r.random_range(1..5);
         let before = server.served();
-        let shards = remote()
-            .chunk_size(chunk)
-            .read_ahead(ahead)
-            .cache_bytes(cap)
-            .open([&pattern])
-            .unwrap()
-            .shuffle_buffer(buffer);
+        let shards = TarShards::open_with(
+            &remote()
+                .chunk_size(chunk)
+                .read_ahead(ahead)
+                .cache_bytes(cap),
+            [&pattern],
+        )
+        .unwrap()
+        .shuffle_buffer(buffer);
         let indexed = server.served() - before;
         // One 4 KiB window a sample, against 40 to 120 KiB of member data.
         assert!(
@@ -254,12 +254,14 @@ fn any_chunks_read_ahead_cap_and_buffer_give_the_local_samples_in_the_local_orde
                 .map(|b| b.unwrap().to_vec::<i64>().unwrap())
                 .collect()
         };
-        let remote = remote()
-            .chunk_size(chunk)
-            .read_ahead(ahead)
-            .cache_bytes(cap)
-            .open([&over_http])
-            .unwrap();
+        let remote = TarShards::open_with(
+            &remote()
+                .chunk_size(chunk)
+                .read_ahead(ahead)
+                .cache_bytes(cap),
+            [&over_http],
+        )
+        .unwrap();
         let want = run(local.clone(), 1);
         assert!(!want.is_empty(), "{settings}");
         assert_eq!(run(remote, workers), want, "{settings}");
@@ -280,7 +282,7 @@ fn a_connection_dropped_midway_is_resumed_where_it_stopped() {
     let (pattern, _) = random_shards(&dir, &mut r, &counts);
     let server = Server::start(&dir);
     let local = TarShards::open([&pattern]).unwrap();
-    let over_http = remote().open([url_pattern(&server, 3)]).unwrap();
+    let over_http = TarShards::open_with(&remote(), [url_pattern(&server, 3)]).unwrap();
     // Dropped during the epoch's reads (the index pass is over).
     let victim = format!("train-{:03}.tar", r.random_range(0..3));
     server.fault(&victim, Fault::DropOnce);
@@ -315,7 +317,7 @@ fn a_missing_or_refused_shard_is_an_error_naming_its_url_and_a_500_is_retried() 
     for (fault, code) in [(Fault::NotFound, "404"), (Fault::Forbidden, "403")] {
         server.fault(&name, fault);
         let started = Instant::now();
-        let err = remote().open([url_pattern(&server, 4)]).unwrap_err();
+        let err = TarShards::open_with(&remote(), [url_pattern(&server, 4)]).unwrap_err();
         match &err {
             Error::Tar { shard, .. } => assert_eq!(shard, &url),
             other => panic!("not a tar error: {other}"),
@@ -325,17 +327,16 @@ fn a_missing_or_refused_shard_is_an_error_naming_its_url_and_a_500_is_retried() 
     }
     // A 500, then a good answer: opened as if nothing happened.
     server.fault(&name, Fault::ErrorOnce);
-    let shards = remote().open([url_pattern(&server, 4)]).unwrap();
+    let shards = TarShards::open_with(&remote(), [url_pattern(&server, 4)]).unwrap();
     assert_eq!(shards.shard_len(s), Some(counts[s]));
     assert!(server.log().iter().any(|l| l.status == 500));
     // A shard that exists on no server: its URL named.
     let missing = format!("{}/nothing-here.tar", server.url());
-    let err = remote().open([&missing]).unwrap_err();
+    let err = TarShards::open_with(&remote(), [&missing]).unwrap_err();
     assert!(err.to_string().contains(&missing), "{err}");
     // A glob needs a listing, which a web server does not give.
-    let err = remote()
-        .open([format!("{}/train-*.tar", server.url())])
-        .unwrap_err();
+    let err =
+        TarShards::open_with(&remote(), [format!("{}/train-*.tar", server.url())]).unwrap_err();
     assert!(err.to_string().contains("brace range"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -347,8 +348,7 @@ fn resume_over_http_continues_the_run_and_other_shards_are_refused() {
     let counts: Vec<usize> = (0..4).map(|_| r.random_range(10..60)).collect();
     let (_, _) = random_shards(&dir, &mut r, &counts);
     let server = Server::start(&dir);
-    let shards = remote()
-        .open([url_pattern(&server, 4)])
+    let shards = TarShards::open_with(&remote(), [url_pattern(&server, 4)])
         .unwrap()
         .shuffle_buffer(12);
     let build = |shards: &TarShards, workers| {
@@ -380,10 +380,12 @@ fn resume_over_http_continues_the_run_and_other_shards_are_refused() {
         .collect();
     assert_eq!(rest, all[stop..], "stopped after {stop} batches");
     // The same number of samples in other shards: the list is listed in another order.
-    let reordered = remote()
-        .open([format!("{}/train-{{003..000}}.tar", server.url())])
-        .unwrap()
-        .shuffle_buffer(12);
+    let reordered = TarShards::open_with(
+        &remote(),
+        [format!("{}/train-{{003..000}}.tar", server.url())],
+    )
+    .unwrap()
+    .shuffle_buffer(12);
     assert_eq!(reordered.len(), shards.len());
     let err = build(&reordered, 1)
         .resume(saved.parse().unwrap())
@@ -412,9 +414,7 @@ fn a_resumed_epoch_reads_again_little_before_its_position() {
         .sum();
     let server = Server::start(&dir);
     let (chunk, buffer, batch) = (64 << 10, 64, 50);
-    let shards = remote()
-        .chunk_size(chunk)
-        .open([url_pattern(&server, 4)])
+    let shards = TarShards::open_with(&remote().chunk_size(chunk), [url_pattern(&server, 4)])
         .unwrap()
         .shuffle_buffer(buffer);
     let seed = r.random();
@@ -458,79 +458,6 @@ fn a_resumed_epoch_reads_again_little_before_its_position() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// An S3-compatible server (moto's), stopped on drop.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Moto {
-    /// Starts `python3 -m moto.server` on an unused port and waits (20 s at most) until it
-    /// answers; the reason when it cannot.
-    fn start() -> std::result::Result<Moto, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot run python3: {e}"))?;
-        let mut moto = Moto { child, port };
-        let until = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < until {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                return Err(format!(
-                    "python3 -m moto.server exited ({status}); install it with \
-                     `pip install 'moto[server]'`"
-                ));
-            }
-            if moto.request("GET", "/", &[]).is_ok() {
-                return Ok(moto);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err("moto's server did not answer within 20 s".into())
-    }
-
-    /// One unsigned request (moto does not check signatures); its status.
-    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<u16> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n",
-            self.port,
-            body.len()
-        )?;
-        s.write_all(body)?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer)?;
-        let text = String::from_utf8_lossy(&answer);
-        text.split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status in {text:?}")))
-    }
-}
-
 #[test]
 fn s3_shards_through_an_s3_compatible_server() {
     let mut moto = match Moto::start() {
@@ -553,13 +480,15 @@ fn s3_shards_through_an_s3_compatible_server() {
         assert_eq!(status, 200);
     }
     let s3 = |patterns: &[&str]| {
-        remote()
-            .option("aws_endpoint", format!("http://127.0.0.1:{}", moto.port))
-            .option("aws_allow_http", "true")
-            .option("aws_access_key_id", "test")
-            .option("aws_secret_access_key", "test")
-            .option("aws_region", "us-east-1")
-            .open(patterns)
+        TarShards::open_with(
+            &remote()
+                .option("aws_endpoint", format!("http://127.0.0.1:{}", moto.port))
+                .option("aws_allow_http", "true")
+                .option("aws_access_key_id", "test")
+                .option("aws_secret_access_key", "test")
+                .option("aws_region", "us-east-1"),
+            patterns,
+        )
     };
     let local = TarShards::open([&pattern]).unwrap().shuffle_buffer(32);
     let braces = s3(&["s3://shards/data/train-{000..002}.tar"])
@@ -612,7 +541,9 @@ fn gzip_and_damaged_shards_over_http_read_as_the_local_files() {
         counts.len() - 1
     );
     let before = server.served();
-    let over_http = remote().open([url]).unwrap().shuffle_buffer(32);
+    let over_http = TarShards::open_with(&remote(), [url])
+        .unwrap()
+        .shuffle_buffer(32);
     // Once each, and the first window (4 KiB) that tells gzip from plain.
     let indexed = server.served() - before;
     let bound = compressed + 4096 * counts.len() as u64;
@@ -642,9 +573,8 @@ fn gzip_and_damaged_shards_over_http_read_as_the_local_files() {
     bytes[starts[bad] as usize + 3] ^= 0x55;
     std::fs::write(dir.join("damaged.tar"), bytes).unwrap();
     let local = TarShards::open([dir.join("damaged.tar").to_str().unwrap()]).unwrap();
-    let over_http = remote()
-        .open([format!("{}/damaged.tar", server.url())])
-        .unwrap();
+    let over_http =
+        TarShards::open_with(&remote(), [format!("{}/damaged.tar", server.url())]).unwrap();
     assert_eq!(over_http.len(), local.len());
     let until_error = |shards: &TarShards| -> (usize, String) {
         let n = (0..shards.len())

@@ -32,7 +32,7 @@ fn open(
 ) -> pinnable::Result<TokenShards> {
     let options = TokenShards::options().format(format).residency(residency);
     // SAFETY: the tests write their shards before opening them, and never while they are open.
-    unsafe { options.open(paths) }
+    unsafe { options.open_mapped(paths) }
 }
 
 fn as_i64(t: &Tensor) -> Vec<i64> {
@@ -150,7 +150,7 @@ fn several_formats_make_one_stream_and_a_window_never_crosses_a_shard() {
         .enumerate()
         .map(|(i, (t, f))| write(dir.path(), &format!("{i}"), &shard_file(f, DType::U16, t)))
         .collect();
-    let windows = TokenWindows::new(TokenShards::read(&paths).unwrap(), context).unwrap();
+    let windows = TokenWindows::new(TokenShards::open(&paths).unwrap(), context).unwrap();
     let found: Vec<ShardFormat> = windows
         .shards()
         .shards()
@@ -255,7 +255,7 @@ fn malformed_files_are_errors_naming_the_file_and_the_field() {
     // A missing file, mixed token types, and a vocabulary check.
     let missing = dir.path().join("missing.bin");
     assert_eq!(
-        field(TokenShards::read([&missing]).unwrap_err(), &missing),
+        field(TokenShards::open([&missing]).unwrap_err(), &missing),
         "file"
     );
     let a = write(
@@ -269,22 +269,22 @@ fn malformed_files_are_errors_naming_the_file_and_the_field() {
         &shard_file(ShardFormat::LlmC, DType::U32, &tokens),
     );
     assert_eq!(
-        field(TokenShards::read([&a, &b]).unwrap_err(), &b),
+        field(TokenShards::open([&a, &b]).unwrap_err(), &b),
         "token type"
     );
     let max = *tokens.iter().max().unwrap();
     let at = tokens.iter().position(|&t| t == max).unwrap();
     let e = TokenShards::options()
         .vocab(u64::from(max))
-        .read([&a])
+        .open([&a])
         .unwrap_err();
     assert_eq!(field(e, &a), format!("token {at}"));
     TokenShards::options()
         .vocab(u64::from(max) + 1)
-        .read([&a])
+        .open([&a])
         .unwrap();
     assert!(matches!(
-        TokenShards::read(Vec::<PathBuf>::new()),
+        TokenShards::open(Vec::<PathBuf>::new()),
         Err(Error::Config {
             setting: "shards",
             ..
@@ -306,7 +306,7 @@ fn u32_tokens_that_do_not_fit_an_i32_batch_are_an_error_naming_the_token() {
         "big",
         &shard_file(ShardFormat::LlmC, DType::U32, &tokens),
     );
-    let windows = TokenWindows::new(TokenShards::read([&path]).unwrap(), context).unwrap();
+    let windows = TokenWindows::new(TokenShards::open([&path]).unwrap(), context).unwrap();
     let loader = Loader::builder(windows.clone())
         .batch_size(64)
         .workers(1)
@@ -347,7 +347,7 @@ fn ranks_get_disjoint_windows_that_cover_the_epoch() {
         context,
         1 << 16,
     );
-    let shards = std::sync::Arc::new(TokenShards::read(&paths).unwrap());
+    let shards = std::sync::Arc::new(TokenShards::open(&paths).unwrap());
     let lookup = window_of_x(&reference);
     let n = lookup.len();
     for world in 1..=5 {
@@ -420,7 +420,7 @@ fn auto_residency_pins_within_the_limit_and_maps_the_rest() {
     // 2 bytes a token: a limit of 3200 bytes pins the first (2000) and the third (1000).
     let options = TokenShards::options().pin_limit(3200);
     // SAFETY: nothing writes the files while they are open.
-    let shards = unsafe { options.open(&paths) }.unwrap();
+    let shards = unsafe { options.open_mapped(&paths) }.unwrap();
     let got: Vec<Residency> = shards.shards().iter().map(|s| s.residency()).collect();
     use Residency::{Mapped, Pinned};
     assert_eq!(got, [Pinned, Mapped, Pinned, Mapped]);

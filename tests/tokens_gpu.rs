@@ -24,7 +24,7 @@ fn open(
         .residency(residency)
         .vocab(u64::from(vocab));
     // SAFETY: the tests write their shards before opening them, and never while they are open.
-    unsafe { options.open(paths) }
+    unsafe { options.open_mapped(paths) }
 }
 
 /// `t`, on the device, read back as i64.
@@ -121,7 +121,7 @@ fn a_run_resumed_on_the_device_delivers_the_uninterrupted_batches() {
         context,
         50257,
     );
-    let shards = std::sync::Arc::new(TokenShards::read(&paths).unwrap());
+    let shards = std::sync::Arc::new(TokenShards::open(&paths).unwrap());
     let (batch_size, seed) = (r.random_range(1..9), r.random::<u64>());
     let build = |workers: usize, prefetch: usize| {
         let windows = TokenWindows::new(shards.clone(), context).unwrap();

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use pinnable::formats::image::{ImageCodec, Transform};
-use pinnable::formats::tar::{Remote, TarImageBatcher, TarSample, TarShards};
+use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
+use pinnable::storage::Storage;
 use pinnable::{Result, Tensor};
 use pinnable_harness::bench::{Report, cpu_seconds, env_usize, threads_cpu_seconds};
 use pinnable_harness::http::Server;
@@ -133,15 +134,14 @@ pub fn over_http(
     ));
     drop(runtime);
 
-    let remote = Remote::new()
+    let remote = Storage::new()
         .chunk_size(chunk << 10)
         .cache_bytes(cache)
         .read_ahead(ahead)
         .threads(threads);
     let before = server.served();
     let t = Instant::now();
-    let tar = remote
-        .open([&pattern])
+    let tar = TarShards::open_with(&remote, [&pattern])
         .expect("open the shards over HTTP")
         .shuffle_buffer(256);
     let index = t.elapsed().as_secs_f64();
@@ -353,7 +353,7 @@ fn steady(
     paths: &[PathBuf],
     names: &[String],
     (n, bytes): (usize, u64),
-    remote: &Remote,
+    remote: &Storage,
     local: &[(usize, f64, f64)],
 ) {
     let long: Vec<String> = (0..*REPEAT).flat_map(|_| names.iter().cloned()).collect();
@@ -366,10 +366,12 @@ fn steady(
         TarShards::open((0..*REPEAT).flat_map(|_| paths.iter().map(|p| p.display().to_string())))
             .expect("open the listed shards")
             .shuffle_buffer(256);
-    let over_http = remote
-        .open(long.iter().map(|name| format!("{}/{name}", server.url())))
-        .expect("open the listed shards over HTTP")
-        .shuffle_buffer(256);
+    let over_http = TarShards::open_with(
+        remote,
+        long.iter().map(|name| format!("{}/{name}", server.url())),
+    )
+    .expect("open the listed shards over HTTP")
+    .shuffle_buffer(256);
     rep.line(&format!(
         "\n# steady state: the {SHARDS} shards listed {} times, one epoch of {} \
          samples, fields only, a window of {} batches after {SKIP}\n",

@@ -283,6 +283,16 @@ pub enum Error {
         problem: String,
     },
 
+    /// A file or object that cannot be read: a local file that cannot be opened, a URL that
+    /// cannot be reached or is refused, a URL without the `remote` feature.
+    #[error("cannot read `{name}`: {problem}")]
+    Storage {
+        /// The path or URL.
+        name: String,
+        /// What is wrong and what to do.
+        problem: String,
+    },
+
     /// A tar shard (a WebDataset archive) that cannot be read: a damaged or truncated header,
     /// a member running past the end of the file, a sample with one extension twice.
     #[error("cannot read tar shard `{shard}` at byte {offset}: {problem}")]
@@ -441,6 +451,7 @@ impl Error {
             Error::ImageFolder { .. } => "ImageFolder",
             Error::Npy { .. } => "Npy",
             Error::TokenShard { .. } => "TokenShard",
+            Error::Storage { .. } => "Storage",
             Error::Tar { .. } => "Tar",
             Error::Position { .. } => "Position",
             Error::Resume { .. } => "Resume",

@@ -110,12 +110,15 @@
 //!   way (u8 pixels to normalised f32, u16 tokens to i64);
 //! - [`Error`]: the one error type.
 //!
-//! Four namespaces hold the concepts with many items of their own:
+//! Five namespaces hold the concepts with many items of their own:
 //! - [`loader`]: a prefetching loader — datasets in, batches collated into pinned memory and
 //!   moved to the device by worker threads out;
+//! - [`storage`]: bytes by path or URL: local files (positioned reads; mapping only through
+//!   `unsafe` `open_mapped`) and, with the `remote` feature, S3 and HTTP(S); one
+//!   [`Storage`](storage::Storage) of read settings that every format's `open_with` takes;
 //! - [`formats`]: the files the loader reads, one module each: `.npy` arrays, token shards and
-//!   packed documents, WebDataset tar shards (local, or S3 and HTTP with the `remote` feature),
-//!   and (the `image` feature) JPEG and PNG images decoded on the host or the GPU;
+//!   packed documents, WebDataset tar shards, and (the `image` feature) JPEG and PNG images
+//!   decoded on the host or the GPU, each from a path or a URL;
 //! - [`interop`]: ndarray, DLPack, burn and candle, each behind its own cargo feature;
 //! - [`numa`]: which memory node a GPU's pinned memory and staging threads belong on.
 //!
@@ -146,6 +149,7 @@ pub mod numa;
 mod path;
 mod pieces;
 mod pin;
+pub mod storage;
 mod tensor;
 mod transfer;
 

@@ -10,6 +10,7 @@ pub mod images;
 pub mod kernels;
 pub mod npy;
 pub mod peak;
+pub mod s3;
 pub mod samples;
 pub mod tar;
 pub mod tokens;

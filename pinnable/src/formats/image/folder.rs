@@ -11,6 +11,7 @@ use super::decode::EXTENSIONS;
 use super::gpu::inputs::{Inputs, read_files};
 use crate::error::{Error, Result};
 use crate::loader::{Batcher, Collator, Dataset};
+use crate::storage::{Session, Storage, is_url};
 use crate::tensor::Tensor;
 
 #[derive(Clone, Debug)]
@@ -18,6 +19,34 @@ struct Folder {
     files: Vec<PathBuf>,
     labels: Vec<i64>,
     classes: Vec<String>,
+    /// How files at URLs are read (none: every file is local).
+    storage: Option<Arc<Session>>,
+}
+
+impl Folder {
+    /// The bytes of the file at `path` (a path or a URL), appended to `bytes`.
+    fn read(&self, path: &Path, bytes: &mut Vec<u8>) -> Result<()> {
+        let name = path.to_string_lossy();
+        if is_url(&name) {
+            let session = match &self.storage {
+                Some(s) => s.clone(),
+                None => Arc::new(Session::new(&Storage::new())),
+            };
+            let got = session.read_all(&name).map_err(|e| match e {
+                Error::Storage { problem, .. } => Error::Image {
+                    path: name.clone().into_owned(),
+                    problem: format!("cannot read the file: {problem}"),
+                },
+                e => e,
+            })?;
+            bytes.extend_from_slice(&got);
+            return Ok(());
+        }
+        fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(bytes))
+            .map_err(|e| read_error(path, &e))?;
+        Ok(())
+    }
 }
 
 /// Image files and their labels, as a [`Dataset`]: like torchvision's `ImageFolder` (one
@@ -105,12 +134,33 @@ impl ImageFolder {
     /// nested folders too) sorted as torchvision's `ImageFolder` sorts them. Other files are
     /// not listed.
     ///
+    /// `root` is a local folder or, with the `remote` feature, an `s3://bucket/prefix` URL,
+    /// read with the default [`Storage`] settings ([`open_with`](Self::open_with)).
+    ///
     /// # Errors
     ///
     /// [`Error::ImageFolder`] naming the folder: `root` cannot be listed, has no class
     /// folder, or a class folder holds no image.
     pub fn open(root: impl AsRef<Path>) -> Result<ImageFolder> {
+        ImageFolder::open_with(&Storage::new(), root)
+    }
+
+    /// The images under `root` as [`open`](Self::open) lists them, read as `storage` says.
+    /// An `s3://bucket/prefix` URL is listed through the bucket (every key under the prefix:
+    /// `prefix/class/…/file.jpg`), in the order a local folder of the same files lists; a
+    /// web server gives no listing, so an `http(s)://` folder is an error: name its files
+    /// with their labels through [`from_list_with`](Self::from_list_with).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open); for a URL, also the storage's errors (the `remote` feature
+    /// off, the bucket missing or refused).
+    pub fn open_with(storage: &Storage, root: impl AsRef<Path>) -> Result<ImageFolder> {
         let root = root.as_ref();
+        let name = root.to_string_lossy();
+        if is_url(&name) {
+            return ImageFolder::open_url(storage, &name);
+        }
         let mut classes = Vec::new();
         let (mut files, mut labels) = (Vec::new(), Vec::new());
         for entry in sorted_entries(root)? {
@@ -143,9 +193,75 @@ impl ImageFolder {
 
     /// The images at these paths, with these labels, in this order. Nothing is read until a
     /// sample is.
+    /// Paths and (feature `remote`) `s3://` and `http(s)://` URLs, the latter read with the
+    /// default [`Storage`] settings.
     pub fn from_list<P: Into<PathBuf>>(items: impl IntoIterator<Item = (P, i64)>) -> ImageFolder {
+        ImageFolder::from_list_with(&Storage::new(), items)
+    }
+
+    /// The images at these paths or URLs, with these labels, in this order, read as `storage`
+    /// says. Nothing is read until a sample is.
+    pub fn from_list_with<P: Into<PathBuf>>(
+        storage: &Storage,
+        items: impl IntoIterator<Item = (P, i64)>,
+    ) -> ImageFolder {
         let (files, labels) = items.into_iter().map(|(p, l)| (p.into(), l)).unzip();
-        ImageFolder::new(files, labels, Vec::new())
+        let mut folder = ImageFolder::new(files, labels, Vec::new());
+        Arc::make_mut(&mut folder.folder).storage = Some(Arc::new(Session::new(storage)));
+        folder
+    }
+
+    /// The images under the bucket prefix `root`, as a local folder of the same files lists
+    /// them: class folders by name, then within each folder its files by name before its
+    /// subfolders.
+    fn open_url(storage: &Storage, root: &str) -> Result<ImageFolder> {
+        let session = Session::new(storage);
+        let base = root.trim_end_matches('/');
+        let err = |problem: String| Error::ImageFolder {
+            path: root.to_owned(),
+            problem,
+        };
+        let listed = session.list(root).map_err(|e| match e {
+            Error::Storage { problem, .. } => err(problem),
+            e => e,
+        })?;
+        // Each image's path below the root, as (is a folder, name) per component.
+        let mut found: Vec<(Vec<(bool, String)>, String)> = listed
+            .into_iter()
+            .filter_map(|(url, _)| {
+                let rel = url.strip_prefix(base)?.trim_start_matches('/').to_owned();
+                let parts: Vec<&str> = rel.split('/').collect();
+                (parts.len() >= 2 && is_image(Path::new(parts[parts.len() - 1]))).then(|| {
+                    let last = parts.len() - 1;
+                    let key = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(k, p)| (k < last, (*p).to_owned()))
+                        .collect();
+                    (key, url)
+                })
+            })
+            .collect();
+        found.sort();
+        let (mut files, mut labels, mut classes) = (Vec::new(), Vec::new(), Vec::<String>::new());
+        for (key, url) in found {
+            let class = &key[0].1;
+            if classes.last() != Some(class) {
+                classes.push(class.clone());
+            }
+            files.push(PathBuf::from(url));
+            labels.push(classes.len() as i64 - 1);
+        }
+        if classes.is_empty() {
+            return Err(err(
+                "no image under it in a class folder: put each class's images under \
+                 prefix/class/"
+                    .into(),
+            ));
+        }
+        let mut folder = ImageFolder::new(files, labels, classes);
+        Arc::make_mut(&mut folder.folder).storage = Some(Arc::new(session));
+        Ok(folder)
     }
 
     fn new(files: Vec<PathBuf>, labels: Vec<i64>, classes: Vec<String>) -> ImageFolder {
@@ -154,6 +270,7 @@ impl ImageFolder {
                 files,
                 labels,
                 classes,
+                storage: None,
             }),
         }
     }
@@ -255,10 +372,7 @@ impl ImageFile {
     fn read_into(&self, bytes: &mut Vec<u8>) -> Result<()> {
         let path = self.path();
         bytes.clear();
-        fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(bytes))
-            .map_err(|e| read_error(path, &e))?;
-        Ok(())
+        self.folder.read(path, bytes)
     }
 }
 
@@ -278,6 +392,27 @@ impl Encoded for ImageFile {
         max_pixels: usize,
         c: &Collator,
     ) -> Result<Inputs> {
+        // Files at URLs are read through storage and copied into the block; local files are
+        // read straight into it.
+        if samples.iter().any(|s| is_url(&s.path().to_string_lossy())) {
+            let read = samples
+                .iter()
+                .zip(&labels)
+                .map(|(s, &label)| {
+                    let bytes = s.bytes().map_err(|e| Error::Sample {
+                        index: s.index(),
+                        during: "loading",
+                        source: Box::new(e),
+                    })?;
+                    Ok((bytes, s.path().to_path_buf(), s.index(), label))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let pictures: Vec<_> = read
+                .iter()
+                .map(|(b, n, i, l)| (b.as_slice(), n.clone(), *i, *l))
+                .collect();
+            return Inputs::copied(&pictures, max_pixels, c);
+        }
         let (block, ranges) = read_files(samples, c)?;
         Ok(Inputs {
             block,

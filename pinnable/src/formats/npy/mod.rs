@@ -1,6 +1,7 @@
-//! `.npy` files as datasets, memory-mapped: an array saved from NumPy (`np.save`) or PyTorch
-//! (`np.save(path, t.numpy())`) loads with no conversion step, and its rows are samples that
-//! view the mapping without a copy.
+//! `.npy` files as datasets: an array saved from NumPy (`np.save`) or PyTorch
+//! (`np.save(path, t.numpy())`) loads with no conversion step, from a path or a URL, read into
+//! memory ([`NpyArray::open`]) or mapped ([`NpyArray::open_mapped`]), and its rows are samples
+//! that view those bytes without a copy.
 //!
 //! The format (NumPy's `format.py` documents it): the magic `\x93NUMPY`, a major and minor
 //! version byte (1.0, 2.0 or 3.0), the header's length (2 bytes little-endian in version 1, 4
@@ -9,40 +10,23 @@
 //! spaces and a newline so the data starts at a multiple of 64 bytes. The data follows, in
 //! C order.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::loader::{Dataset, TensorRows};
+use crate::storage::{Mapping, Session, Storage};
 use crate::tensor::{External, HostBytes, Tensor, contiguous_strides};
 
-/// A read-only, private memory mapping of a whole file.
-pub(crate) struct Mapping(memmap2::Mmap);
-
-impl Mapping {
-    /// Maps the file `path` read-only; an error names the OS's reason.
-    pub(crate) fn open(path: &Path) -> std::result::Result<Mapping, String> {
-        let file = File::open(path).map_err(|e| e.to_string())?;
-        let len = file.metadata().map_err(|e| e.to_string())?.len();
-        if len == 0 {
-            return Err("the file is empty".into());
-        }
-        usize::try_from(len).map_err(|_| "the file is larger than this machine's address space")?;
-        // SAFETY: a private, read-only mapping (`MAP_PRIVATE`, `PROT_READ`): nothing in this
-        // process writes it. Another process truncating the file while it is mapped would
-        // fault a later read (SIGBUS); like every memory-mapped reader (NumPy's `mmap_mode`,
-        // safetensors) we document that data files must not change while a loader reads them.
-        let map = unsafe { memmap2::MmapOptions::new().map_copy_read_only(&file) }
-            .map_err(|e| format!("cannot map it: {e}"))?;
-        Ok(Mapping(map))
-    }
-}
-
-impl HostBytes for Mapping {
-    fn host_bytes(&self) -> &[u8] {
-        &self.0
+/// A storage error as an `.npy` error naming the file.
+fn as_npy(e: Error, name: &str) -> Error {
+    match e {
+        Error::Storage { problem, .. } => Error::Npy {
+            path: name.to_owned(),
+            problem,
+        },
+        e => e,
     }
 }
 
@@ -329,7 +313,7 @@ impl Parser<'_> {
 /// std::fs::write(&path, file).unwrap();
 ///
 /// // SAFETY: nothing writes the file while it is mapped.
-/// let array = unsafe { NpyArray::open(&path) }?;
+/// let array = unsafe { NpyArray::open_mapped(&path) }?;
 /// assert_eq!(array.len(), 2);
 /// assert_eq!(array.get(1)?.to_vec::<i32>()?, vec![4, 5, 6]); // a view of the mapped file
 /// # drop(array);
@@ -343,13 +327,40 @@ pub struct NpyArray {
 }
 
 impl NpyArray {
-    /// Maps the `.npy` file at `path` and checks its header.
+    /// Reads the `.npy` file at `location` (a path, or with the `remote` feature an
+    /// `s3://` or `http(s)://` URL) into memory with the default [`Storage`] settings, and
+    /// checks its header: see [`open_with`](Self::open_with).
     ///
     /// # Errors
     ///
-    /// [`Error::Npy`] naming the file and what to do: it cannot be opened, is not `.npy`, is
-    /// Fortran-ordered, big-endian, of a dtype without a counterpart here, or shorter than its
-    /// header says.
+    /// As [`open_with`](Self::open_with).
+    pub fn open(location: impl AsRef<Path>) -> Result<NpyArray> {
+        NpyArray::open_with(&Storage::new(), location)
+    }
+
+    /// Reads the `.npy` file at `location` (a path or a URL) into memory, read as `storage`
+    /// says, and checks its header. The array owns its bytes: nothing a file's later writers
+    /// do changes it. [`open_mapped`](Self::open_mapped) maps a local file instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Npy`] naming the file and what to do: it cannot be read (a URL without the
+    /// `remote` feature), is not `.npy`, is Fortran-ordered, big-endian, of a dtype without a
+    /// counterpart here, or shorter than its header says.
+    pub fn open_with(storage: &Storage, location: impl AsRef<Path>) -> Result<NpyArray> {
+        let name = location.as_ref().display().to_string();
+        let bytes = Session::new(storage)
+            .read_all(&name)
+            .map_err(|e| as_npy(e, &name))?;
+        NpyArray::parse(Arc::new(bytes), &name)
+    }
+
+    /// Maps the local `.npy` file at `path` and checks its header: rows view the mapping, no
+    /// copy.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_with`](Self::open_with); a URL is not a local file.
     ///
     /// # Safety
     ///
@@ -358,7 +369,7 @@ impl NpyArray {
     ///    bytes that tensors read as unchanging (and `bool` data checked when opened), and a
     ///    truncation would make reading them fault. Datasets saved once and then only read
     ///    satisfy this.
-    pub unsafe fn open(path: impl AsRef<Path>) -> Result<NpyArray> {
+    pub unsafe fn open_mapped(path: impl AsRef<Path>) -> Result<NpyArray> {
         let path = path.as_ref();
         let name = path.display().to_string();
         let mapping = Mapping::open(path).map_err(|problem| Error::Npy {

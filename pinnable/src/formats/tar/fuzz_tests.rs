@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::{Entry, ShardBytes, TarShards, members, reader::MAX_META};
+use super::reader::{MAX_META, members};
+use super::{ByteSource, Entry, TarShards};
 use crate::error::Error;
 use crate::fuzz::Fuzz;
 
@@ -55,7 +56,7 @@ fn reader_answers_arbitrary_bytes_with_members_inside_them_or_errors() {
                 }
             }
             // The index pass over the same bytes: its entries lie inside them.
-            let shard: Arc<dyn ShardBytes> = Arc::new(bytes.to_vec());
+            let shard: Arc<dyn ByteSource> = Arc::new(bytes.to_vec());
             let Ok(shards) = TarShards::from_shards([("fuzz.tar".to_owned(), shard)]) else {
                 return Err("one shard is a valid list".into());
             };
@@ -99,7 +100,7 @@ fn gzip_shards_answer_arbitrary_bytes_with_samples_inside_them_or_errors() {
             b"\x00\x00\xff\xff",
         ])
         .run(|bytes| {
-            let shard: Arc<dyn ShardBytes> = Arc::new(bytes.to_vec());
+            let shard: Arc<dyn ByteSource> = Arc::new(bytes.to_vec());
             let Ok(shards) = TarShards::from_shards([("fuzz.tar.gz".to_owned(), shard)]) else {
                 return Err("one shard is a valid list".into());
             };

@@ -11,7 +11,7 @@
 //! a resumed epoch at most 1024 samples before its position. Offsets in errors count
 //! decompressed bytes. A sample read outside the epoch's run decompresses from where the
 //! shard's decoder stands, or from the start when the sample lies before it. Compressed bytes
-//! are read a chunk at a time (1 MiB from a file, [`Remote::chunk_size`](super::Remote) from
+//! are read a chunk at a time (1 MiB from a file, [`Storage::chunk_size`](crate::storage::Storage::chunk_size) from
 //! a store), each read when decompression needs it.
 
 use std::borrow::Cow;
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use flate2::bufread::MultiGzDecoder;
 
-use super::ShardBytes;
+use super::ByteSource;
 use super::sample::Held;
 
 /// The first two bytes of a gzip stream.
@@ -44,13 +44,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Whether `bytes` start as a gzip stream.
-pub(crate) fn is_gzip(bytes: &dyn ShardBytes) -> bool {
+pub(crate) fn is_gzip(bytes: &dyn ByteSource) -> bool {
     bytes.len() >= 2 && bytes.read_at(0, 2).is_ok_and(|b| *b == MAGIC)
 }
 
 /// The compression a shard's first bytes show, when it is one that is not read (bzip2, xz,
 /// zstd): its name and the command that decompresses it.
-pub(crate) fn unread_compression(bytes: &dyn ShardBytes) -> Option<(&'static str, &'static str)> {
+pub(crate) fn unread_compression(bytes: &dyn ByteSource) -> Option<(&'static str, &'static str)> {
     let start = bytes.read_at(0, 6.min(bytes.len() as usize)).ok()?;
     if start.starts_with(b"BZh") {
         Some(("bzip2", "bunzip2"))
@@ -66,7 +66,7 @@ pub(crate) fn unread_compression(bytes: &dyn ShardBytes) -> Option<(&'static str
 /// A shard's compressed bytes, read in order a chunk at a time (or borrowed where the shard
 /// is in memory).
 struct Compressed {
-    bytes: Arc<dyn ShardBytes>,
+    bytes: Arc<dyn ByteSource>,
     chunk: usize,
     /// The offset of the next byte not consumed.
     next: u64,
@@ -126,7 +126,7 @@ struct Cursor {
 /// A gzip-compressed shard, read as its decompressed bytes. Reads go forward through one
 /// decoder; a read before where it stands starts it again from the first byte.
 pub(crate) struct Gz {
-    raw: Arc<dyn ShardBytes>,
+    raw: Arc<dyn ByteSource>,
     chunk: usize,
     cursor: Mutex<Option<Cursor>>,
     /// The decompressed length once decompression has reached the end; [`UNKNOWN`] before.
@@ -140,7 +140,7 @@ pub(crate) struct Gz {
 
 impl Gz {
     /// The shard whose compressed bytes are `raw`, read `chunk` bytes at a time.
-    pub(crate) fn new(raw: Arc<dyn ShardBytes>, chunk: usize) -> Gz {
+    pub(crate) fn new(raw: Arc<dyn ByteSource>, chunk: usize) -> Gz {
         Gz {
             raw,
             chunk: chunk.max(1 << 10),
@@ -283,7 +283,7 @@ fn read_some(decoder: &mut impl Read, out: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-impl ShardBytes for Gz {
+impl ByteSource for Gz {
     /// The decompressed length: known once decompression has reached the end, found by
     /// decompressing the rest of the shard otherwise (of a corrupt stream, the bytes that
     /// decompress before the damage).

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{ShardBytes, TarSample, TarShards};
+use super::{ByteSource, TarSample, TarShards};
 use crate::loader::{Dataset, Loader, SplitMix64};
 
 fn member(out: &mut Vec<u8>, name: &str, data: &[u8]) {
@@ -60,7 +60,7 @@ fn open(shards: &[Vec<u8>]) -> TarShards {
     TarShards::from_shards(shards.iter().enumerate().map(|(s, b)| {
         (
             format!("s{s}.tar"),
-            Arc::new(b.clone()) as Arc<dyn ShardBytes>,
+            Arc::new(b.clone()) as Arc<dyn ByteSource>,
         )
     }))
     .expect("shards")

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::group::{self, Grouper, is_meta, split_key};
 use super::gzip::{self, Gz};
 use super::reader::{Members, members, stream_members};
-use super::{Entry, Shard, ShardBytes};
+use super::{ByteSource, Entry, Shard};
 use crate::error::Error;
 
 /// One shard's index: its entries, and its decoder when it is gzip-compressed.
@@ -21,7 +21,7 @@ pub(super) struct Indexed {
 /// bytes at a time through its own bytes.
 pub(super) fn index_shards(
     shards: &[Shard],
-    readers: &[Arc<dyn ShardBytes>],
+    readers: &[Arc<dyn ByteSource>],
     threads: usize,
     chunk: usize,
 ) -> Vec<Indexed> {
@@ -68,7 +68,7 @@ pub(super) fn index_shards(
 }
 
 /// The index pass over one shard: its samples, then the damage that ended it, if any.
-fn index_shard(shard: &Shard, reader: &dyn ShardBytes, chunk: usize) -> Indexed {
+fn index_shard(shard: &Shard, reader: &dyn ByteSource, chunk: usize) -> Indexed {
     let mut entries = Vec::new();
     if gzip::is_gzip(reader) {
         let gz = Arc::new(Gz::new(shard.bytes.clone(), chunk));

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::storage::glob_match;
 
 /// The most shards one pattern expands to: a typo like `{0..99999999999}` fails fast.
 const MAX_EXPANSION: usize = 10_000_000;
@@ -23,7 +24,7 @@ fn list_error(pattern: &str, problem: impl Into<String>) -> Error {
 ///
 /// [`Error::Tar`] naming the pattern for an unclosed brace, a bad range or an expansion of
 /// more than ten million names.
-pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+pub(crate) fn expand_braces(pattern: &str) -> Result<Vec<String>> {
     let mut out = vec![String::new()];
     let mut rest = pattern;
     while let Some(open) = rest.find('{') {
@@ -79,29 +80,6 @@ fn brace_choices(body: &str) -> std::result::Result<Vec<String>, String> {
     Ok(body.split(',').map(str::to_owned).collect())
 }
 
-/// Whether `name` matches the glob `pattern` (`*` any run, `?` one character).
-pub(crate) fn glob_match(pattern: &[char], name: &[char]) -> bool {
-    let (mut p, mut n) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while n < name.len() {
-        if p < pattern.len() && (pattern[p] == '?' || pattern[p] == name[n]) {
-            p += 1;
-            n += 1;
-        } else if p < pattern.len() && pattern[p] == '*' {
-            star = Some(p);
-            mark = n;
-            p += 1;
-        } else if let Some(s) = star {
-            p = s + 1;
-            mark += 1;
-            n = mark;
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|&c| c == '*')
-}
-
 /// The files a glob names, sorted; a pattern without `*` or `?` is itself.
 fn expand_glob(pattern: &str) -> Result<Vec<PathBuf>> {
     if !pattern.contains(['*', '?']) {
@@ -150,18 +128,7 @@ fn expand_glob(pattern: &str) -> Result<Vec<PathBuf>> {
 /// # Errors
 ///
 /// As [`expand_braces`]; a glob that matches no file.
-///
-/// # Examples
-///
-/// ```
-/// use pinnable::formats::tar::expand_braces;
-///
-/// let names = expand_braces("s3/train-{000..002}-{a,b}.tar")?;
-/// assert_eq!(names[..3], ["s3/train-000-a.tar", "s3/train-000-b.tar", "s3/train-001-a.tar"]);
-/// assert_eq!(names.len(), 6);
-/// # Ok::<(), pinnable::Error>(())
-/// ```
-pub fn expand<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<Vec<PathBuf>> {
+pub(crate) fn expand<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for pattern in patterns {
         for name in expand_braces(pattern.as_ref())? {

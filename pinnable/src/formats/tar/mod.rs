@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  shard list ──expand──► shards (read) ───index pass at open──► every sample: (shard, fields)
-//!   braces, globs           ShardBytes          headers only           fields = byte ranges
+//!   braces, globs           ByteSource          headers only           fields = byte ranges
 //!                                                                           │
 //!   epoch plan (seed, epoch, rank, world, buffer) ◄─────────────────────────┘
 //!     shard order: a permutation of (seed, epoch)
@@ -13,7 +13,7 @@
 //!                ▼  or decodes each field straight into its row of the pinned batch
 //! ```
 //!
-//! - **Reader** ([`members`]): ustar, pax (`path`, `size`; per-member and global headers), GNU
+//! - **Reader**: ustar, pax (`path`, `size`; per-member and global headers), GNU
 //!   long names; checksums checked; every length checked against the shard's size; errors
 //!   ([`Error::Tar`]) name the shard and the byte offset. Our own reader rather than the `tar`
 //!   crate: members must stay byte ranges of the shard (read where they lie, or viewed in a
@@ -28,7 +28,7 @@
 //!   never views of a mapping (also under [`TarShards::open_mapped`]); offsets in their errors
 //!   count decompressed bytes. bzip2, xz and zstd shards are refused with a message naming the
 //!   compression.
-//! - **Grouping** as webdataset 1.0 does it ([`Group`]): key and extension
+//! - **Grouping** as webdataset 1.0 does it: key and extension
 //!   from the member path, consecutive members with one key form a sample, a repeated extension
 //!   is an error naming the shard and the key, `__*__` members skipped. Keys are bytes, as the
 //!   shard stores them ([`TarSample::key_bytes`]; [`TarSample::key`] is the `&str` view where
@@ -47,12 +47,13 @@
 //!   The sample being assembled when a bad header is found comes first, with the members read
 //!   before it, as webdataset gives it (Python's `tarfile` ends the archive at a bad header);
 //!   a sample whose own member is cut short by the shard's end is dropped.
-//! - **Remote shards** (feature `remote`): `Remote` opens `s3://` and `http(s)://` shard lists
-//!   through object_store, streamed in ranged chunks with a bounded read-ahead; the guide's
-//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost.
-//!   [`TarShards::open`] takes a list of URLs with
-//!   `Remote`'s defaults. Other sources of ranged bytes implement [`ShardBytes`] and go to
-//!   [`TarShards::from_shards`].
+//! - **Remote shards** (feature `remote`): [`TarShards::open`] and
+//!   [`open_with`](TarShards::open_with) take `s3://` and `http(s)://` shard lists, read
+//!   through [`storage`](crate::storage) (the reads' settings in a
+//!   [`Storage`]); each epoch streams every rank's run in ranged
+//!   chunks with a bounded read-ahead, several ranks of one process at once. The guide's
+//!   [`tar`](crate::guide::tar) chapter tells what the index pass and the reads cost. Other
+//!   sources of ranged bytes implement [`ByteSource`] and go to [`TarShards::from_shards`].
 //! - **A resume over other shards** is refused: positions carry a hash of the shards' file
 //!   names in list order (with the shuffle buffer), so the same number of samples from another
 //!   list does not pass for the run that was saved.
@@ -114,7 +115,6 @@ mod gzip_tests;
 mod images;
 mod index;
 mod list;
-mod local;
 mod reader;
 #[cfg(feature = "remote")]
 mod remote;
@@ -124,28 +124,26 @@ mod streams;
 
 use std::sync::Arc;
 
-pub use group::{Field, Group};
+pub use group::Field;
+pub(crate) use group::Group;
 #[cfg(feature = "image")]
 pub use images::TarImageBatcher;
-pub use list::{expand, expand_braces};
-pub use reader::{Kind, Member, Members, ShardBytes, members};
-#[cfg(feature = "remote")]
-pub use remote::Remote;
+pub(crate) use list::expand;
 pub use sample::{TarNpyBatcher, TarSample};
 
 use crate::error::{Error, Result};
 use crate::hash::Fingerprint;
 use crate::loader::{Dataset, Plan, PlanRequest, SplitMix64, permutation};
+use crate::storage::{ByteSource, Session, Storage, is_url};
 use gzip::GzStreams;
-use local::open_file;
 
 /// The default shuffle buffer: samples held and drawn from at random when the loader shuffles.
-pub const DEFAULT_BUFFER: usize = 1024;
+pub(crate) const DEFAULT_BUFFER: usize = 1024;
 
 /// One shard: its name (path or URL) and its bytes.
 pub(crate) struct Shard {
     pub(crate) name: String,
-    pub(crate) bytes: Arc<dyn ShardBytes>,
+    pub(crate) bytes: Arc<dyn ByteSource>,
 }
 
 /// One entry of the index: a sample, or the damage that ended its shard's index pass.
@@ -162,7 +160,7 @@ pub(crate) struct Index {
     starts: Vec<usize>,
     /// A source that streams each epoch's samples ahead of the workers (remote shards).
     #[cfg(feature = "remote")]
-    streams: Option<Arc<dyn streams::Streams>>,
+    streams: Option<Arc<dyn crate::storage::remote::Streams>>,
     /// The decoders of the gzip-compressed shards, which stream each epoch's samples in order.
     gzip: Option<Arc<GzStreams>>,
 }
@@ -191,28 +189,46 @@ impl std::fmt::Debug for TarShards {
 }
 
 impl TarShards {
-    /// Opens local shards named by `patterns` (paths, brace ranges, globs; see [`expand`]),
-    /// and runs the index pass (headers only; a gzip-compressed shard is decompressed once).
-    /// Members are read with positioned reads (each a copy, whatever happens to the files
-    /// meanwhile); [`open_mapped`](Self::open_mapped) maps them instead, for zero-copy `.npy`
-    /// members. With the `remote` feature, a list of
-    /// URLs (`s3://`, `http://`, `https://`) opens through [`Remote`]'s defaults.
+    /// Opens the shards named by `patterns` with the default [`Storage`] settings, and runs
+    /// the index pass (headers only; a gzip-compressed shard is decompressed once): see
+    /// [`open_with`](Self::open_with).
+    ///
+    /// # Errors
+    ///
+    /// As [`open_with`](Self::open_with).
+    pub fn open<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<TarShards> {
+        TarShards::open_with(&Storage::new(), patterns)
+    }
+
+    /// Opens the shards named by `patterns`, read as `storage` says, and runs the index pass.
+    ///
+    /// Local paths expand brace ranges and globs (see the [module docs](self)); their members
+    /// are read with positioned reads (each a copy, whatever happens to the files meanwhile);
+    /// [`open_mapped`](Self::open_mapped) maps them instead, for zero-copy `.npy` members.
+    /// With the `remote` feature, URLs (`s3://bucket/key`, `http(s)://host/path`) expand
+    /// brace ranges, and globs for `s3://`, whose keys can be listed; each epoch streams the
+    /// rank's run ahead of the workers (the guide's [`tar`](crate::guide::tar) chapter).
     ///
     /// # Errors
     ///
     /// [`Error::Tar`] naming a pattern that expands to nothing or a shard that cannot be
-    /// opened, or a URL in the list (without the `remote` feature, or among local paths).
-    /// Damage inside a shard is not an error here: see the [module docs](self).
-    pub fn open<S: AsRef<str>>(patterns: impl IntoIterator<Item = S>) -> Result<TarShards> {
+    /// opened (for a URL: missing (404), refused (401, 403), unreachable after the retries,
+    /// an unknown [`option`](Storage::option) key), a URL without the `remote` feature, or
+    /// URLs and local paths in one list. Damage inside a shard is not an error here: see the
+    /// [module docs](self).
+    pub fn open_with<S: AsRef<str>>(
+        storage: &Storage,
+        patterns: impl IntoIterator<Item = S>,
+    ) -> Result<TarShards> {
         let patterns: Vec<S> = patterns.into_iter().collect();
-        let is_url = |p: &S| p.as_ref().contains("://");
-        if let Some(url) = patterns.iter().find(|p| is_url(p)) {
+        let url = |p: &S| is_url(p.as_ref());
+        if let Some(first) = patterns.iter().find(|p| url(p)) {
             #[cfg(feature = "remote")]
-            if patterns.iter().all(is_url) {
-                return Remote::new().open(patterns);
+            if patterns.iter().all(url) {
+                return remote::open(storage, patterns);
             }
             return Err(Error::Tar {
-                shard: url.as_ref().to_owned(),
+                shard: first.as_ref().to_owned(),
                 offset: 0,
                 problem: if cfg!(feature = "remote") {
                     "a URL among local paths: open local and remote shards as two lists".into()
@@ -221,10 +237,21 @@ impl TarShards {
                 },
             });
         }
-        let paths = expand(patterns)?;
-        let shards = paths
+        let session = Session::new(storage);
+        let shards = expand(patterns)?
             .iter()
-            .map(|p| open_file(p, false))
+            .map(|p| {
+                let name = p.display().to_string();
+                let bytes = session.open(&name).map_err(as_tar)?;
+                if bytes.is_empty() {
+                    return Err(Error::Tar {
+                        shard: name,
+                        offset: 0,
+                        problem: "cannot open it: the file is empty".into(),
+                    });
+                }
+                Ok((name, bytes))
+            })
             .collect::<Result<Vec<_>>>()?;
         TarShards::from_shards(shards)
     }
@@ -249,19 +276,23 @@ impl TarShards {
         let paths = expand(patterns)?;
         let shards = paths
             .iter()
-            .map(|p| open_file(p, true))
+            .map(|p| {
+                // SAFETY: the caller upholds `Storage::open_mapped`'s contract, which is ours.
+                let bytes = unsafe { Storage::open_mapped(p) }.map_err(as_tar)?;
+                Ok((p.display().to_string(), bytes))
+            })
             .collect::<Result<Vec<_>>>()?;
         TarShards::from_shards(shards)
     }
 
-    /// Shards read by another [`ShardBytes`] (in memory, or ranged reads of a remote object),
+    /// Shards read by another [`ByteSource`] (in memory, or ranged reads of a remote object),
     /// each with the name its errors carry.
     ///
     /// # Errors
     ///
     /// [`Error::Tar`] for an empty list.
     pub fn from_shards(
-        shards: impl IntoIterator<Item = (String, Arc<dyn ShardBytes>)>,
+        shards: impl IntoIterator<Item = (String, Arc<dyn ByteSource>)>,
     ) -> Result<TarShards> {
         let shards: Vec<Shard> = shards
             .into_iter()
@@ -276,7 +307,7 @@ impl TarShards {
     /// a gzip-compressed shard is read `chunk` compressed bytes at a time.
     pub(crate) fn build(
         mut shards: Vec<Shard>,
-        index_readers: Option<Vec<Arc<dyn ShardBytes>>>,
+        index_readers: Option<Vec<Arc<dyn ByteSource>>>,
         threads: usize,
         chunk: usize,
     ) -> Result<TarShards> {
@@ -404,9 +435,21 @@ impl TarShards {
     }
 }
 
+/// A storage error as a tar error naming the shard.
+pub(crate) fn as_tar(e: Error) -> Error {
+    match e {
+        Error::Storage { name, problem } => Error::Tar {
+            shard: name,
+            offset: 0,
+            problem,
+        },
+        e => e,
+    }
+}
+
 /// webdataset's shuffle: fill a buffer of `size`, then for each new sample yield a random one
 /// of the buffer and put the new one in its place; at the end, drain it at random.
-fn shuffle_buffer(
+pub(crate) fn shuffle_buffer(
     items: impl Iterator<Item = usize>,
     size: usize,
     rng: &mut SplitMix64,
@@ -506,7 +549,7 @@ impl Dataset for TarShards {
     fn prefetch(&self, r: &PlanRequest, _plan: &Plan) {
         let (run, out) = self.run_and_output(r.epoch, r.seed, (r.rank, r.world), r.drop_last);
         #[cfg(feature = "remote")]
-        self.stream(&run, &out);
+        self.stream((r.rank, r.world), &run, &out);
         if let Some(gzip) = &self.index.gzip {
             let index = &self.index;
             let mut place = vec![0; run.len()];

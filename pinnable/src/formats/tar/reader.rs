@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use super::gzip::Gz;
 use crate::error::{Error, Result};
+use crate::storage::ByteSource;
 
 /// A tar block: headers and member data are laid out in 512-byte blocks.
 pub(crate) const BLOCK: u64 = 512;
@@ -20,36 +21,9 @@ pub(crate) const BLOCK: u64 = 512;
 /// memory a hostile shard can make the reader take.
 pub(crate) const MAX_META: u64 = 1 << 20;
 
-/// The bytes of one shard, read by offset: a memory-mapped file today, ranged reads of an
-/// object in storage tomorrow.
-///
-/// Implement it to read shards from somewhere else; the reader asks only for ranges inside
-/// `0..len()`, and treats a short answer as a truncated shard.
-pub trait ShardBytes: Send + Sync {
-    /// The shard's size in bytes.
-    fn len(&self) -> u64;
-
-    /// Whether the shard holds no byte.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// `len` bytes from `offset` (borrowed where the bytes are already in memory).
-    ///
-    /// # Errors
-    ///
-    /// The I/O error reading them.
-    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>>;
-
-    /// The whole shard, when it is in memory (mapped): members then become zero-copy views.
-    fn in_memory(&self) -> Option<&[u8]> {
-        None
-    }
-}
-
 /// What kind of member a header describes, by its type flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A regular file (`0`, NUL, or the contiguous-file flag `7`).
     File,
     /// A directory (`5`, or NUL with a name ending in `/`, as tar readers take it).
@@ -60,7 +34,7 @@ pub enum Kind {
 
 /// One member of a shard: its path and where its data lies.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// The path, after pax and GNU long-name records are applied (raw bytes, as stored).
     pub path: Vec<u8>,
     /// What the member is.
@@ -73,9 +47,9 @@ pub struct Member {
     pub size: u64,
 }
 
-/// The members of a shard in file order, from [`members`].
-pub struct Members<'a> {
-    bytes: &'a dyn ShardBytes,
+/// The members of a shard in file order, from `members`.
+pub(crate) struct Members<'a> {
+    bytes: &'a dyn ByteSource,
     /// A compressed shard, whose size is known only once decompression reaches its end.
     stream: Option<&'a Gz>,
     shard: &'a str,
@@ -87,7 +61,7 @@ pub struct Members<'a> {
 }
 
 /// The members of the shard `bytes`, named `shard` in errors.
-pub fn members<'a>(bytes: &'a dyn ShardBytes, shard: &'a str) -> Members<'a> {
+pub(crate) fn members<'a>(bytes: &'a dyn ByteSource, shard: &'a str) -> Members<'a> {
     Members {
         bytes,
         stream: None,
@@ -108,11 +82,6 @@ pub(crate) fn stream_members<'a>(gz: &'a Gz, shard: &'a str) -> Members<'a> {
 }
 
 impl Members<'_> {
-    /// The byte offset of the next header to read.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
     /// After the error of a member whose data runs past the end of the shard: its path.
     pub(crate) fn truncated_member(&self) -> Option<&[u8]> {
         self.truncated.as_deref()
@@ -477,38 +446,6 @@ fn pax_records(mut text: &[u8]) -> std::result::Result<Vec<Record>, String> {
         text = &text[len..];
     }
     Ok(out)
-}
-
-impl ShardBytes for [u8] {
-    fn len(&self) -> u64 {
-        <[u8]>::len(self) as u64
-    }
-
-    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
-        usize::try_from(offset)
-            .ok()
-            .and_then(|o| self.get(o..o.checked_add(len)?))
-            .map(Cow::Borrowed)
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
-    }
-
-    fn in_memory(&self) -> Option<&[u8]> {
-        Some(self)
-    }
-}
-
-impl ShardBytes for Vec<u8> {
-    fn len(&self) -> u64 {
-        self.as_slice().len() as u64
-    }
-
-    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
-        self.as_slice().read_at(offset, len)
-    }
-
-    fn in_memory(&self) -> Option<&[u8]> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::{Entry, Field, Index, ShardBytes};
+use super::{ByteSource, Entry, Field, Index};
 use crate::error::{Error, Result};
 use crate::formats::npy::NpyArray;
 use crate::loader::{Batcher, Collator};
@@ -15,7 +15,7 @@ pub(crate) type Held = Arc<dyn HostBytes>;
 
 /// One sample of [`TarShards`](super::TarShards): which shard, its key, and where each field's
 /// bytes lie. From local shards nothing is read until a field is asked for; a remote sample
-/// holds its bytes, streamed ahead (see [`Remote`](super::Remote)).
+/// holds its bytes, streamed ahead (see [`TarShards::open_with`](super::TarShards::open_with)).
 #[derive(Clone)]
 pub struct TarSample {
     index: Arc<Index>,
@@ -46,7 +46,7 @@ impl HostBytes for HeldBytes {
 
 /// A member's bytes inside a mapped shard, as the bytes of a tensor: no copy.
 struct MemberBytes {
-    shard: Arc<dyn ShardBytes>,
+    shard: Arc<dyn ByteSource>,
     offset: usize,
     len: usize,
 }
@@ -119,7 +119,7 @@ impl TarSample {
         &self.index.shards[self.index.shard_of[self.at] as usize].name
     }
 
-    fn shard_bytes(&self) -> &Arc<dyn ShardBytes> {
+    fn shard_bytes(&self) -> &Arc<dyn ByteSource> {
         &self.index.shards[self.index.shard_of[self.at] as usize].bytes
     }
 

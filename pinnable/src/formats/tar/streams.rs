@@ -1,36 +1,11 @@
 //! How a source that streams its epochs (remote shards) hears of each epoch's run and hands
 //! each sample's bytes over as a worker takes it.
 
-use std::ops::Range;
 use std::sync::Arc;
 
-pub(crate) use super::sample::Held;
 use super::{Entry, Group, TarSample, TarShards};
 use crate::error::{Error, Result};
-
-/// One sample of an epoch's run, as a streaming source is told it: where its bytes lie and
-/// where the shuffle buffer yields it.
-pub(crate) struct Planned {
-    /// Its index in the dataset.
-    pub(crate) index: usize,
-    /// Its shard.
-    pub(crate) shard: usize,
-    /// Its bytes in the shard: the first member's header to the last member's data end.
-    pub(crate) span: Range<u64>,
-    /// Its place in the epoch's output (after the shuffle buffer).
-    pub(crate) out: usize,
-}
-
-/// A source that reads each epoch's run in stream order ahead of the workers and keeps each
-/// sample's bytes until the sample is taken.
-pub(crate) trait Streams: Send + Sync {
-    /// The next epoch's run of this rank, in stream order (damaged entries left out), out of
-    /// `total` samples.
-    fn plan(&self, run: Vec<Planned>, total: usize);
-
-    /// The bytes of sample `index`'s span in shard `shard`.
-    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held>;
-}
+use crate::storage::remote::{Planned, Streams};
 
 impl TarShards {
     /// These shards, their epochs streamed by `streams` (just built: the index is not shared
@@ -42,9 +17,10 @@ impl TarShards {
         self
     }
 
-    /// Tells a streaming source the epoch's run (`run`, in stream order; `out`, the output
-    /// as positions in it): each sample, where its bytes lie, where the output has it.
-    pub(super) fn stream(&self, run: &[usize], out: &[usize]) {
+    /// Tells a streaming source rank `shard.0` of `shard.1`'s run for the epoch (`run`, in
+    /// stream order; `out`, the output as positions in it): each sample, where its bytes lie,
+    /// where the output has it. Each rank's stream runs beside the others'.
+    pub(super) fn stream(&self, shard: (usize, usize), run: &[usize], out: &[usize]) {
         let index = &self.index;
         let Some(streams) = &index.streams else {
             return;
@@ -68,7 +44,7 @@ impl TarShards {
                 _ => None,
             })
             .collect();
-        streams.plan(planned, index.entries.len());
+        streams.plan(shard, planned, index.entries.len());
     }
 
     /// Sample `index` (grouped as `g`), holding its bytes when a source streams them.

@@ -46,10 +46,10 @@ pub enum Separator {
 /// let path = std::env::temp_dir().join(format!("docs-doc-{}.bin", std::process::id()));
 /// std::fs::write(&path, tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>())?;
 ///
-/// let docs = TokenDocs::split(TokenShards::read([&path])?, 0, Separator::End)?;
+/// let docs = TokenDocs::split(TokenShards::open([&path])?, 0, Separator::End)?;
 /// assert_eq!(docs.lengths().as_ref(), &[4, 3]);
 /// assert_eq!(docs.get(1)?.to_vec::<u16>()?, vec![8, 9, 0]);
-/// let dropped = TokenDocs::split(TokenShards::read([&path])?, 0, Separator::Drop)?;
+/// let dropped = TokenDocs::split(TokenShards::open([&path])?, 0, Separator::Drop)?;
 /// assert_eq!(dropped.get(0)?.to_vec::<u16>()?, vec![5, 6, 7]);
 /// # std::fs::remove_file(&path)?;
 /// # Ok::<(), pinnable::Error>(())

@@ -40,7 +40,7 @@
 //! let path = std::env::temp_dir().join(format!("tokens-doc-{}.bin", std::process::id()));
 //! std::fs::write(&path, tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
 //!
-//! let shards = TokenShards::read([&path])?; // into pinned memory, once
+//! let shards = TokenShards::open([&path])?; // into pinned memory, once
 //! let windows = TokenWindows::new(shards, 64)?; // (1000 - 1) / 64 = 15 windows of 65 tokens
 //! assert_eq!(windows.len(), 15);
 //! let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
@@ -79,6 +79,7 @@ pub use windows::{TokenBatch, TokenBatcher, TokenWindows, Window};
 
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::storage::{Session, Storage};
 use crate::tensor::Tensor;
 use open::shard_error;
 
@@ -103,7 +104,31 @@ impl TokenShards {
         ShardOptions::new()
     }
 
-    /// Opens the shards at `paths` with the default options ([`ShardFormat::Auto`],
+    /// Reads the shards at `locations` (paths, or with the `remote` feature `s3://` and
+    /// `http(s)://` URLs) into pinned memory, once, with the default options
+    /// ([`ShardOptions::open`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardOptions::open`].
+    pub fn open<P: AsRef<Path>>(locations: impl IntoIterator<Item = P>) -> Result<TokenShards> {
+        ShardOptions::new().open(locations)
+    }
+
+    /// Reads the shards at `locations` into pinned memory, read as `storage` says
+    /// ([`ShardOptions::open_with`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ShardOptions::open`].
+    pub fn open_with<P: AsRef<Path>>(
+        storage: &Storage,
+        locations: impl IntoIterator<Item = P>,
+    ) -> Result<TokenShards> {
+        ShardOptions::new().open_with(storage, locations)
+    }
+
+    /// Opens the local shards at `paths` with the default options ([`ShardFormat::Auto`],
     /// [`Residency::Auto`]): small shards read into pinned memory, large ones mapped.
     ///
     /// # Errors
@@ -112,18 +137,12 @@ impl TokenShards {
     ///
     /// # Safety
     ///
-    /// As [`ShardOptions::open`]: no file may be written or truncated while it is mapped.
-    pub unsafe fn open<P: AsRef<Path>>(paths: impl IntoIterator<Item = P>) -> Result<TokenShards> {
-        ShardOptions::new().load(paths)
-    }
-
-    /// Reads the shards at `paths` into pinned memory, once ([`ShardOptions::read`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`ShardOptions::read`].
-    pub fn read<P: AsRef<Path>>(paths: impl IntoIterator<Item = P>) -> Result<TokenShards> {
-        ShardOptions::new().read(paths)
+    /// As [`ShardOptions::open_mapped`]: no file may be written or truncated while it is
+    /// mapped.
+    pub unsafe fn open_mapped<P: AsRef<Path>>(
+        paths: impl IntoIterator<Item = P>,
+    ) -> Result<TokenShards> {
+        ShardOptions::new().load(&Session::new(&Storage::new()), paths)
     }
 
     /// The tokens of every shard.

@@ -3,8 +3,6 @@
 //! the file first.
 
 use std::fmt;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,7 +12,7 @@ use crate::alloc::PinnedPool;
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::formats::npy::Mapping;
+use crate::storage::{ByteSource, Mapping, Session, Storage, is_url};
 use crate::tensor::{HostBytes, Tensor};
 
 /// Where a shard's tokens are kept once opened.
@@ -107,61 +105,81 @@ impl ShardOptions {
         self
     }
 
-    /// Opens the shards at `paths`, in order, as one stream of tokens, keeping each as
-    /// [`residency`](Self::residency) says.
+    /// Reads the shards at `locations` (paths, or with the `remote` feature `s3://` and
+    /// `http(s)://` URLs), in order, as one stream of tokens, into pinned memory (whatever
+    /// [`residency`](Self::residency) says), with the default [`Storage`] settings: nothing
+    /// is mapped, so nothing a file's later writers do can change the tokens.
     ///
     /// # Errors
     ///
-    /// [`Error::TokenShard`] naming the file and the field for a file that cannot be read,
-    /// is truncated, has a wrong magic number or version, a byte count that is not a whole
-    /// number of tokens, tokens of another type than the first shard's, or a token id not
-    /// below [`vocab`](Self::vocab); [`Error::Config`] for no paths; allocation errors for
-    /// [`Residency::Pinned`].
+    /// [`Error::TokenShard`] naming the file and the field for a file that cannot be read
+    /// (a URL without the `remote` feature), is truncated, has a wrong magic number or
+    /// version, a byte count that is not a whole number of tokens, tokens of another type than
+    /// the first shard's, or a token id not below [`vocab`](Self::vocab); [`Error::Config`]
+    /// for no paths; allocation errors when the pool cannot give the memory.
+    pub fn open<P: AsRef<Path>>(
+        self,
+        locations: impl IntoIterator<Item = P>,
+    ) -> Result<TokenShards> {
+        self.open_with(&Storage::new(), locations)
+    }
+
+    /// Reads the shards at `locations` as [`open`](Self::open) does, read as `storage` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub fn open_with<P: AsRef<Path>>(
+        self,
+        storage: &Storage,
+        locations: impl IntoIterator<Item = P>,
+    ) -> Result<TokenShards> {
+        self.residency(Residency::Pinned)
+            .load(&Session::new(storage), locations)
+    }
+
+    /// Opens the shards at `paths`, in order, as one stream of tokens, keeping each as
+    /// [`residency`](Self::residency) says: mapped shards' windows view the mapping, no copy.
+    /// A URL among them is read into pinned memory, as [`open`](Self::open) reads it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
     ///
     /// # Safety
     ///
     /// 1. Nothing (this process or another) writes to or truncates a file that is mapped
-    ///    (any shard unless [`Residency::Pinned`]) while the shards, or a tensor or batch
-    ///    viewing them, live: the mapping is not a snapshot, and a write would change tokens
-    ///    that tensors read as unchanging, a truncation make reading them fault. Shards
-    ///    written once and then only read satisfy this. [`read`](Self::read) maps nothing and
+    ///    (any local shard unless [`Residency::Pinned`]) while the shards, or a tensor or
+    ///    batch viewing them, live: the mapping is not a snapshot, and a write would change
+    ///    tokens that tensors read as unchanging, a truncation make reading them fault. Shards
+    ///    written once and then only read satisfy this. [`open`](Self::open) maps nothing and
     ///    is safe.
-    pub unsafe fn open<P: AsRef<Path>>(
+    pub unsafe fn open_mapped<P: AsRef<Path>>(
         self,
         paths: impl IntoIterator<Item = P>,
     ) -> Result<TokenShards> {
-        self.load(paths)
+        self.load(&Session::new(&Storage::new()), paths)
     }
 
-    /// Reads the shards at `paths`, in order, into pinned memory (whatever
-    /// [`residency`](Self::residency) says): nothing is mapped, so nothing a file's later
-    /// writers do can change the tokens.
-    ///
-    /// # Errors
-    ///
-    /// As [`open`](Self::open), and allocation errors when the pool cannot give the memory.
-    pub fn read<P: AsRef<Path>>(self, paths: impl IntoIterator<Item = P>) -> Result<TokenShards> {
-        self.residency(Residency::Pinned).load(paths)
-    }
-
-    /// Opens the shards; maps files unless the residency is `Pinned` (the caller of `open`
-    /// took on the mapping's contract).
+    /// Opens the shards through `session`; maps local files unless the residency is
+    /// `Pinned` (the caller of `open_mapped` took on the mapping's contract).
     pub(super) fn load<P: AsRef<Path>>(
         self,
+        session: &Session,
         paths: impl IntoIterator<Item = P>,
     ) -> Result<TokenShards> {
         let found = paths
             .into_iter()
-            .map(|p| probe(p.as_ref(), self.format))
+            .map(|p| probe(session, p.as_ref(), self.format))
             .collect::<Result<Vec<_>>>()?;
-        let Some((first, _, l)) = found.first() else {
+        let Some((first, _, l, _)) = found.first() else {
             return Err(Error::Config {
                 setting: "shards",
                 problem: "no shard files were given".into(),
             });
         };
         let (first, dtype) = (first.clone(), l.dtype);
-        if let Some((path, _, l)) = found.iter().find(|(_, _, l)| l.dtype != dtype) {
+        if let Some((path, _, l, _)) = found.iter().find(|(_, _, l, _)| l.dtype != dtype) {
             return Err(shard_error(
                 path,
                 "token type",
@@ -185,7 +203,7 @@ impl ShardOptions {
             }
             Err(e) => return Err(e),
         };
-        for (shard, (path, len, l)) in shards.iter_mut().zip(&found) {
+        for (shard, (path, len, l, _)) in shards.iter_mut().zip(&found) {
             if shard.is_none() {
                 *shard = Some(map(path, *len, l)?);
             }
@@ -204,16 +222,26 @@ impl ShardOptions {
     }
 
     /// Which shards are read into pinned memory.
-    fn choose(&self, found: &[(PathBuf, u64, Layout)], pool: &PinnedPool) -> Vec<bool> {
+    fn choose(&self, found: &[Found], pool: &PinnedPool) -> Vec<bool> {
         let limit = match self.residency {
             Residency::Pinned => return vec![true; found.len()],
-            Residency::Mapped => return vec![false; found.len()],
+            // A URL cannot be mapped: it is read into pinned memory.
+            Residency::Mapped => {
+                return found
+                    .iter()
+                    .map(|(path, ..)| is_url(&path.to_string_lossy()))
+                    .collect();
+            }
             Residency::Auto => self.pin_limit.unwrap_or_else(|| default_pin_limit(pool)),
         };
         let mut total = 0usize;
         found
             .iter()
-            .map(|(_, _, l)| {
+            .map(|(path, _, l, _)| {
+                // A URL cannot be mapped: it is read into pinned memory whatever the limit.
+                if is_url(&path.to_string_lossy()) {
+                    return true;
+                }
                 let bytes = l.tokens * l.dtype.size();
                 let fits = total.checked_add(bytes).is_some_and(|t| t <= limit);
                 if fits {
@@ -224,6 +252,9 @@ impl ShardOptions {
             .collect()
     }
 }
+
+/// A shard found: its path or URL, length, layout and bytes.
+type Found = (PathBuf, u64, Layout, Arc<dyn ByteSource>);
 
 /// A quarter of the machine's memory, within the pool's budget.
 fn default_pin_limit(pool: &PinnedPool) -> usize {
@@ -249,22 +280,25 @@ pub(super) fn shard_error(path: &Path, field: &str, problem: String) -> Error {
     }
 }
 
-/// The file's path, length and layout, from its first bytes.
-fn probe(path: &Path, format: ShardFormat) -> Result<(PathBuf, u64, Layout)> {
+/// The file's path, length, layout and bytes, from its first bytes.
+fn probe(session: &Session, path: &Path, format: ShardFormat) -> Result<Found> {
     let io = |e: std::io::Error| shard_error(path, "file", e.to_string());
-    let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let source = session.open(&path.to_string_lossy()).map_err(|e| match e {
+        Error::Storage { problem, .. } => shard_error(path, "file", problem),
+        e => e,
+    })?;
+    let len = source.len();
     let mut head = vec![0u8; HEAD.min(usize::try_from(len).unwrap_or(HEAD))];
-    file.read_exact_at(&mut head, 0).map_err(io)?;
+    source.read_into(0, &mut head).map_err(io)?;
     let layout =
         format::layout(format, &head, len).map_err(|p| shard_error(path, &p.field, p.problem))?;
-    Ok((path.to_owned(), len, layout))
+    Ok((path.to_owned(), len, layout, source))
 }
 
 /// Reads the shards marked in `pin` into one pinned block, one after another; the others are
 /// `None`.
 fn read_pinned(
-    found: &[(PathBuf, u64, Layout)],
+    found: &[Found],
     pin: &[bool],
     dtype: DType,
     pool: &PinnedPool,
@@ -273,7 +307,7 @@ fn read_pinned(
         .iter()
         .zip(pin)
         .filter(|(_, p)| **p)
-        .map(|((_, _, l), _)| l.tokens)
+        .map(|((_, _, l, _), _)| l.tokens)
         .sum();
     if !pin.iter().any(|p| *p) {
         return Ok((None, (0..found.len()).map(|_| None).collect()));
@@ -285,9 +319,9 @@ fn read_pinned(
         let mut view = block.view_mut(slot);
         let bytes = view_bytes(&mut view, dtype)?;
         let mut at = 0;
-        for ((path, len, l), _) in found.iter().zip(pin).filter(|(_, p)| **p) {
+        for ((path, _, l, source), _) in found.iter().zip(pin).filter(|(_, p)| **p) {
             let n = l.tokens * dtype.size();
-            read_tokens(path, *len, l, &mut bytes[at..at + n])?;
+            read_tokens(path, source.as_ref(), l, &mut bytes[at..at + n])?;
             at += n;
         }
     }
@@ -296,7 +330,7 @@ fn read_pinned(
     let shards = found
         .iter()
         .zip(pin)
-        .map(|((path, _, l), &p)| {
+        .map(|((path, _, l, _), &p)| {
             if !p {
                 return Ok(None);
             }
@@ -331,12 +365,12 @@ fn view_bytes<'v>(view: &'v mut crate::batch::TensorMut<'_>, dtype: DType) -> Re
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr, bytes) })
 }
 
-/// Reads a shard's tokens (`dst.len()` bytes) from its file, which must still be `len` bytes.
-fn read_tokens(path: &Path, len: u64, l: &Layout, dst: &mut [u8]) -> Result<()> {
-    let io = |e: std::io::Error| shard_error(path, "file", e.to_string());
-    let file = File::open(path).map_err(io)?;
-    check_unchanged(path, len, file.metadata().map_err(io)?.len())?;
-    file.read_exact_at(dst, l.offset as u64).map_err(io)
+/// Reads a shard's tokens (`dst.len()` bytes) from its bytes (a short read, as from a file
+/// cut since its header was read, is an error naming the file).
+fn read_tokens(path: &Path, source: &dyn ByteSource, l: &Layout, dst: &mut [u8]) -> Result<()> {
+    source
+        .read_into(l.offset as u64, dst)
+        .map_err(|e| shard_error(path, "file", e.to_string()))
 }
 
 fn check_unchanged(path: &Path, then: u64, now: u64) -> Result<()> {

@@ -33,7 +33,7 @@ use crate::transfer::{MoveContext, ToDevice};
 /// std::fs::write(&a, vec![0u8; 2 * 100]).unwrap(); // 100 u16 tokens
 /// std::fs::write(&b, vec![0u8; 2 * 40]).unwrap(); // 40
 ///
-/// let windows = TokenWindows::new(TokenShards::read([&a, &b])?, 16)?;
+/// let windows = TokenWindows::new(TokenShards::open([&a, &b])?, 16)?;
 /// assert_eq!(windows.len(), 6 + 2); // (100 - 1) / 16 and (40 - 1) / 16
 /// assert_eq!(windows.window(6)?, Window { shard: 1, start: 0 });
 /// assert_eq!(windows.window(5)?, Window { shard: 0, start: 80 }); // tokens 80..97
@@ -442,7 +442,7 @@ mod tests {
         for residency in [Residency::Pinned, Residency::Mapped] {
             let options = TokenShards::options().residency(residency).pool(&pool);
             // SAFETY: the test wrote the files above and nothing writes them while mapped.
-            let shards = unsafe { options.open(&paths) }.unwrap();
+            let shards = unsafe { options.open_mapped(&paths) }.unwrap();
             let windows = TokenWindows::new(shards, 1 + r.below(12) as usize).unwrap();
             for dtype in [DType::I64, DType::I32] {
                 let host = windows.batcher(dtype).unwrap();

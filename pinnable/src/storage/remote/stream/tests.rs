@@ -9,13 +9,12 @@ use object_store::memory::InMemory;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use super::super::super::shuffle_buffer;
-use super::super::super::streams::{Held, Planned, Streams};
-use super::super::Remote;
 use super::super::io::{Io, Object, lock};
 use super::super::split::LEAST_CHARGE;
-use super::Streamer;
+use super::{Held, Planned, Streamer, Streams};
+use crate::formats::tar::shuffle_buffer;
 use crate::loader::SplitMix64;
+use crate::storage::Storage;
 use object_store::chunked::ChunkedStore;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 
@@ -36,7 +35,7 @@ struct Shards {
 impl Shards {
     fn new(rng: &mut SplitMix64) -> Shards {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let io = Io::start(&Remote::new()).unwrap();
+        let io = Io::start(&Storage::new()).unwrap();
         let (mut samples, mut objects, mut bodies) = (Vec::new(), Vec::new(), Vec::new());
         for shard in 0..2 {
             let mut body = Vec::new();
@@ -155,7 +154,7 @@ fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         );
         Arc::get_mut(&mut streamer.shared).unwrap().least = least;
         let (out, run) = shards.plan(buffer, &mut rng);
-        streamer.plan(run, shards.samples.len());
+        streamer.plan((0, 1), run, shards.samples.len());
         let bound = (buffer as u64 + 1) * max_span
             + chunk as u64
             + max_span
@@ -166,7 +165,7 @@ fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
                 cap as u64 + chunk as u64 + max_span
             };
         let held = |s: &Streamer| {
-            let plan = s.shared.plan.read().unwrap().clone();
+            let plan = s.shared.plans.read().unwrap()[0].1.clone();
             s.shared.held(&plan)
         };
         let (mut most, mut most_pieces) = (0, 0);
@@ -178,7 +177,7 @@ fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         // Buffers are charged while the ledger is under the cap, so past it by at most
         // what the fetches running at once add: each at most its request's bytes (a chunk,
         // a span, the gaps), or the least charge.
-        let plan = streamer.shared.plan.read().unwrap().clone();
+        let plan = streamer.shared.plans.read().unwrap()[0].1.clone();
         let fetching = lock(&plan.sched).most_fetching.max(1) as u64;
         let pieces_bound = if cap == 0 {
             0
@@ -227,7 +226,7 @@ fn workers_taking_at_once_get_every_sample() {
             cap,
         );
         let (out, run) = shards.plan(1 + rng.below(60) as usize, &mut rng);
-        streamer.plan(run, shards.samples.len());
+        streamer.plan((0, 1), run, shards.samples.len());
         let workers = 2 + rng.below(7) as usize;
         let batches: Vec<&[usize]> = out.chunks(1 + rng.below(16) as usize).collect();
         std::thread::scope(|s| {
@@ -242,7 +241,7 @@ fn workers_taking_at_once_get_every_sample() {
                 });
             }
         });
-        let plan = streamer.shared.plan.read().unwrap().clone();
+        let plan = streamer.shared.plans.read().unwrap()[0].1.clone();
         assert_eq!(streamer.shared.held(&plan), 0, "case {case}");
     }
 }
@@ -270,7 +269,7 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
     );
     let n = shards.samples.len();
     let (out, run) = shards.plan(8, &mut rng);
-    streamer.plan(run, n);
+    streamer.plan((0, 1), run, n);
     let t = Instant::now();
     std::thread::scope(|s| {
         for w in 0..4 {
@@ -281,7 +280,7 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
         }
         std::thread::sleep(Duration::from_millis(10));
         let (_, run) = shards.plan(8, &mut rng);
-        streamer.plan(run, n);
+        streamer.plan((0, 1), run, n);
     });
     let took = t.elapsed();
     assert!(
@@ -289,7 +288,7 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
         "the waiting workers took {took:?}"
     );
     let (out, run) = shards.plan(8, &mut rng);
-    streamer.plan(run, n);
+    streamer.plan((0, 1), run, n);
     for &q in &out {
         shards.take(&streamer, q, "the next epoch");
     }
@@ -305,7 +304,7 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
 fn arbitrary_bytes_and_spans_give_the_bytes_or_an_error() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     // No retries: a span past the end fails at once instead of after backoffs.
-    let io = Io::start(&Remote::new().retries(0)).unwrap();
+    let io = Io::start(&Storage::new().retries(0)).unwrap();
     let path = StorePath::from("fuzz.tar");
     crate::fuzz::Fuzz::new("remote_stream")
         .seeds([vec![0u8; 1024], (0..=255u8).cycle().take(5000).collect()])
@@ -357,7 +356,7 @@ fn arbitrary_bytes_and_spans_give_the_bytes_or_an_error() {
                 rng.below(4) as usize,
                 [0, rng.below(4 * len + 64) as usize, 1 << 30][rng.below(3) as usize],
             );
-            streamer.plan(run, n);
+            streamer.plan((0, 1), run, n);
             for &q in &out {
                 let span = spans[q].clone();
                 // An empty span asks for nothing, wherever it starts.
@@ -382,7 +381,7 @@ fn arbitrary_bytes_and_spans_give_the_bytes_or_an_error() {
                     Err(_) => {}
                 }
             }
-            let plan = streamer.shared.plan.read().unwrap().clone();
+            let plan = streamer.shared.plans.read().unwrap()[0].1.clone();
             match streamer.shared.held(&plan) {
                 0 => Ok(()),
                 held => Err(format!("{held} bytes held once every sample was taken")),

@@ -10,39 +10,39 @@ use object_store::path::Path as StorePath;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use url::Url;
 
-use super::super::list;
-use super::{Remote, url_error};
+use super::url_error;
 use crate::error::Result;
+use crate::storage::{Storage, glob_match};
 
 /// One object: where it is and how long.
-pub(super) struct Object {
-    pub(super) url: String,
-    pub(super) store: Arc<dyn ObjectStore>,
-    pub(super) path: StorePath,
-    pub(super) len: u64,
+pub(crate) struct Object {
+    pub(crate) url: String,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) path: StorePath,
+    pub(crate) len: u64,
 }
 
 /// What a fetch leaves: the bytes, or why there are none.
-pub(super) type Fetched = std::result::Result<Chunk, String>;
+pub(crate) type Fetched = std::result::Result<Chunk, String>;
 
 /// A fetched range's bytes (shared by the cache and the readers).
-pub(super) type Chunk = Arc<Vec<u8>>;
+pub(crate) type Chunk = Arc<Vec<u8>>;
 
 /// A fetch's result, waited for by reader threads.
-pub(super) struct Slot {
-    pub(super) state: Mutex<Option<Fetched>>,
-    pub(super) done: Condvar,
+pub(crate) struct Slot {
+    pub(crate) state: Mutex<Option<Fetched>>,
+    pub(crate) done: Condvar,
 }
 
 impl Slot {
-    pub(super) fn new() -> Arc<Slot> {
+    pub(crate) fn new() -> Arc<Slot> {
         Arc::new(Slot {
             state: Mutex::new(None),
             done: Condvar::new(),
         })
     }
 
-    pub(super) fn fill(&self, result: Fetched) {
+    pub(crate) fn fill(&self, result: Fetched) {
         let mut state = lock(&self.state);
         if state.is_none() {
             *state = Some(result);
@@ -51,7 +51,7 @@ impl Slot {
     }
 
     /// The result, or an error once `deadline` passes (a fetch never hangs a worker).
-    pub(super) fn wait(&self, deadline: Instant) -> Fetched {
+    pub(crate) fn wait(&self, deadline: Instant) -> Fetched {
         let mut state = lock(&self.state);
         loop {
             if let Some(result) = &*state {
@@ -71,7 +71,7 @@ impl Slot {
 
 /// Fills its slot with an error if the fetch ends without a result (its task cancelled at
 /// shutdown): waiters never wait for a fetch that will not come.
-pub(super) struct Filler(pub(super) Arc<Slot>);
+pub(crate) struct Filler(pub(crate) Arc<Slot>);
 
 impl Drop for Filler {
     fn drop(&mut self) {
@@ -80,21 +80,23 @@ impl Drop for Filler {
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The runtime of one opened source, and its settings for requests.
-pub(super) struct Io {
-    pub(super) runtime: Option<tokio::runtime::Runtime>,
-    pub(super) handle: tokio::runtime::Handle,
-    pub(super) index_window: u64,
-    pub(super) retries: usize,
-    pub(super) timeout: Duration,
+pub(crate) struct Io {
+    pub(crate) runtime: Option<tokio::runtime::Runtime>,
+    pub(crate) handle: tokio::runtime::Handle,
+    pub(crate) index_window: u64,
+    pub(crate) chunk: u64,
+    pub(crate) read_ahead: usize,
+    pub(crate) retries: usize,
+    pub(crate) timeout: Duration,
 }
 
 impl Io {
-    pub(super) fn start(settings: &Remote) -> Result<Arc<Io>> {
+    pub(crate) fn start(settings: &Storage) -> Result<Arc<Io>> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(settings.threads)
             .thread_name("pinnable-remote")
@@ -105,19 +107,21 @@ impl Io {
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
             index_window: settings.index_window as u64,
+            chunk: settings.chunk as u64,
+            read_ahead: settings.read_ahead,
             retries: settings.retries,
             timeout: settings.timeout,
         }))
     }
 
     /// How long a reader waits for a fetch at most: every attempt timing out, and backoffs.
-    pub(super) fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         let attempts = self.retries as u32 + 1;
         Instant::now() + self.timeout * attempts * 2 + Duration::from_secs(10)
     }
 
     /// Starts fetching `range` of `object` into a new slot.
-    pub(super) fn fetch(&self, object: &Object, range: Range<u64>) -> Arc<Slot> {
+    pub(crate) fn fetch(&self, object: &Object, range: Range<u64>) -> Arc<Slot> {
         let slot = Slot::new();
         let filler = Filler(slot.clone());
         let store = object.store.clone();
@@ -131,7 +135,7 @@ impl Io {
     }
 
     /// Runs `future` on the runtime and waits for it from this (non-runtime) thread.
-    pub(super) fn run<T: Send + 'static>(
+    pub(crate) fn run<T: Send + 'static>(
         &self,
         future: impl Future<Output = T> + Send + 'static,
     ) -> std::result::Result<T, String> {
@@ -145,7 +149,7 @@ impl Io {
     }
 
     /// Every shard's size, by `HEAD` requests made together.
-    pub(super) fn sizes(
+    pub(crate) fn sizes(
         &self,
         located: &[(String, Arc<dyn ObjectStore>, StorePath)],
     ) -> Result<Vec<u64>> {
@@ -182,7 +186,7 @@ impl Io {
 
     /// The objects a glob in `url`'s path names, sorted by key (`*` and `?` match within one
     /// path component).
-    pub(super) fn glob(
+    pub(crate) fn glob(
         &self,
         store: &Arc<dyn ObjectStore>,
         url: &Url,
@@ -222,7 +226,7 @@ impl Io {
                     && parts
                         .iter()
                         .zip(&names)
-                        .all(|(g, n)| list::glob_match(g, &n.chars().collect::<Vec<_>>()))
+                        .all(|(g, n)| glob_match(g, &n.chars().collect::<Vec<_>>()))
             })
             .map(|p| (format!("{base}/{p}"), p))
             .collect();
@@ -231,6 +235,47 @@ impl Io {
             return Err(url_error(name, "the glob matches no object"));
         }
         Ok(found)
+    }
+}
+
+impl Io {
+    /// The objects under the folder `url` names (an `s3://` prefix; every depth), with their
+    /// sizes, sorted by key.
+    pub(crate) fn list(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        url: &Url,
+        base: &str,
+        name: &str,
+    ) -> Result<Vec<(String, u64)>> {
+        if !url.scheme().starts_with("s3") {
+            return Err(url_error(
+                name,
+                "a web server gives no listing: name its files one by one (for images, \
+                 `ImageFolder::from_list_with` takes URLs with labels)",
+            ));
+        }
+        let key = percent_decode(url.path().trim_start_matches('/'));
+        let key = key.trim_end_matches('/');
+        let prefix = (!key.is_empty()).then(|| StorePath::from(key));
+        let store = store.clone();
+        let mut found = self
+            .run(async move {
+                let mut found = Vec::new();
+                let mut list = store.list(prefix.as_ref());
+                while let Some(meta) = list.next().await {
+                    let meta = meta.map_err(|e| describe(&e))?;
+                    found.push((meta.location, meta.size));
+                }
+                Ok::<_, String>(found)
+            })
+            .and_then(|r| r)
+            .map_err(|p| url_error(name, format!("cannot list the bucket: {p}")))?;
+        found.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
+        Ok(found
+            .into_iter()
+            .map(|(p, size)| (format!("{base}/{p}"), size))
+            .collect())
     }
 }
 
@@ -248,7 +293,7 @@ impl Drop for Io {
     }
 }
 
-pub(super) fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -269,10 +314,10 @@ pub(super) fn percent_decode(s: &str) -> String {
 }
 
 /// What an object_store error means for the user.
-pub(super) fn describe(e: &object_store::Error) -> String {
+pub(crate) fn describe(e: &object_store::Error) -> String {
     match e {
         object_store::Error::NotFound { .. } => {
-            "not found (HTTP 404): check the URL and that the shard was uploaded".into()
+            "not found (HTTP 404): check the URL and that the object was uploaded".into()
         }
         object_store::Error::PermissionDenied { .. }
         | object_store::Error::Unauthenticated { .. } => {
@@ -281,13 +326,13 @@ pub(super) fn describe(e: &object_store::Error) -> String {
             )
         }
         object_store::Error::Precondition { .. } => {
-            "the object changed while it was read: reopen the shards".into()
+            "the object changed while it was read: open it again".into()
         }
         _ => e.to_string(),
     }
 }
 
-pub(super) fn permanent(e: &object_store::Error) -> bool {
+pub(crate) fn permanent(e: &object_store::Error) -> bool {
     matches!(
         e,
         object_store::Error::NotFound { .. }
@@ -299,7 +344,7 @@ pub(super) fn permanent(e: &object_store::Error) -> bool {
 }
 
 /// `range` of the object in one buffer, retried as [`fetch_into`] retries.
-pub(super) async fn fetch(
+pub(crate) async fn fetch(
     store: &dyn ObjectStore,
     path: &StorePath,
     range: Range<u64>,
@@ -319,7 +364,7 @@ pub(super) async fn fetch(
 /// (every byte once); retried from the first byte not yet received when a request fails or a
 /// body stops (drops or stalls past `timeout`). An empty range asks for nothing: stores refuse
 /// a ranged `GET` of no bytes.
-pub(super) async fn fetch_into(
+pub(crate) async fn fetch_into(
     store: &dyn ObjectStore,
     path: &StorePath,
     range: Range<u64>,
@@ -383,6 +428,6 @@ pub(super) async fn fetch_into(
     }
 }
 
-pub(super) fn io_error(object: &Object, problem: String) -> std::io::Error {
+pub(crate) fn io_error(object: &Object, problem: String) -> std::io::Error {
     std::io::Error::other(format!("{}: {problem}", object.url))
 }

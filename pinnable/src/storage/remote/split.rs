@@ -14,20 +14,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 
-use super::super::streams::Held;
+use super::stream::Held;
 use crate::tensor::HostBytes;
 
 /// The bytes of the received buffers that samples keep slices of, shared by a stream's
 /// fetches.
-pub(super) type Ledger = Arc<AtomicU64>;
+pub(crate) type Ledger = Arc<AtomicU64>;
 
 /// The least a buffer's slices are charged: hyper's read buffer grows to 8 KiB + 400 KiB,
 /// and a piece read into it may be much shorter.
-pub(super) const LEAST_CHARGE: u64 = 8192 + 4096 * 100;
+pub(crate) const LEAST_CHARGE: u64 = 8192 + 4096 * 100;
 
 /// One received buffer some samples keep slices of: its charge stays in the ledger until the
 /// last of those slices is dropped.
-pub(super) struct Charge {
+pub(crate) struct Charge {
     charged: AtomicU64,
     ledger: Ledger,
 }
@@ -59,7 +59,7 @@ impl HostBytes for Slice {
 }
 
 /// A sample's bytes as they arrived.
-pub(super) enum Part {
+pub(crate) enum Part {
     Waiting,
     /// A slice of the one piece that holds them all, and that piece's buffer's charge.
     Slice(Bytes, Arc<Charge>),
@@ -78,7 +78,7 @@ impl Part {
 
     /// The bytes for the worker that takes the sample, and the bytes of its own buffer (a
     /// slice's charge stays with the slice).
-    pub(super) fn into_held(self) -> (Held, u64) {
+    pub(crate) fn into_held(self) -> (Held, u64) {
         match self {
             Part::Waiting => (Arc::new(Vec::new()), 0),
             Part::Slice(bytes, charge) => (
@@ -106,7 +106,7 @@ struct Buffer {
 
 /// Cuts a chunk's body, arriving in pieces, into its samples' parts (the bytes between
 /// samples, if any, are passed over).
-pub(super) struct Split {
+pub(crate) struct Split {
     /// The object offset of the next byte to arrive.
     at: u64,
     spans: Vec<Range<u64>>,
@@ -125,7 +125,7 @@ pub(super) struct Split {
 impl Split {
     /// A chunk from object offset `start`, cut at `spans`; slices kept while `ledger` is under
     /// `keep_under` bytes when their piece arrives, each buffer charged at least `least`.
-    pub(super) fn new(
+    pub(crate) fn new(
         start: u64,
         spans: Vec<Range<u64>>,
         ledger: &Ledger,
@@ -167,11 +167,11 @@ impl Split {
 
     /// The samples' parts; the split's own hold on the last buffer's charge ends here, before
     /// the parts are handed on.
-    pub(super) fn into_parts(self) -> Vec<Part> {
+    pub(crate) fn into_parts(self) -> Vec<Part> {
         self.parts
     }
 
-    pub(super) fn put(&mut self, piece: Bytes) {
+    pub(crate) fn put(&mut self, piece: Bytes) {
         // A piece that follows the buffer's last back to back is more of that buffer.
         let (from, to) = (
             piece.as_ptr() as usize,

@@ -17,9 +17,37 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::Instant;
 
-use super::super::streams::{Held, Planned, Streams};
 use super::io::{Io, Object, fetch_into, io_error, lock};
 use super::split::{LEAST_CHARGE, Ledger, Part, Split};
+use crate::tensor::HostBytes;
+
+/// A sample's bytes, held from their arrival until a reader takes them.
+pub(crate) type Held = Arc<dyn HostBytes>;
+
+/// One sample of an epoch's run, as a streaming source is told it: where its bytes lie and
+/// where the shuffle buffer yields it.
+pub(crate) struct Planned {
+    /// Its index in the dataset.
+    pub(crate) index: usize,
+    /// Its object (a shard).
+    pub(crate) shard: usize,
+    /// Its bytes in the object.
+    pub(crate) span: Range<u64>,
+    /// Its place in the epoch's output (after the shuffle buffer).
+    pub(crate) out: usize,
+}
+
+/// A source that reads each epoch's run of a rank in stream order ahead of the workers and
+/// keeps each sample's bytes until the sample is taken. The runs of several ranks (loaders
+/// in one process over one source) stream at once, each rank's replacing only its own.
+pub(crate) trait Streams: Send + Sync {
+    /// The next epoch's run of rank `shard.0` of `shard.1`, in stream order (damaged entries
+    /// left out), out of `total` samples.
+    fn plan(&self, shard: (usize, usize), run: Vec<Planned>, total: usize);
+
+    /// The bytes of sample `index`'s span in shard `shard`.
+    fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held>;
+}
 
 /// Samples whose place in the output is this far before the earliest one taken are neither
 /// fetched nor kept: a resumed epoch skips them (the loader never asks for them), so it reads
@@ -168,8 +196,8 @@ struct Shared {
     pieces: Ledger,
     /// The least charge of a received buffer (see [`LEAST_CHARGE`]).
     least: u64,
-    /// The epoch being streamed.
-    plan: RwLock<Arc<Plan>>,
+    /// The epoch being streamed by each rank (`(rank, world)`) reading through this source.
+    plans: RwLock<Vec<RankPlan>>,
     chunk: u64,
     read_ahead: usize,
     /// Read-ahead stops while the samples held (in buffers of their own and in the received
@@ -179,13 +207,16 @@ struct Shared {
     cap: u64,
 }
 
+/// A rank's plan: `(rank, world)` and the epoch it streams.
+type RankPlan = ((usize, usize), Arc<Plan>);
+
 /// The streams of one opened source (see the [module docs](self)).
-pub(super) struct Streamer {
+pub(crate) struct Streamer {
     shared: Arc<Shared>,
 }
 
 impl Streamer {
-    pub(super) fn new(
+    pub(crate) fn new(
         io: Arc<Io>,
         objects: Vec<Arc<Object>>,
         chunk: usize,
@@ -198,7 +229,7 @@ impl Streamer {
                 objects,
                 pieces: Ledger::default(),
                 least: LEAST_CHARGE,
-                plan: RwLock::new(Arc::new(Plan::new(Vec::new(), 0, 0))),
+                plans: RwLock::new(Vec::new()),
                 chunk: chunk as u64,
                 read_ahead,
                 cap: cap as u64,
@@ -336,74 +367,115 @@ fn land(shared: &Weak<Shared>, plan: &Weak<Plan>, chunk: usize, parts: Option<Ve
     shared.start(&plan, Some(chunk));
 }
 
+impl Streamer {
+    /// The plans holding sample `index` at `span`, with its position in each run.
+    fn holding(&self, index: usize, span: &Range<u64>) -> Vec<(Arc<Plan>, usize)> {
+        let plans = self.shared.plans.read().unwrap_or_else(|p| p.into_inner());
+        plans
+            .iter()
+            .filter_map(|(_, plan)| {
+                let q = plan.at.get(index).copied()?;
+                (q != usize::MAX && plan.run[q].span == *span).then(|| (plan.clone(), q))
+            })
+            .collect()
+    }
+
+    /// Sample `q` of `plan`'s run, waited for while its chunk is on its way; `None` when it
+    /// is not there to take (taken before, its chunk failed, the plan retired, the wait ran
+    /// past `deadline`).
+    fn take_from(&self, plan: &Arc<Plan>, q: usize, deadline: Instant) -> Option<Held> {
+        // Loads first: most takes change neither, and a store would make every worker's next
+        // load miss.
+        let out = plan.run[q].out;
+        if plan.least.load(Ordering::Relaxed) > out {
+            plan.least.fetch_min(out, Ordering::Relaxed);
+        }
+        let c = plan.chunk_of[q];
+        if plan.demand.load(Ordering::Relaxed) <= c
+            && plan.demand.fetch_max(c + 1, Ordering::Relaxed) <= c
+        {
+            self.shared.start(plan, None);
+        }
+        let slot = &plan.slots[c];
+        let at = q - plan.chunks[c].runs.start;
+        let mut state = lock(&slot.state);
+        loop {
+            if let Some(arrived) = state.held.get_mut(at).and_then(Option::take) {
+                drop(state);
+                plan.held_bytes.fetch_sub(arrived.own, Ordering::Relaxed);
+                if self.shared.held(plan) < plan.resume_below.load(Ordering::Relaxed) {
+                    self.shared.start(plan, None);
+                }
+                return Some(arrived.bytes);
+            }
+            let now = Instant::now();
+            // Idle: another worker asked for the chunk and is starting it.
+            let waits = matches!(state.fetch, Fetch::Running | Fetch::Idle);
+            if plan.retired.load(Ordering::Acquire) || !waits {
+                return None;
+            }
+            if now >= deadline {
+                state.abandoned.insert(q);
+                return None;
+            }
+            state = match slot.arrived.wait_timeout(state, deadline - now) {
+                Ok((s, _)) => s,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+}
+
+/// Whether sample `q` of `plan` is gone from it: its chunk landed (or failed) and the
+/// sample is no longer held (taken, or passed over).
+fn gone(plan: &Plan, q: usize) -> bool {
+    let c = plan.chunk_of[q];
+    let state = lock(&plan.slots[c].state);
+    let at = q - plan.chunks[c].runs.start;
+    match state.fetch {
+        Fetch::Gone => true,
+        Fetch::Done => state.held.get(at).is_none_or(Option::is_none),
+        Fetch::Idle | Fetch::Running => false,
+    }
+}
+
 impl Streams for Streamer {
-    fn plan(&self, planned: Vec<Planned>, total: usize) {
+    /// Replaces rank `shard.0`'s plan (and the plans of another world size: a process runs
+    /// one world), leaving the other ranks' streams running.
+    fn plan(&self, shard: (usize, usize), planned: Vec<Planned>, total: usize) {
         let plan = Arc::new(Plan::new(planned, total, self.shared.chunk));
-        let old = std::mem::replace(
-            &mut *self.shared.plan.write().unwrap_or_else(|p| p.into_inner()),
-            plan,
-        );
+        let old: Vec<Arc<Plan>> = {
+            let mut plans = self.shared.plans.write().unwrap_or_else(|p| p.into_inner());
+            let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *plans)
+                .into_iter()
+                .partition(|(key, _)| *key == shard || key.1 != shard.1);
+            *plans = kept;
+            plans.push((shard, plan));
+            old.into_iter().map(|(_, p)| p).collect()
+        };
         // Workers of the earlier plan still waiting ask for their samples themselves.
-        old.retired.store(true, Ordering::Release);
-        for slot in &old.slots {
-            drop(lock(&slot.state));
-            slot.arrived.notify_all();
+        for old in old {
+            old.retired.store(true, Ordering::Release);
+            for slot in &old.slots {
+                drop(lock(&slot.state));
+                slot.arrived.notify_all();
+            }
         }
     }
 
+    /// From the plan of the rank whose run holds the sample (where two ranks' runs hold it,
+    /// as when a short epoch repeats samples, the first that still holds it).
     fn take(&self, index: usize, shard: usize, span: Range<u64>) -> std::io::Result<Held> {
         let object = &self.shared.objects[shard];
         let deadline = self.shared.io.deadline();
-        let plan = self
-            .shared
-            .plan
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let q = plan
-            .at
-            .get(index)
-            .copied()
-            .filter(|&q| q != usize::MAX && plan.run[q].span == span);
-        if let Some(q) = q {
-            // Loads first: most takes change neither, and a store would make every worker's
-            // next load miss.
-            let out = plan.run[q].out;
-            if plan.least.load(Ordering::Relaxed) > out {
-                plan.least.fetch_min(out, Ordering::Relaxed);
+        let holding = self.holding(index, &span);
+        let last = holding.len().saturating_sub(1);
+        for (k, (plan, q)) in holding.iter().enumerate() {
+            if k < last && gone(plan, *q) {
+                continue;
             }
-            let c = plan.chunk_of[q];
-            if plan.demand.load(Ordering::Relaxed) <= c
-                && plan.demand.fetch_max(c + 1, Ordering::Relaxed) <= c
-            {
-                self.shared.start(&plan, None);
-            }
-            let slot = &plan.slots[c];
-            let at = q - plan.chunks[c].runs.start;
-            let mut state = lock(&slot.state);
-            loop {
-                if let Some(arrived) = state.held.get_mut(at).and_then(Option::take) {
-                    drop(state);
-                    plan.held_bytes.fetch_sub(arrived.own, Ordering::Relaxed);
-                    if self.shared.held(&plan) < plan.resume_below.load(Ordering::Relaxed) {
-                        self.shared.start(&plan, None);
-                    }
-                    return Ok(arrived.bytes);
-                }
-                let now = Instant::now();
-                // Idle: another worker asked for the chunk and is starting it.
-                let waits = matches!(state.fetch, Fetch::Running | Fetch::Idle);
-                if plan.retired.load(Ordering::Acquire) || !waits {
-                    break;
-                }
-                if now >= deadline {
-                    state.abandoned.insert(q);
-                    break;
-                }
-                state = match slot.arrived.wait_timeout(state, deadline - now) {
-                    Ok((s, _)) => s,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
+            if let Some(bytes) = self.take_from(plan, *q, deadline) {
+                return Ok(bytes);
             }
         }
         // Not in the stream (another plan, taken before, or its chunk failed): its own request.
