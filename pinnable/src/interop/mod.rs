@@ -15,6 +15,22 @@
 //! [`Tensor::from_host_bytes`](crate::Tensor::from_host_bytes) over a
 //! [`HostBytes`](crate::HostBytes) owner, then [`PinContext::pin_tensor`](crate::PinContext::pin_tensor)
 //! and [`MoveContext::move_tensor`](crate::MoveContext::move_tensor) inside the batch's walk.
+//!
+//! # Adding an integration
+//!
+//! An integration is a module here behind a cargo feature of its own (off by default, built and
+//! tested by CI's every-feature steps), depending only on the crate's public surface:
+//! - **A tensor type of another library as a batch field**: implement [`Pinnable`](crate::Pinnable)
+//!   and [`ToDevice`](crate::ToDevice) for it (or give users a `#[pinnable(with = module)]`
+//!   module), pinning through [`PinContext::pin_tensor`](crate::PinContext::pin_tensor) and
+//!   moving through [`MoveContext::move_tensor`](crate::MoveContext::move_tensor), so its bytes
+//!   share the batch's one reservation and ready event.
+//! - **Conversions without a copy**: wrap the library's buffer as a
+//!   [`HostBytes`](crate::HostBytes) owner and make a [`Tensor`](crate::Tensor) over it; the
+//!   other way, hand out the tensor's bytes with the owner kept alive (as `dlpack` does).
+//! - **Another framework's loader**: wrap a [`Loader`](crate::loader::Loader) (any
+//!   [`Source`](crate::loader::Source)) and convert each batch, as `burn`'s
+//!   `BurnLoader` does; the device stays the loader's, named once.
 
 #[cfg(feature = "burn")]
 pub mod burn;

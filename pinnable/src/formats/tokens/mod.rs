@@ -99,6 +99,17 @@ pub struct TokenShards {
 }
 
 impl TokenShards {
+    /// These shards cut into documents at every `separator` token, each document keeping its
+    /// separator at its end (GPT-2's `<|endoftext|>` after every document):
+    /// [`TokenDocs::split`]`(self, separator, Separator::End)`. For another rule, call `split`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenDocs::split`].
+    pub fn documents(self, separator: u32) -> Result<TokenDocs> {
+        TokenDocs::split(self, separator, Separator::End)
+    }
+
     /// Options for opening shards: format, residency, pool, vocabulary.
     pub fn options() -> ShardOptions {
         ShardOptions::new()

@@ -15,7 +15,7 @@ use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
 use crate::loader::plan::{Plan, PlanRequest};
 use crate::loader::position::PACKING_PLAN;
-use crate::loader::{Piece, TokenBudget};
+use crate::loader::{Budget, Piece, TokenBudget};
 use crate::path::Walk;
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
@@ -89,6 +89,37 @@ impl PackedDocs {
             });
         }
         Ok(PackedDocs { docs, plan })
+    }
+
+    /// The documents packed into batches under `budget`, planned from their own lengths and
+    /// shuffled by `seed` (the plan is the same every epoch; see [`TokenBudget`]): what
+    /// `PackedDocs::new(docs, TokenBudget::options(budget).shuffle(seed).build(docs.lengths())?)`
+    /// makes. For the plan's other settings (the sort window, long documents split or not),
+    /// build the plan with [`TokenBudget::options`] and use [`new`](Self::new).
+    ///
+    /// # Errors
+    ///
+    /// As [`BudgetOptions::build`](crate::loader::BudgetOptions::build): a budget that holds no
+    /// token, or a document it cannot hold.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pinnable::formats::tokens::{PackedDocs, TokenDocs};
+    /// use pinnable::loader::Budget;
+    /// use pinnable::Tensor;
+    ///
+    /// let docs = TokenDocs::from_dataset(vec![Tensor::from_vec1(vec![1u16; 300]), Tensor::from_vec1(vec![2u16; 500])])?;
+    /// let packed = PackedDocs::pack(docs, Budget::Packed { row_tokens: 512, rows: 1 }, 7)?;
+    /// assert_eq!(packed.plan().len(), 2); // 300 + 500 tokens do not fit one row of 512
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn pack(docs: impl Into<Arc<TokenDocs>>, budget: Budget, seed: u64) -> Result<Self> {
+        let docs = docs.into();
+        let plan = TokenBudget::options(budget)
+            .shuffle(seed)
+            .build(docs.lengths().clone())?;
+        PackedDocs::new(docs, plan)
     }
 
     /// The documents.
