@@ -1,6 +1,6 @@
 """nvJPEG's batched decode alone, measured through its C API (ctypes), on the files the image
 bench reads: which backend, output format, flags and thread layout decode fastest on this GPU.
-The device decode path (`DeviceImageBatcher`) picks its settings from these figures.
+The GPU decode path (`ImageCodec` in a loader delivering to a GPU) picks its settings from these figures.
 
     python3 nvjpeg_probe.py --dir DIR [--lib libnvjpeg.so.13] [--out probe.txt] [--only TEXT]
 

@@ -183,7 +183,7 @@ impl ImageCodec {
     /// # Errors
     ///
     /// [`Error::Config`] for [`DecodeOn::Device`] and a batch for the host.
-    pub(crate) fn on_device(&self, device: &Device) -> Result<bool> {
+    pub(crate) fn decodes_on_gpu(&self, device: &Device) -> Result<bool> {
         match self.on {
             DecodeOn::Host => Ok(false),
             DecodeOn::Device if device.ordinal().is_none() => Err(Error::Config {
@@ -256,7 +256,7 @@ impl ImageCodec {
     }
 
     /// The batch `(images [B, 3, H, W], labels i64 [B])` of `samples`, whose labels are
-    /// `labels`: on the device's decoders when [`on_device`](Self::on_device) says so (the
+    /// `labels`: on the device's decoders when [`decodes_on_gpu`](Self::decodes_on_gpu) says so (the
     /// bytes gathered into one pinned block by [`Encoded::gather`]), else each sample's bytes
     /// decoded by the worker straight into its row of the pinned block.
     pub(crate) fn batch<S: Encoded>(
@@ -271,7 +271,7 @@ impl ImageCodec {
                 message: "there are no samples to collate".into(),
             });
         }
-        if self.on_device(c.device())? {
+        if self.decodes_on_gpu(c.device())? {
             let device = c.device().clone();
             let inputs = S::gather(&samples, labels, self.max_pixels, c)?;
             return super::gpu::batch::make(self, &device, inputs, c);

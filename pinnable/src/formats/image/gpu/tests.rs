@@ -357,14 +357,14 @@ fn the_host_share_takes_the_same_positions_of_every_batch() {
     assert_eq!(forced.chosen(&Device::cpu()).decoder, JpegDecoder::Cpu);
     assert!(
         !forced
-            .on_device(&Device::cpu())
+            .decodes_on_gpu(&Device::cpu())
             .expect("Auto takes the host")
     );
     let host = ImageCodec::default().decode_on(crate::formats::image::DecodeOn::Host);
     assert_eq!(host.chosen(&Device::cpu()).decoder, JpegDecoder::Cpu);
     let device = ImageCodec::default().decode_on(crate::formats::image::DecodeOn::Device);
     let err = device
-        .on_device(&Device::cpu())
+        .decodes_on_gpu(&Device::cpu())
         .expect_err("no GPU to decode on");
     assert!(err.to_string().contains("DecodeOn::Device"), "{err}");
 }
