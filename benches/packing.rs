@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pinnable::formats::tokens::{PackedBatch, PackedDocs, Separator, TokenDocs, TokenShards};
-use pinnable::loader::{Budget, Loader, SplitMix64, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Loader, SplitMix64};
 use pinnable::{DType, Device};
 use pinnable_harness::bench::{env_usize, torch_rows};
 use pinnable_harness::kernels::Consumer;
@@ -166,7 +166,7 @@ fn main() {
     rep.line("| --- | --- | --- | --- |");
     for rows in ROWS {
         let t = Instant::now();
-        let plan = TokenBudget::options(Budget::Packed {
+        let plan = BudgetPlan::options(Budget::Packed {
             row_tokens: ROW,
             rows,
         })

@@ -16,7 +16,7 @@
 use std::io::Write;
 
 use pinnable::formats::tokens::{IGNORE_INDEX, PackedDocs, Separator, TokenDocs, TokenShards};
-use pinnable::loader::{Budget, Loader, SplitMix64, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Loader, SplitMix64};
 use pinnable::{DType, Device, ToDevice};
 
 const EOT: u16 = 50256;
@@ -57,7 +57,7 @@ fn main() -> pinnable::Result<()> {
     std::fs::File::create(&path)?.write_all(&bytes)?;
 
     let docs = TokenDocs::split(TokenShards::open([&path])?, EOT.into(), Separator::End)?;
-    let plan = TokenBudget::options(Budget::Packed {
+    let plan = BudgetPlan::options(Budget::Packed {
         row_tokens: row,
         rows,
     })

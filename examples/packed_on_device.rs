@@ -11,7 +11,7 @@
 //! With `PINNABLE_REQUIRE_GPU=1` a missing GPU is a failure.
 
 use pinnable::formats::tokens::{IGNORE_INDEX, PackedBatch, PackedBatcher, PackedDocs, TokenDocs};
-use pinnable::loader::{Budget, Loader, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Loader};
 use pinnable::{DType, Device, Tensor, ToDevice};
 use rand::Rng;
 
@@ -73,7 +73,7 @@ fn main() -> pinnable::Result<()> {
             .map(|d| Tensor::from_vec1(d.clone()))
             .collect::<Vec<_>>(),
     )?;
-    let plan = TokenBudget::options(Budget::Packed {
+    let plan = BudgetPlan::options(Budget::Packed {
         row_tokens: 2048,
         rows: 4,
     })

@@ -1,4 +1,4 @@
-//! Batches under a token budget (`TokenBudget`, `Budget::Tokens`), fairseq's `batch_by_size`:
+//! Batches under a token budget (`BudgetPlan`, `Budget::Tokens`), fairseq's `batch_by_size`:
 //! documents of very different lengths are planned into batches of whole documents holding
 //! at most 4096 tokens — counting the padding to each batch's longest document, as a padded
 //! `[B, T]` batch holds them, or not — so short documents come many to a batch and long ones
@@ -12,7 +12,7 @@
 //! With `PINNABLE_REQUIRE_GPU=1` a missing GPU is a failure.
 
 use pinnable::formats::tokens::{PackedDocs, TokenDocs};
-use pinnable::loader::{Budget, Loader, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Loader};
 use pinnable::{DType, Device, Tensor, ToDevice};
 use rand::Rng;
 
@@ -63,7 +63,7 @@ fn main() -> pinnable::Result<()> {
     let seed = r.random();
     let mut plans = Vec::new();
     for count_padding in [true, false] {
-        let plan = TokenBudget::options(Budget::Tokens {
+        let plan = BudgetPlan::options(Budget::Tokens {
             max_tokens: MAX_TOKENS,
             count_padding,
         })

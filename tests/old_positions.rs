@@ -6,7 +6,7 @@
 
 use pinnable::formats::tar::{TarSample, TarShards};
 use pinnable::formats::tokens::{PackedDocs, TokenDocs};
-use pinnable::loader::{Budget, Collator, Loader, Mix, Position, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Collator, Loader, Mix, Position};
 use pinnable::{DType, Error, Result, Tensor, ToDevice};
 
 /// The repository's `tests/data`, wherever the tests run (`pinnable_harness::fixture`).
@@ -74,7 +74,7 @@ fn documents() -> TokenDocs {
 /// sorted in windows of 16.
 fn packed() -> PackedDocs {
     let docs = documents();
-    let plan = TokenBudget::options(Budget::Packed {
+    let plan = BudgetPlan::options(Budget::Packed {
         row_tokens: 160,
         rows: 2,
     })

@@ -11,7 +11,7 @@ use pinnable::formats::npy::NpyArray;
 use pinnable::formats::tokens::{
     IGNORE_INDEX, PackedBatch, PackedDocs, Separator, TokenDocs, TokenShards,
 };
-use pinnable::loader::{Budget, Collator, Dataset, Loader, Piece, Position, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Collator, Dataset, Loader, Piece, Position};
 use pinnable::{DType, Error, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::tokens::{TempDir, token_bytes, write};
 use pinnable_harness::{cuda_or_skip, rng};
@@ -113,7 +113,7 @@ fn flattening_reference(docs: &[Vec<u16>], pieces: &[Piece]) -> Values {
 }
 
 fn packed(docs: &TokenDocs, budget: Budget, seed: u64, window: usize) -> PackedDocs {
-    let plan = TokenBudget::options(budget)
+    let plan = BudgetPlan::options(budget)
         .shuffle(seed)
         .sort_window(window)
         .build(docs.lengths().clone())
@@ -131,7 +131,7 @@ fn hand_computed_batch_matches_the_flattening_collator() {
         max_tokens: 8,
         count_padding: false,
     };
-    let plan = TokenBudget::options(budget)
+    let plan = BudgetPlan::options(budget)
         .sort_window(1)
         .build(docs.lengths().clone())
         .unwrap();
@@ -228,7 +228,7 @@ fn batches_equal_hugging_faces_collator_output() {
         at += len as usize;
     }
     let td = token_docs(&docs);
-    let plan = TokenBudget::options(Budget::Tokens {
+    let plan = BudgetPlan::options(Budget::Tokens {
         max_tokens: td.tokens(),
         count_padding: false,
     })
@@ -496,7 +496,7 @@ fn over_budget_document_is_an_error_naming_it_or_is_split() {
         row_tokens: 128,
         rows: 2,
     };
-    let err = TokenBudget::options(budget)
+    let err = BudgetPlan::options(budget)
         .build(td.lengths().clone())
         .unwrap_err();
     assert!(
@@ -509,7 +509,7 @@ fn over_budget_document_is_an_error_naming_it_or_is_split() {
     );
     assert!(err.to_string().contains("split_long"), "{err}");
 
-    let plan = TokenBudget::options(budget)
+    let plan = BudgetPlan::options(budget)
         .split_long(true)
         .shuffle(r.random())
         .build(td.lengths().clone())
@@ -630,7 +630,7 @@ fn device_batches_equal_the_host_path() {
             row_tokens: r.random_range(2000..9000),
             rows: r.random_range(1..9),
         };
-        let plan = TokenBudget::options(budget)
+        let plan = BudgetPlan::options(budget)
             .split_long(true)
             .shuffle(r.random())
             .build(td.lengths().clone())
@@ -692,7 +692,7 @@ fn bad_documents_are_errors_naming_them() {
 
     let td = token_docs(&docs);
     let other: Vec<u32> = td.lengths().iter().map(|&l| l + 1).collect();
-    let plan = TokenBudget::options(Budget::Tokens {
+    let plan = BudgetPlan::options(Budget::Tokens {
         max_tokens: 100,
         count_padding: false,
     })

@@ -4,7 +4,7 @@
 //! fails under `PINNABLE_REQUIRE_GPU=1`.
 
 use pinnable::formats::tokens::{PackedBatch, PackedDocs, TokenDocs};
-use pinnable::loader::{Budget, Collator, Dataset, Loader, TokenBudget};
+use pinnable::loader::{Budget, BudgetPlan, Collator, Dataset, Loader};
 use pinnable::{DType, Device, PinnedPool, PoolConfig, Tensor, ToDevice};
 use pinnable_harness::{assert_drained, cuda_or_skip, rng};
 use rand::Rng;
@@ -94,7 +94,7 @@ fn random_packed(r: &mut SmallRng, wide: bool) -> PackedDocs {
         row_tokens: r.random_range(2000..9000),
         rows: r.random_range(1..9),
     };
-    let plan = TokenBudget::options(budget)
+    let plan = BudgetPlan::options(budget)
         .split_long(true)
         .shuffle(r.random())
         .build(docs.lengths().clone())
@@ -214,7 +214,7 @@ fn staged_input_ids_arrive_whole_alone_with_the_batch_and_by_every_route() {
         .collect();
     let tensors: Vec<Tensor> = docs.iter().map(|d| Tensor::from_vec1(d.clone())).collect();
     let td = TokenDocs::from_dataset(tensors).unwrap();
-    let plan = TokenBudget::options(Budget::Packed {
+    let plan = BudgetPlan::options(Budget::Packed {
         row_tokens: 4096,
         rows: 2,
     })

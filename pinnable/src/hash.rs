@@ -171,12 +171,12 @@ mod tests {
     #[test]
     fn pinned_fingerprints() {
         use crate::formats::tar::names_hash;
-        use crate::loader::{Budget, Dataset, Mix, PlanRequest, TokenBudget};
+        use crate::loader::{Budget, BudgetPlan, Dataset, Mix, PlanRequest};
 
         let lengths: Vec<u32> = (0..120u64)
             .map(|i| (1 + (7 * i * i + 13 * i) % 150) as u32)
             .collect();
-        let packed = TokenBudget::options(Budget::Packed {
+        let packed = BudgetPlan::options(Budget::Packed {
             row_tokens: 160,
             rows: 2,
         })
@@ -187,7 +187,7 @@ mod tests {
             packed.build(lengths.clone()).unwrap().digest(),
             263_395_865_236_236_627
         );
-        let tokens = TokenBudget::options(Budget::Tokens {
+        let tokens = BudgetPlan::options(Budget::Tokens {
             max_tokens: 300,
             count_padding: true,
         })
@@ -236,14 +236,14 @@ mod tests {
     /// Every setting of a token-budget plan, and every length, changes its fingerprint.
     #[test]
     fn every_plan_setting_counts() {
-        use crate::loader::{Budget, BudgetOptions, TokenBudget};
+        use crate::loader::{Budget, BudgetOptions, BudgetPlan};
 
         let mut r = SplitMix64::for_test("every_plan_setting_counts");
         let n = 2 + r.below(200) as usize;
         let lengths: Vec<u32> = (0..n).map(|_| 1 + r.below(100) as u32).collect();
         let (tokens, rows) = (100 + r.below(100) as usize, 1 + r.below(4) as usize);
         let base = || {
-            TokenBudget::options(Budget::Packed {
+            BudgetPlan::options(Budget::Packed {
                 row_tokens: tokens,
                 rows,
             })
@@ -262,14 +262,14 @@ mod tests {
             digest(base().split_long(true), &lengths),
             digest(base().max_pieces_per_row(5), &lengths),
             digest(
-                TokenBudget::options(Budget::Packed {
+                BudgetPlan::options(Budget::Packed {
                     row_tokens: tokens + 1,
                     rows,
                 }),
                 &lengths,
             ),
             digest(
-                TokenBudget::options(Budget::Tokens {
+                BudgetPlan::options(Budget::Tokens {
                     max_tokens: tokens,
                     count_padding: false,
                 }),

@@ -1,4 +1,4 @@
-//! Batches of variable-length samples under a token budget ([`TokenBudget`]): planned from the
+//! Batches of variable-length samples under a token budget ([`BudgetPlan`]): planned from the
 //! samples' lengths alone, before anything is loaded, the same on every rank, then dealt.
 //!
 //! Two kinds of plan ([`Budget`]):
@@ -15,7 +15,7 @@
 //! cut into pieces of that length when [`split_long`](BudgetOptions::split_long) says so.
 //!
 //! **Equal steps.** Every epoch has exactly as many batches as epoch 0's plan
-//! ([`TokenBudget::len`]): an epoch whose plan makes more drops its last batches (their samples
+//! ([`BudgetPlan::len`]): an epoch whose plan makes more drops its last batches (their samples
 //! wait for the next epoch's shuffle), one that makes fewer repeats its first ones. Rank `r` of
 //! `world` takes batches `r, r + world, r + 2·world, …` of that list: `len / world` of them with
 //! `drop_last`, else `⌈len / world⌉`, wrapping to the list's start — every rank the same number.
@@ -61,15 +61,15 @@ pub struct Piece {
     pub len: usize,
 }
 
-/// The settings of a [`TokenBudget`]; [`build`](Self::build) plans epoch 0 from the lengths.
+/// The settings of a [`BudgetPlan`]; [`build`](Self::build) plans epoch 0 from the lengths.
 ///
 /// # Examples
 ///
 /// ```
-/// use pinnable::loader::{Budget, TokenBudget};
+/// use pinnable::loader::{Budget, BudgetPlan};
 ///
 /// let lengths: Vec<u32> = vec![5, 3, 8, 2, 7, 1, 4];
-/// let plan = TokenBudget::options(Budget::Tokens { max_tokens: 10, count_padding: false })
+/// let plan = BudgetPlan::options(Budget::Tokens { max_tokens: 10, count_padding: false })
 ///     .sort_window(4)
 ///     .shuffle(7)
 ///     .build(lengths.clone())?;
@@ -127,7 +127,7 @@ impl BudgetOptions {
     /// tokens (varlen offsets are int32), or lengths with no token; [`Error::Sample`] naming
     /// the first sample longer than a batch's longest piece, unless
     /// [`split_long`](Self::split_long).
-    pub fn build(self, lengths: impl Into<Arc<[u32]>>) -> Result<TokenBudget> {
+    pub fn build(self, lengths: impl Into<Arc<[u32]>>) -> Result<BudgetPlan> {
         let lengths = lengths.into();
         let config = |setting: &'static str, problem: String| Error::Config { setting, problem };
         let (longest, total) = match self.budget {
@@ -176,7 +176,7 @@ impl BudgetOptions {
                 ))),
             });
         }
-        let mut plan = TokenBudget {
+        let mut plan = BudgetPlan {
             lengths,
             options: self,
             longest,
@@ -216,7 +216,7 @@ impl BudgetOptions {
 /// `world` takes batches `r, r + world, r + 2·world, …` of that list: `len / world` of them with
 /// `drop_last`, else `⌈len / world⌉`, wrapping to the list's start — every rank the same number.
 #[derive(Clone, Debug)]
-pub struct TokenBudget {
+pub struct BudgetPlan {
     lengths: Arc<[u32]>,
     options: BudgetOptions,
     /// The longest piece a batch holds.
@@ -227,7 +227,7 @@ pub struct TokenBudget {
     len: usize,
 }
 
-impl TokenBudget {
+impl BudgetPlan {
     /// Settings for `budget`: sort window 1024, sequential order, long samples refused.
     pub fn options(budget: Budget) -> BudgetOptions {
         BudgetOptions {
@@ -328,7 +328,7 @@ impl TokenBudget {
     }
 
     /// Which of an epoch's batches rank `rank` of `world` takes, in order: `r, r + world, …`
-    /// (see [`TokenBudget`] for the tail).
+    /// (see [`BudgetPlan`] for the tail).
     pub fn rank_slots(&self, rank: usize, world: usize, drop_last: bool) -> Vec<usize> {
         let world = world.max(1);
         let per = if drop_last {
@@ -514,7 +514,7 @@ mod tests {
                 if lengths.iter().all(|&l| l == 0) {
                     continue;
                 }
-                let plan = TokenBudget::options(budget)
+                let plan = BudgetPlan::options(budget)
                     .sort_window(1 + r.below(64) as usize)
                     .shuffle(r.next_u64())
                     .build(lengths.clone())

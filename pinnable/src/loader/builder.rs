@@ -320,19 +320,22 @@ impl<S: Source> LoaderBuilder<S> {
     /// The sampler of rank `rank` of `world` over the source, with its plans' fingerprint and,
     /// for a source that cuts its own batches, their size.
     fn sampler(&self, rank: usize, world: usize) -> Result<Sampler> {
+        let make = |batch_size: usize| -> Result<Sampler> {
+            let sampler = Sampler::new(Kind::samples(&self.source).unwrap_or(0), batch_size)?
+                .drop_last(self.drop_last)
+                .shard(rank, world)?;
+            Ok(match self.seed {
+                Some(seed) => sampler.shuffle(seed),
+                None => sampler,
+            })
+        };
         let batch_size = self.batch_size.unwrap_or(1);
-        let mut sampler = Sampler::new(Kind::samples(&self.source).unwrap_or(0), batch_size)?
-            .drop_last(self.drop_last)
-            .shard(rank, world)?;
-        if let Some(seed) = self.seed {
-            sampler = sampler.shuffle(seed);
-        }
+        let sampler = make(batch_size)?;
         let Some(plan) = Kind::plan(&self.source, &sampler, 0) else {
             return Ok(sampler);
         };
-        let sampler = sampler.fingerprinted(plan.fingerprint());
         let Some(mut lengths) = plan.cut_lengths() else {
-            return Ok(sampler);
+            return Ok(sampler.fingerprinted(plan.fingerprint()));
         };
         // The source cuts its batches: a batch size set by hand must be theirs, and positions
         // carry theirs (a mix's counts per batch, one packed batch).
@@ -351,17 +354,8 @@ impl<S: Source> LoaderBuilder<S> {
                     }
                 ),
             }),
-            Some(_) => Ok(sampler),
-            None => {
-                let sampler = Sampler::new(sampler_len(&self.source), first)?
-                    .drop_last(self.drop_last)
-                    .shard(rank, world)?
-                    .fingerprinted(plan.fingerprint());
-                Ok(match self.seed {
-                    Some(seed) => sampler.shuffle(seed),
-                    None => sampler,
-                })
-            }
+            Some(_) => Ok(sampler.fingerprinted(plan.fingerprint())),
+            None => Ok(make(first)?.fingerprinted(plan.fingerprint())),
         }
     }
 
@@ -512,9 +506,4 @@ impl<S: Source> LoaderBuilder<S> {
     {
         self.build(batch)
     }
-}
-
-/// The samples an indexed source holds (0 for a stream).
-fn sampler_len<S: Source>(source: &S) -> usize {
-    Kind::samples(source).unwrap_or(0)
 }

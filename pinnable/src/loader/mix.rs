@@ -14,12 +14,14 @@
 //! rule)` when a source plans its own epochs).
 
 mod plan;
+mod streams;
 
 use super::dataset::Dataset;
 use super::plan::{Plan, PlanRequest};
 use super::position::MIX_OF_PLANS;
 use crate::error::{Error, Result};
 use crate::hash::Fingerprint;
+pub use streams::{MixedStream, StreamMix};
 
 /// When a mix's epoch ends. The names follow torchdata's stop criteria.
 ///
@@ -78,6 +80,7 @@ enum Shares {
 /// Sources are any [`Dataset`]s of one sample type: datasets, token windows, image folders,
 /// tar shards (read in their own planned order; a pass of theirs is planned as their own epoch).
 /// For sources of different types, box each as `Arc<dyn Dataset<Sample = S>>`.
+/// Streams, which cannot be indexed, mix through [`Mix::streams`].
 ///
 /// **Indices and length.** [`len`](Dataset::len) is the samples in an epoch (all ranks
 /// together) and is exact; the indices that [`get`](Dataset::get) takes run over the sources

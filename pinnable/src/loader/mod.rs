@@ -26,7 +26,7 @@
 //! - **Order**: sequential or shuffled from a seed and the epoch number (our own
 //!   [`SplitMix64`] and Fisher–Yates, identical on every machine), sharded like PyTorch's
 //!   `DistributedSampler`; [`Launch`] reads the launcher's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`.
-//!   Variable-length samples batch under a token budget ([`TokenBudget`]), planned from their
+//!   Variable-length samples batch under a token budget ([`BudgetPlan`]), planned from their
 //!   lengths the same on every rank and dealt, so every rank gets the same number of batches.
 //! - **Mixtures**: [`Mix`] reads several sources as one, in set proportions — drawn sample by
 //!   sample, or in exact counts per batch — with torchdata's stop rules ([`Stop`]); its plan
@@ -117,14 +117,14 @@ pub(crate) mod stream;
 mod tests;
 
 pub use batcher::{Batcher, Stack};
-pub use budget::{Budget, BudgetOptions, Piece, TokenBudget};
+pub use budget::{Budget, BudgetOptions, BudgetPlan, Piece};
 pub use builder::LoaderBuilder;
 pub use collate::{Collated, Collator};
 pub use dataset::{Dataset, FnDataset, TensorRows};
 pub use epoch::Epoch;
 pub use launch::Launch;
 pub use loaders::Loader;
-pub use mix::{Mix, Stop};
+pub use mix::{Mix, MixedStream, Stop, StreamMix};
 pub use plan::{Plan, PlanRequest};
 pub use position::Position;
 pub use sampler::{Batches, Sampler, SplitMix64, permutation};

@@ -80,6 +80,16 @@ impl<F> IterSource<F> {
     }
 }
 
+impl<F> IterSource<F> {
+    /// The same source, seeking with `seek` (a [`Seekable`] of the crate's own).
+    pub(crate) fn seekable_by<G>(self, seek: G) -> IterSource<F, G> {
+        IterSource {
+            open: self.open,
+            seek,
+        }
+    }
+}
+
 impl<F, G> IterSource<F, G> {
     /// The stream of epoch `epoch`.
     pub fn open<I, S>(&self, epoch: u64) -> I

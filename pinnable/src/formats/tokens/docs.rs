@@ -27,7 +27,7 @@ pub enum Separator {
 
 /// Token documents, each a sample ([`Dataset`], a 1-D u16 or u32 tensor), with their lengths
 /// known up front so that batches can be planned without loading anything
-/// ([`TokenBudget`](crate::loader::TokenBudget), [`PackedDocs`](super::PackedDocs)).
+/// ([`BudgetPlan`](crate::loader::BudgetPlan), [`PackedDocs`](super::PackedDocs)).
 ///
 /// From shards ([`split`](Self::split)): one pass over the tokens finds the separators; the
 /// index (a shard, a start and a length per document, 16 bytes) is kept in memory, not on disk

@@ -23,7 +23,7 @@
 //!
 //! **Documents** ([`TokenDocs`]): shards split at a separator token, or a dataset of 1-D token
 //! tensors, each document a sample, their lengths known up front. A
-//! [`TokenBudget`](crate::loader::TokenBudget) plans batches of them under a token budget, and
+//! [`BudgetPlan`](crate::loader::BudgetPlan) plans batches of them under a token budget, and
 //! [`PackedDocs`] packs them into batches for varlen attention ([`PackedBatch`]: `input_ids`,
 //! `cu_seqlens`, `max_seqlen`, `position_ids`, `labels`, `seq_idx`), the same number on
 //! every rank.

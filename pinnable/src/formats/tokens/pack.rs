@@ -15,7 +15,7 @@ use crate::loader::collate::{Collated, Collator};
 use crate::loader::dataset::Dataset;
 use crate::loader::plan::{Plan, PlanRequest};
 use crate::loader::position::PACKING_PLAN;
-use crate::loader::{Budget, Piece, TokenBudget};
+use crate::loader::{Budget, BudgetPlan, Piece};
 use crate::path::Walk;
 use crate::pin::{PinContext, Pinnable};
 use crate::tensor::Tensor;
@@ -28,10 +28,10 @@ mod device;
 /// PyTorch's cross-entropy ignores.
 pub const IGNORE_INDEX: i64 = -100;
 
-/// Documents batched by a [`TokenBudget`] plan, as a [`Dataset`] for the loader: sample `i` is
+/// Documents batched by a [`BudgetPlan`] plan, as a [`Dataset`] for the loader: sample `i` is
 /// slot `i` of an epoch's plan (every rank's batches together), and the dataset deals each
 /// rank its slots and cuts one batch a slot ([`Dataset::plan`]), so every rank gets the same
-/// number of batches ([`TokenBudget::rank_slots`]). Build the loader with no batch size and
+/// number of batches ([`BudgetPlan::rank_slots`]). Build the loader with no batch size and
 /// the batcher from [`batcher`](Self::batcher); the plan's own seed
 /// ([`BudgetOptions::shuffle`](crate::loader::BudgetOptions::shuffle)) shuffles, not the
 /// loader's. A position saved by such a loader carries the plan's digest, so it resumes only
@@ -41,12 +41,12 @@ pub const IGNORE_INDEX: i64 = -100;
 ///
 /// ```
 /// use pinnable::formats::tokens::{PackedDocs, TokenDocs};
-/// use pinnable::loader::{Budget, Loader, TokenBudget};
+/// use pinnable::loader::{Budget, Loader, BudgetPlan};
 /// use pinnable::{DType, Device, Tensor};
 ///
 /// let docs: Vec<Tensor> = (1..=20u16).map(|n| Tensor::from_vec1((0..n).collect())).collect();
 /// let docs = TokenDocs::from_dataset(docs)?;
-/// let plan = TokenBudget::options(Budget::Packed { row_tokens: 32, rows: 2 })
+/// let plan = BudgetPlan::options(Budget::Packed { row_tokens: 32, rows: 2 })
 ///     .shuffle(7)
 ///     .build(docs.lengths().clone())?;
 /// let packed = PackedDocs::new(docs, plan)?;
@@ -66,7 +66,7 @@ pub const IGNORE_INDEX: i64 = -100;
 #[derive(Clone, Debug)]
 pub struct PackedDocs {
     docs: Arc<TokenDocs>,
-    plan: Arc<TokenBudget>,
+    plan: Arc<BudgetPlan>,
 }
 
 impl PackedDocs {
@@ -75,7 +75,7 @@ impl PackedDocs {
     /// # Errors
     ///
     /// [`Error::Config`] when the plan was made from other lengths than the documents'.
-    pub fn new(docs: impl Into<Arc<TokenDocs>>, plan: impl Into<Arc<TokenBudget>>) -> Result<Self> {
+    pub fn new(docs: impl Into<Arc<TokenDocs>>, plan: impl Into<Arc<BudgetPlan>>) -> Result<Self> {
         let (docs, plan) = (docs.into(), plan.into());
         if plan.lengths() != docs.lengths() {
             return Err(Error::Config {
@@ -92,10 +92,10 @@ impl PackedDocs {
     }
 
     /// The documents packed into batches under `budget`, planned from their own lengths and
-    /// shuffled by `seed` (the plan is the same every epoch; see [`TokenBudget`]): what
-    /// `PackedDocs::new(docs, TokenBudget::options(budget).shuffle(seed).build(docs.lengths())?)`
+    /// shuffled by `seed` (the plan is the same every epoch; see [`BudgetPlan`]): what
+    /// `PackedDocs::new(docs, BudgetPlan::options(budget).shuffle(seed).build(docs.lengths())?)`
     /// makes. For the plan's other settings (the sort window, long documents split or not),
-    /// build the plan with [`TokenBudget::options`] and use [`new`](Self::new).
+    /// build the plan with [`BudgetPlan::options`] and use [`new`](Self::new).
     ///
     /// # Errors
     ///
@@ -116,7 +116,7 @@ impl PackedDocs {
     /// ```
     pub fn pack(docs: impl Into<Arc<TokenDocs>>, budget: Budget, seed: u64) -> Result<Self> {
         let docs = docs.into();
-        let plan = TokenBudget::options(budget)
+        let plan = BudgetPlan::options(budget)
             .shuffle(seed)
             .build(docs.lengths().clone())?;
         PackedDocs::new(docs, plan)
@@ -128,7 +128,7 @@ impl PackedDocs {
     }
 
     /// The plan.
-    pub fn plan(&self) -> &Arc<TokenBudget> {
+    pub fn plan(&self) -> &Arc<BudgetPlan> {
         &self.plan
     }
 
@@ -199,9 +199,9 @@ impl Dataset for PackedDocs {
 /// (its target at `t` is `labels[t + 1]`), so no target crosses a document boundary.
 ///
 /// **Fixed shape** ([`PackedBatcher::fixed_shape`]): the tokens are followed by padding up to
-/// the plan's most tokens ([`TokenBudget::max_tokens`]) — `input_ids` the pad id, `labels`
+/// the plan's most tokens ([`BudgetPlan::max_tokens`]) — `input_ids` the pad id, `labels`
 /// [`IGNORE_INDEX`], `position_ids` 0, `seq_idx` -1, `padding_mask` 0 — and `cu_seqlens` is
-/// padded to [`TokenBudget::max_pieces`]` + 1` entries by repeating its last value (varlen
+/// padded to [`BudgetPlan::max_pieces`]` + 1` entries by repeating its last value (varlen
 /// kernels read no token past it), so every batch has the same shapes.
 #[derive(Clone, Debug)]
 pub struct PackedBatch {
@@ -269,7 +269,7 @@ type EpochPlan = Arc<Vec<Vec<Piece>>>;
 #[derive(Clone, Debug)]
 pub struct PackedBatcher {
     docs: Arc<TokenDocs>,
-    plan: Arc<TokenBudget>,
+    plan: Arc<BudgetPlan>,
     dtype: DType,
     fixed_shape: bool,
     seq_idx: bool,
@@ -369,14 +369,14 @@ impl PackedBatcher {
     ///
     /// ```
     /// use pinnable::formats::tokens::{PackedDocs, TokenDocs, IGNORE_INDEX};
-    /// use pinnable::loader::{Budget, Collator, Piece, TokenBudget};
+    /// use pinnable::loader::{Budget, Collator, Piece, BudgetPlan};
     /// use pinnable::{DType, Device, PinnedPool, Tensor};
     ///
     /// let docs = TokenDocs::from_dataset(vec![
     ///     Tensor::from_vec1(vec![5u16, 6, 7]),
     ///     Tensor::from_vec1(vec![8u16, 9]),
     /// ])?;
-    /// let plan = TokenBudget::options(Budget::Tokens { max_tokens: 8, count_padding: false })
+    /// let plan = BudgetPlan::options(Budget::Tokens { max_tokens: 8, count_padding: false })
     ///     .build(docs.lengths().clone())?;
     /// let batcher = PackedDocs::new(docs, plan)?.batcher(DType::I64)?;
     /// let pieces = vec![Piece { sample: 1, start: 0, len: 2 }, Piece { sample: 0, start: 0, len: 3 }];

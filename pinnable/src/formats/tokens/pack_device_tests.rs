@@ -4,7 +4,7 @@
 use super::{Layout, PackedBatcher, stage};
 use crate::dtype::DType;
 use crate::formats::tokens::{PackedBatch, PackedDocs, TokenDocs};
-use crate::loader::{Budget, Collator, SplitMix64, TokenBudget};
+use crate::loader::{Budget, BudgetPlan, Collator, SplitMix64};
 use crate::{Device, PinnedPool, Tensor};
 
 /// A test's random numbers (its seed printed).
@@ -106,7 +106,7 @@ fn random_packed(r: &mut Rng, wide: bool) -> PackedDocs {
         row_tokens: r.range(600, 3000),
         rows: r.range(1, 5),
     };
-    let plan = TokenBudget::options(budget)
+    let plan = BudgetPlan::options(budget)
         .shuffle(r.0.next_u64())
         .build(docs.lengths().clone())
         .unwrap();

@@ -37,7 +37,7 @@ const HAS_SAMPLES: u16 = 2;
 const DROP_LAST: u16 = 4;
 const AHEAD: u16 = 8;
 
-/// The plan setting of a packed-documents plan ([`TokenBudget::digest`](super::TokenBudget::digest)),
+/// The plan setting of a packed-documents plan ([`BudgetPlan::digest`](super::BudgetPlan::digest)),
 /// whose fingerprint in format version 2 came from a hash no longer computed.
 pub(crate) const PACKING_PLAN: &str = "packing plan";
 /// The plan setting of a [`Mix`](super::Mix) with sources that plan their own epochs: its
@@ -89,7 +89,7 @@ pub(crate) const MIX_OF_PLANS: &str = "mix (sources, their plans, weights and st
 /// assert_eq!((position.epoch(), position.batch()), (0, 2));
 /// let resumed = build().workers(1).resume(position).build(Stack)?;
 /// let mut epoch = resumed.iter();
-/// assert_eq!(epoch.len(), 3);
+/// assert_eq!(epoch.remaining(), Some(3));
 /// assert_eq!(epoch.next().unwrap()?.to_vec::<f32>()?, third.to_vec::<f32>()?);
 /// # Ok::<(), pinnable::Error>(())
 /// ```
