@@ -598,6 +598,23 @@ fn shards_split_at_the_separator() {
             assert_eq!(&got, w, "{keep:?} document {i}");
             assert_eq!(docs.lengths()[i] as usize, w.len());
         }
+        if matches!(keep, Separator::End) {
+            // The shorthands: documents ending at the separator, packed from their own lengths.
+            let documents = TokenShards::open(&paths).unwrap().documents(sep).unwrap();
+            assert_eq!(documents.lengths(), docs.lengths());
+            let budget = Budget::Packed {
+                row_tokens: 512,
+                rows: r.random_range(1..4),
+            };
+            let seed = r.random();
+            let packed = PackedDocs::pack(documents, budget, seed).unwrap();
+            let plan = BudgetPlan::options(budget)
+                .shuffle(seed)
+                .build(docs.lengths().clone())
+                .unwrap();
+            assert_eq!(packed.plan().digest(), plan.digest());
+            assert_eq!(packed.plan().batches(1), plan.batches(1));
+        }
     }
 }
 
