@@ -1,7 +1,7 @@
 //! Positions saved by an earlier release (tests/data/positions, README there): each resumes
 //! exactly, delivering the batch that release delivered next and then the rest of the epoch as
 //! an uninterrupted run gives it, or (a packing plan, whose fingerprint that release took from
-//! Rust's `DefaultHasher`) is refused with an error naming the format version and what to do.
+//! the standard library's default hasher) is refused with an error naming the format version and what to do.
 //! Positions saved now carry fingerprints pinned here.
 
 use pinnable::formats::tar::{TarSample, TarShards};
@@ -214,7 +214,7 @@ fn a_packing_plan_of_format_2_is_refused_with_what_to_do() {
     for want in [
         "format version 2",
         "packing plan",
-        "DefaultHasher",
+        "default hasher",
         "set_epoch(1)",
         "3 of its batches",
     ] {

@@ -1,7 +1,7 @@
 //! The hash of every fingerprint a [`Position`](crate::loader::Position) carries (packing
 //! plans, mixes, tar shard lists): FNV-1a 64, written here and fixed for every release, so a
-//! position saved under one toolchain resumes under another (`std`'s `DefaultHasher` promises
-//! no such thing).
+//! position saved under one toolchain resumes under another (the standard library's default hasher
+//! promises no such thing).
 //!
 //! What is fed is fixed too, independent of the machine: integers as little-endian bytes of
 //! a stated width (`usize` as 64 bits), booleans and tags as one byte, floats as their IEEE

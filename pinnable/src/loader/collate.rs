@@ -4,11 +4,16 @@ use std::time::Instant;
 use super::sampler::SplitMix64;
 use super::stats::Counters;
 use crate::alloc::PinnedPool;
-use crate::batch::{BatchLayout, PinnedBatch, Slot, TensorMut};
+use crate::batch::{BatchLayout, Slot, TensorMut};
 use crate::cuda::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+
+pub use collated::Collated;
+
+#[path = "collated.rs"]
+mod collated;
 
 type Fill = Box<dyn Fn(&mut TensorMut<'_>) -> Result<()> + Send>;
 
@@ -510,11 +515,7 @@ impl Collator {
                 }
             }
         }
-        Ok(Collated {
-            slots,
-            batch: Some(batch),
-            tensors: Vec::new(),
-        })
+        Ok(Collated::new(slots, batch))
     }
 }
 
@@ -524,78 +525,5 @@ impl std::fmt::Debug for Collator {
             .field("tensors", &self.planned.len())
             .field("bytes", &self.layout.bytes())
             .finish()
-    }
-}
-
-/// A collated batch: its tensors, all in one pinned block, by the [`Slot`]s the
-/// [`Collator`] returned.
-pub struct Collated {
-    slots: usize,
-    /// The block while tensors planned with [`Collator::empty`] may still be written.
-    batch: Option<PinnedBatch>,
-    tensors: Vec<Tensor>,
-}
-
-impl Collated {
-    fn check(&self, call: &'static str, slot: Slot) -> Result<()> {
-        if slot.index() >= self.slots {
-            return Err(Error::Misuse {
-                call,
-                problem: format!(
-                    "slot {} does not belong to this batch, which has {} tensors; pass the \
-                     slots the collator returned while planning this batch",
-                    slot.index(),
-                    self.slots
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// A writable view of a tensor, for those planned with [`Collator::empty`]. Only before
-    /// the first [`take`](Self::take).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] for a slot of another batch, or after a `take`.
-    pub fn view_mut(&mut self, slot: Slot) -> Result<TensorMut<'_>> {
-        self.check("Collated::view_mut", slot)?;
-        match &mut self.batch {
-            Some(batch) => Ok(batch.view_mut(slot)),
-            None => Err(Error::Misuse {
-                call: "Collated::view_mut",
-                problem: "the batch's tensors were already taken; write them before the first \
-                          `take`"
-                    .into(),
-            }),
-        }
-    }
-
-    /// The tensor planned at `slot`. Tensors share the batch's block; taking one twice gives
-    /// two handles on the same tensor.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Misuse`] for a slot of another batch.
-    pub fn take(&mut self, slot: Slot) -> Result<Tensor> {
-        self.check("Collated::take", slot)?;
-        if let Some(batch) = self.batch.take() {
-            self.tensors = batch.finish();
-        }
-        Ok(self.tensors[slot.index()].clone())
-    }
-
-    /// Every tensor, in the order they were planned.
-    pub fn into_tensors(mut self) -> Vec<Tensor> {
-        match self.batch.take() {
-            Some(batch) => batch.finish(),
-            None => self.tensors,
-        }
-    }
-}
-
-impl std::fmt::Debug for Collated {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Collated({} tensors)", self.slots)
     }
 }

@@ -96,7 +96,7 @@ impl PlanRequest {
 /// setting that its plans depend on beyond the loader's (a shuffle buffer, a packing plan, a
 /// mixture's weights) and its value; a position saved under another value is refused, naming
 /// it. Compute it the same way in every build — a hash fixed by you (such as FNV-1a over
-/// fixed-width little-endian fields), never `std`'s `DefaultHasher`, which Rust may change
+/// fixed-width little-endian fields), never the standard library's default hasher, which Rust may change
 /// between releases — so positions resume after a toolchain upgrade.
 ///
 /// # Examples

@@ -61,8 +61,8 @@ pub(crate) const MIX_OF_PLANS: &str = "mix (sources, their plans, weights and st
 /// **Format versions.** A position without a plan setting is format version 1; one with a
 /// plan setting is version 3, whose fingerprints pinnable computes with its own hash, the same
 /// under every Rust release. Version 2 (the same layout, written by releases whose packing
-/// plans were fingerprinted with Rust's `DefaultHasher`, which Rust may change between its
-/// releases) is read: such a position resumes exactly where its fingerprint is one version 3
+/// plans were fingerprinted with the standard library's default hasher, which Rust may
+/// change between its releases) is read: such a position resumes exactly where its fingerprint is one version 3
 /// computes alike (tar shards, mixes of sources that do not plan their own epochs), and is
 /// refused with [`Error::Position`] for a packing plan or a mix of planned sources, with the
 /// ways to go on.
@@ -460,7 +460,7 @@ impl Position {
             return Err(Error::Position {
                 problem: format!(
                     "it is format version 2, written by a release that fingerprinted \
-                     {what} with Rust's `DefaultHasher`, which Rust does not keep the same \
+                     {what} with the standard library's default hasher, which Rust does not keep the same \
                      between its releases; this release fingerprints them with a fixed hash \
                      of its own (format version 3) and cannot check the old fingerprint, so it \
                      cannot tell whether this loader's {name} (now {value}) is the one the \
