@@ -192,6 +192,15 @@ fn parse(name: &str) -> Result<(Url, String)> {
     Ok((url, base))
 }
 
+/// Where a read of `len` bytes from `offset` of `o` ends, or an error naming the object when
+/// it would run past the object's end.
+fn range_end(o: &Object, offset: u64, len: usize) -> std::io::Result<u64> {
+    offset
+        .checked_add(len as u64)
+        .filter(|&e| e <= o.len)
+        .ok_or_else(|| io_error(o, format!("bytes {offset}+{len} are past its end")))
+}
+
 /// An object's bytes, read by ranged `GET`s.
 pub(crate) struct RemoteBytes {
     pub(crate) object: Arc<Object>,
@@ -207,10 +216,7 @@ impl ByteSource for RemoteBytes {
     /// from the streams instead, held whole).
     fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
         let o = &*self.object;
-        let end = offset
-            .checked_add(len as u64)
-            .filter(|&e| e <= o.len)
-            .ok_or_else(|| io_error(o, format!("bytes {offset}+{len} are past its end")))?;
+        let end = range_end(o, offset, len)?;
         if len == 0 {
             return Ok(Cow::Borrowed(&[]));
         }
@@ -226,10 +232,7 @@ impl ByteSource for RemoteBytes {
     /// [`Storage::read_ahead`] more in flight than the one being copied out.
     fn read_into(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<()> {
         let o = &*self.object;
-        let end = offset
-            .checked_add(dst.len() as u64)
-            .filter(|&e| e <= o.len)
-            .ok_or_else(|| io_error(o, format!("bytes {offset}+{} are past its end", dst.len())))?;
+        let end = range_end(o, offset, dst.len())?;
         let chunk = self.io.chunk.max(1);
         let starts: Vec<u64> = (offset..end).step_by(chunk as usize).collect();
         let mut flight = std::collections::VecDeque::new();
@@ -269,10 +272,7 @@ impl ByteSource for Headers {
 
     fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Cow<'_, [u8]>> {
         let o = &*self.object;
-        let end = offset
-            .checked_add(len as u64)
-            .filter(|&e| e <= o.len)
-            .ok_or_else(|| io_error(o, format!("bytes {offset}+{len} are past its end")))?;
+        let end = range_end(o, offset, len)?;
         let mut window = lock(&self.window);
         if let Some((start, bytes)) = &*window
             && offset >= *start
