@@ -17,7 +17,7 @@ use pinnable_harness::http::Server;
 use pinnable_harness::npy::npy_file;
 use pinnable_harness::rng;
 use pinnable_harness::s3::Moto;
-use pinnable_harness::tar::{Sample, folder, random_shards};
+use pinnable_harness::tar::{contents, folder, random_shards, read_sample};
 use pinnable_harness::tokens::{random_tokens, shard_file};
 use rand::Rng;
 
@@ -97,21 +97,6 @@ fn tokens_of(shards: &TokenShards) -> Vec<Vec<u16>> {
         .collect()
 }
 
-/// Every tar sample's key and fields, in index order.
-fn tar_contents(shards: &TarShards) -> Vec<Sample> {
-    (0..shards.len())
-        .map(|i| {
-            let s = shards.get(i).unwrap();
-            let fields = s
-                .fields()
-                .iter()
-                .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
-                .collect();
-            (s.key().unwrap().to_owned(), fields)
-        })
-        .collect()
-}
-
 /// Reads every format from `base` (a URL the files of `dir` are under) and from `dir`, and
 /// checks the two reads equal and equal to what was written.
 fn check_formats(storage: &Storage, dir: &Path, base: &str, files: &Files) {
@@ -132,7 +117,7 @@ fn check_formats(storage: &Storage, dir: &Path, base: &str, files: &Files) {
     let pattern = |at: &str| format!("{at}/train-{{000..{:03}}}.tar", files.tar - 1);
     let local = TarShards::open([pattern(&dir.display().to_string())]).unwrap();
     let remote = TarShards::open_with(storage, [pattern(base)]).unwrap();
-    assert_eq!(tar_contents(&remote), tar_contents(&local));
+    assert_eq!(contents(&remote), contents(&local));
     assert!(!local.is_empty());
     // Images, from a list of URLs with labels: the same pixels as the local files'.
     #[cfg(feature = "image")]
@@ -188,12 +173,8 @@ fn every_format_over_http_reads_as_from_a_path() {
 
 #[test]
 fn every_format_from_s3_reads_as_from_a_path() {
-    let mut moto = match Moto::start() {
-        Ok(m) => m,
-        Err(reason) => {
-            println!("skipped: no S3-compatible server: {reason}");
-            return;
-        }
+    let Some(mut moto) = Moto::start_or_skip("every_format_from_s3_reads_as_from_a_path") else {
+        return;
     };
     let mut r = rng("every_format_from_s3_reads_as_from_a_path");
     let dir = folder("storage-s3");
@@ -248,7 +229,7 @@ fn two_ranks_stream_one_remote_source_at_once() {
     let url = format!("{}/train-{{000..{:03}}}.tar", server.url(), shards_n - 1);
     let remote = TarShards::open_with(&storage().read_ahead(1), [url]).unwrap();
     let local = TarShards::open([pattern]).unwrap();
-    let expected = tar_contents(&local);
+    let expected = contents(&local);
     let n = remote.len();
     let seed = r.random();
     let before = server.log().len();
@@ -270,13 +251,7 @@ fn two_ranks_stream_one_remote_source_at_once() {
     let orders: Vec<Vec<usize>> = plans.iter().map(|p| p.indices().to_vec()).collect();
     for order in &orders {
         for &i in order {
-            let s = remote.get(i).unwrap();
-            let fields: Vec<(String, Vec<u8>)> = s
-                .fields()
-                .iter()
-                .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
-                .collect();
-            assert_eq!((s.key().unwrap().to_owned(), fields), expected[i]);
+            assert_eq!(read_sample(&remote.get(i).unwrap()), expected[i]);
         }
     }
     let gets = server.log()[before..]

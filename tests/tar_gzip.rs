@@ -7,24 +7,10 @@ use pinnable::formats::tar::{TarSample, TarShards};
 use pinnable::loader::{Collator, Dataset, Loader};
 use pinnable::{Result, Tensor};
 use pinnable_harness::rng;
-use pinnable_harness::tar::{Sample, folder, gzip, random_sample, random_shards, shard};
+use pinnable_harness::tar::{
+    Sample, contents, folder, gzip, random_sample, random_shards, read_sample, shard,
+};
 use rand::Rng;
-
-/// Every sample's key and fields, read in index order.
-fn contents(shards: &TarShards) -> Vec<Sample> {
-    (0..shards.len())
-        .map(|i| read(&shards.get(i).unwrap()))
-        .collect()
-}
-
-fn read(s: &TarSample) -> Sample {
-    let fields = s
-        .fields()
-        .iter()
-        .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
-        .collect();
-    (s.key().unwrap().to_owned(), fields)
-}
 
 /// A batch's `.txt` lengths and labels, in batch order.
 fn batch(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
@@ -97,7 +83,7 @@ fn gzip_shards_read_sample_for_sample_equal_to_their_tar() {
         order.swap(i, r.random_range(0..=i));
     }
     for &i in order.iter().take(50) {
-        assert_eq!(read(&gz.get(i).unwrap()), want[i], "sample {i}");
+        assert_eq!(read_sample(&gz.get(i).unwrap()), want[i], "sample {i}");
     }
     // SAFETY: the files are written once above and only read while mapped.
     let mapped = unsafe { TarShards::open_mapped(&compressed) }.unwrap();
@@ -175,6 +161,6 @@ fn damaged_gzip_shards_give_the_samples_before_the_damage_then_an_error_naming_g
 fn contents_until_error(shards: &TarShards) -> Vec<Sample> {
     (0..shards.len())
         .map_while(|i| shards.get(i).ok())
-        .map(|s| read(&s))
+        .map(|s| read_sample(&s))
         .collect()
 }

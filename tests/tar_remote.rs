@@ -13,7 +13,7 @@ use pinnable::{Result, Tensor};
 use pinnable_harness::http::{Fault, Server};
 use pinnable_harness::rng;
 use pinnable_harness::s3::Moto;
-use pinnable_harness::tar::{Sample, folder, gzip, random_shards, shard};
+use pinnable_harness::tar::{Sample, contents, folder, gzip, random_shards, shard};
 use rand::Rng;
 
 /// Settings that fail fast: small chunks (several per shard), short timeouts, few retries.
@@ -34,21 +34,6 @@ fn labels(samples: Vec<TarSample>, c: &mut Collator) -> Result<Tensor> {
             .collect::<Result<Vec<_>>>()?,
     )?;
     c.finish()?.take(y)
-}
-
-/// Every sample's key and fields, read in index order.
-fn contents(shards: &TarShards) -> Vec<Sample> {
-    (0..shards.len())
-        .map(|i| {
-            let s = shards.get(i).unwrap();
-            let fields = s
-                .fields()
-                .iter()
-                .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
-                .collect();
-            (s.key().unwrap().to_owned(), fields)
-        })
-        .collect()
 }
 
 /// One epoch's batches of labels: shuffled, a shuffle buffer, rank 1 of 2.
@@ -460,12 +445,8 @@ fn a_resumed_epoch_reads_again_little_before_its_position() {
 
 #[test]
 fn s3_shards_through_an_s3_compatible_server() {
-    let mut moto = match Moto::start() {
-        Ok(m) => m,
-        Err(reason) => {
-            println!("skipped: no S3-compatible server: {reason}");
-            return;
-        }
+    let Some(mut moto) = Moto::start_or_skip("s3_shards_through_an_s3_compatible_server") else {
+        return;
     };
     let mut r = rng("s3_shards_through_an_s3_compatible_server");
     let dir = folder("s3");

@@ -52,6 +52,18 @@ impl Moto {
             .option("aws_region", "us-east-1")
     }
 
+    /// As [`start`](Self::start); when the server cannot start, prints `skipped: <reason>`
+    /// for `test` and gives `None`.
+    pub fn start_or_skip(test: &str) -> Option<Moto> {
+        match Moto::start() {
+            Ok(m) => Some(m),
+            Err(reason) => {
+                println!("skipped: {test}: no S3-compatible server: {reason}");
+                None
+            }
+        }
+    }
+
     /// Starts `python3 -m moto.server` on an unused port and waits (20 s at most) until it
     /// answers; the reason when it cannot.
     pub fn start() -> std::result::Result<Moto, String> {

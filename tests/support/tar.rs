@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use pinnable::formats::tar::{TarSample, TarShards};
+use pinnable::loader::Dataset;
 use rand::Rng;
 
 /// One member: a ustar header block (name, size, checksum), the data, zero padding.
@@ -107,4 +109,21 @@ pub fn gzip(bytes: &[u8], level: u32) -> Vec<u8> {
     let mut out = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
     out.write_all(bytes).expect("compress in memory");
     out.finish().expect("compress in memory")
+}
+
+/// A sample's key and fields, read.
+pub fn read_sample(s: &TarSample) -> Sample {
+    let fields = s
+        .fields()
+        .iter()
+        .map(|f| (f.ext.clone(), s.bytes(&f.ext).unwrap().into_owned()))
+        .collect();
+    (s.key().unwrap().to_owned(), fields)
+}
+
+/// Every sample's key and fields, read in index order.
+pub fn contents(shards: &TarShards) -> Vec<Sample> {
+    (0..shards.len())
+        .map(|i| read_sample(&shards.get(i).unwrap()))
+        .collect()
 }
