@@ -454,16 +454,7 @@ fn bad_files_are_errors_naming_the_file_and_the_reason() {
     let rgb = images::picture(&mut r, w, h, 6.0);
     let jpeg = images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None);
     let progressive = images::jpeg(&rgb, w, h, 90, Jpeg::Progressive, None);
-    let png = images::png(
-        &rgb,
-        w,
-        h,
-        png::ColorType::Rgb,
-        png::BitDepth::Eight,
-        None,
-        None,
-        None,
-    );
+    let png = images::png_rgb(&rgb, w, h);
     let mut corrupt_header = jpeg.clone();
     // The frame header's precision and size fields, after SOI and APP0.
     let sof = corrupt_header

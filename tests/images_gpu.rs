@@ -145,19 +145,7 @@ fn kinds(r: &mut SmallRng) -> Vec<(String, Vec<u8>)> {
         ));
     }
     v.push(("CMYK (host)".into(), plain(Jpeg::Cmyk)));
-    v.push((
-        "PNG (host)".into(),
-        images::png(
-            &pic,
-            w,
-            h,
-            png::ColorType::Rgb,
-            png::BitDepth::Eight,
-            None,
-            None,
-            None,
-        ),
-    ));
+    v.push(("PNG (host)".into(), images::png_rgb(&pic, w, h)));
     // Files the repository keeps for the image tests, if any.
     if let Ok(dir) = std::fs::read_dir(pinnable_harness::fixture("tests/data/images")) {
         for e in dir.flatten() {
@@ -485,19 +473,7 @@ fn mixed(device: &Device, r: &mut SmallRng, bars: &mut Bars) {
         ));
     }
     let pic = images::picture(r, 50, 60, 6.0);
-    files.push((
-        "PNG (host)".into(),
-        images::png(
-            &pic,
-            50,
-            60,
-            png::ColorType::Rgb,
-            png::BitDepth::Eight,
-            None,
-            None,
-            None,
-        ),
-    ));
+    files.push(("PNG (host)".into(), images::png_rgb(&pic, 50, 60)));
     let transform = Transform::random_resized_crop(32).flip(0.5);
     let folder = write_files(&dir.0, &files);
     let pool = PinnedPool::new(PoolConfig::default());

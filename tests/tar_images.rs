@@ -30,19 +30,7 @@ fn jpeg_and_png_members_decode_as_the_image_folder_decodes_their_files() {
         let (w, h) = (r.random_range(17..60), r.random_range(17..60));
         let rgb = images::picture(&mut r, w, h, 6.0);
         let (ext, bytes) = if i % 3 == 2 {
-            (
-                "PNG",
-                images::png(
-                    &rgb,
-                    w,
-                    h,
-                    png::ColorType::Rgb,
-                    png::BitDepth::Eight,
-                    None,
-                    None,
-                    None,
-                ),
-            )
+            ("PNG", images::png_rgb(&rgb, w, h))
         } else {
             ("jpg", images::jpeg(&rgb, w, h, 90, Jpeg::Baseline, None))
         };
@@ -112,16 +100,7 @@ fn a_sample_holding_webp_and_png_decodes_its_png() {
     for i in 0..r.random_range(4..12) {
         let (w, h) = (r.random_range(17..60), r.random_range(17..60));
         let rgb = images::picture(&mut r, w, h, 6.0);
-        let png = images::png(
-            &rgb,
-            w,
-            h,
-            png::ColorType::Rgb,
-            png::BitDepth::Eight,
-            None,
-            None,
-            None,
-        );
+        let png = images::png_rgb(&rgb, w, h);
         let label = r.random_range(0..100i64);
         let path = dir.join(format!("{i}.png"));
         std::fs::write(&path, &png).unwrap();
@@ -292,19 +271,7 @@ fn one_codec_makes_the_same_rows_from_a_folder_and_from_tar_shards() {
         let exif = images::exif_orientation(r.random_range(1..=8));
         let exif = r.random_bool(0.5).then_some(exif.as_slice());
         let (ext, bytes) = match r.random_range(0..4) {
-            0 => (
-                "png",
-                images::png(
-                    &rgb,
-                    w,
-                    h,
-                    png::ColorType::Rgb,
-                    png::BitDepth::Eight,
-                    None,
-                    None,
-                    None,
-                ),
-            ),
+            0 => ("png", images::png_rgb(&rgb, w, h)),
             1 => (
                 "jpeg",
                 images::jpeg(&rgb, w, h, 85, Jpeg::Progressive, exif),

@@ -141,6 +141,20 @@ pub fn luma(rgb: &[u8]) -> Vec<u8> {
         .collect()
 }
 
+/// An 8-bit RGB PNG of `pixels`, no palette, transparency or EXIF: [`png`] with those settings.
+pub fn png_rgb(pixels: &[u8], width: usize, height: usize) -> Vec<u8> {
+    png(
+        pixels,
+        width,
+        height,
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        None,
+        None,
+        None,
+    )
+}
+
 /// `pixels` (rows of `width` pixels of `color` at `depth`, 16-bit samples big-endian) as a
 /// PNG, with a palette, a transparency chunk and an EXIF block when given.
 ///
