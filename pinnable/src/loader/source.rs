@@ -47,8 +47,6 @@ pub(crate) mod sealed {
         /// Samples in the source, when it is indexed.
         fn samples(&self) -> Option<usize>;
 
-        /// The fingerprint of the source's plans, asked at build (a dataset's plan of `epoch`).
-        fn fingerprint(&self, sampler: &Sampler) -> Option<(&'static str, u64)>;
 
         /// A plan of epoch `epoch`, when the source plans its epochs.
         fn plan(&self, sampler: &Sampler, epoch: u64) -> Option<Plan>;
@@ -86,10 +84,6 @@ where
 
     fn samples(&self) -> Option<usize> {
         Some(self.len())
-    }
-
-    fn fingerprint(&self, sampler: &Sampler) -> Option<(&'static str, u64)> {
-        sealed::Kind::plan(self, sampler, 0)?.fingerprint()
     }
 
     fn plan(&self, sampler: &Sampler, epoch: u64) -> Option<Plan> {
@@ -169,10 +163,6 @@ where
     type Sample = S;
 
     fn samples(&self) -> Option<usize> {
-        None
-    }
-
-    fn fingerprint(&self, _sampler: &Sampler) -> Option<(&'static str, u64)> {
         None
     }
 
