@@ -85,7 +85,7 @@ struct Planned {
 /// ([`sample_rng`](Collator::sample_rng)), drawn from the loader's seed, the epoch and the
 /// sample's index, so augmentations are reproducible whatever the number of workers.
 ///
-/// **Why two pairs of types.** [`BatchLayout`] and [`PinnedBatch`] are the mechanism: a
+/// **Why two pairs of types.** [`BatchLayout`] and [`PinnedBatch`](crate::PinnedBatch) are the mechanism: a
 /// layout of tensors in one block, then the block written by whoever holds it — any code,
 /// on any thread. `Collator` and [`Collated`] are that mechanism driven by a batcher's
 /// *samples*: they add what only a loader knows and needs (per-sample shape checks with

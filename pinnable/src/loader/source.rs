@@ -47,7 +47,6 @@ pub(crate) mod sealed {
         /// Samples in the source, when it is indexed.
         fn samples(&self) -> Option<usize>;
 
-
         /// A plan of epoch `epoch`, when the source plans its epochs.
         fn plan(&self, sampler: &Sampler, epoch: u64) -> Option<Plan>;
 
