@@ -141,7 +141,7 @@ pub fn luma(rgb: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// An 8-bit RGB PNG of `pixels`, no palette, transparency or EXIF: [`png`] with those settings.
+/// An 8-bit RGB PNG of `pixels`, no palette, transparency or EXIF: [`png()`] with those settings.
 pub fn png_rgb(pixels: &[u8], width: usize, height: usize) -> Vec<u8> {
     png(
         pixels,
