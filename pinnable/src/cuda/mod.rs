@@ -166,6 +166,37 @@ impl Device {
             .map_err(|e| Error::driver("cuMemGetInfo", e))
     }
 
+    /// Bytes of device memory in the pool batches are allocated from (batches moved here,
+    /// pictures decoded here, packed batches built here): `(in use, reserved from the driver)`,
+    /// where reserved counts what freed batches left cached for the next ones
+    /// ([`empty_cache`](Self::empty_cache) returns it). Every loader of the process that
+    /// delivers to this device draws from this pool, and no other library does. `(0, 0)` for
+    /// the host.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if the query fails.
+    pub fn pool_memory(&self) -> Result<(usize, usize)> {
+        let DeviceKind::Cuda(d) = &self.kind else {
+            return Ok((0, 0));
+        };
+        let Some(pool) = d.mem_pool() else {
+            return Ok((0, 0));
+        };
+        let read = |attr| {
+            let mut value = 0u64;
+            // SAFETY: a live pool of this device; the byte-count attributes are u64s, written
+            // into `value`, which outlives the call.
+            unsafe { result::mem_pool::get_attribute(pool, attr, (&raw mut value).cast()) }
+                .map(|()| value as usize)
+                .map_err(|e| Error::driver("cuMemPoolGetAttribute", e))
+        };
+        Ok((
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        ))
+    }
+
     /// The device's PCI address (`0000:17:00.0`), for reports; `None` for the host.
     pub fn pcie_bus_id(&self) -> Option<String> {
         let DeviceKind::Cuda(d) = &self.kind else {

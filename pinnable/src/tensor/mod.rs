@@ -288,6 +288,21 @@ impl Tensor {
         }
     }
 
+    /// The address of the first element: a host address, or a device address for a tensor on
+    /// a CUDA device, as `torch.Tensor.data_ptr()` gives it for the same memory (what a
+    /// zero-copy hand-over is checked with). Reading or writing through it is the caller's
+    /// business: it carries none of the ordering the tensor's own methods keep.
+    pub fn data_ptr(&self) -> usize {
+        let base = match self.storage.host_ptr() {
+            Some(p) => p as usize,
+            None => match self.source().memory {
+                Memory::Device(buf) => buf.device_ptr() as usize,
+                _ => 0,
+            },
+        };
+        base + self.byte_offset()
+    }
+
     /// Whether `self` and `other` share storage (one is a clone or a view of the other).
     pub fn shares_storage_with(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)

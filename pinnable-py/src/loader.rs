@@ -1,0 +1,709 @@
+//! `Loader` (`pinnable::loader::Loader`) and `BatchIterator` (its `Epoch`): the settings
+//! PyTorch users pass, the device and ranks resolved as torch would, batches handed over as
+//! tensors over the loader's memory, positions as `state_dict`s, the GIL let go around every
+//! wait, and a guard against use from a forked child.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pinnable::loader::{Batcher, Dataset, EpochStats, Loader, Position};
+use pinnable::{Device, PinnedPool, Placement, Tensor, ToDevice};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyMapping};
+
+use crate::errors::{IntoPy, config_error, error, to_py};
+use crate::sources::{PySource, Spec, seconds};
+use crate::tensor::{PyTensor, capsule};
+
+/// One field of a batch: a tensor, or a host integer (a packed batch's `max_seqlen`).
+pub(crate) enum Value {
+    Tensor(Tensor),
+    Int(i64),
+}
+
+/// A batch's fields, in order.
+pub(crate) type Named = Vec<(String, Value)>;
+
+/// The loader's settings, as `LoaderBuilder` takes them.
+#[derive(Clone)]
+pub(crate) struct Options {
+    batch_size: Option<usize>,
+    seed: Option<u64>,
+    drop_last: bool,
+    workers: Option<usize>,
+    prefetch: Option<usize>,
+    device: Device,
+    rank: usize,
+    world: usize,
+    in_order: bool,
+    sample_timeout: Option<Duration>,
+}
+
+/// A loader whatever its source and batcher: what the Python class drives.
+pub(crate) trait AnyLoader: Send + Sync {
+    fn iter(&self) -> Box<dyn AnyEpoch>;
+    fn len(&self) -> usize;
+    fn set_epoch(&self, epoch: u64);
+    fn next_epoch(&self) -> u64;
+    fn position(&self) -> Position;
+    fn stats(&self) -> Option<EpochStats>;
+    fn pool(&self) -> &PinnedPool;
+    fn workers(&self) -> usize;
+}
+
+/// An epoch whatever its batch type, its batches as named fields.
+pub(crate) trait AnyEpoch: Send {
+    fn next(&mut self) -> Option<pinnable::Result<Named>>;
+    fn remaining(&self) -> Option<usize>;
+}
+
+type Convert<T> = Arc<dyn Fn(T) -> pinnable::Result<Named> + Send + Sync>;
+
+struct Erased<D: Dataset, B: Batcher<D::Sample>> {
+    loader: Loader<D, B>,
+    convert: Convert<B::Batch>,
+}
+
+struct ErasedEpoch<T> {
+    epoch: pinnable::loader::Epoch<T>,
+    convert: Convert<T>,
+}
+
+impl<T: Send> AnyEpoch for ErasedEpoch<T> {
+    fn next(&mut self) -> Option<pinnable::Result<Named>> {
+        self.epoch.next().map(|b| b.and_then(|b| (self.convert)(b)))
+    }
+
+    fn remaining(&self) -> Option<usize> {
+        self.epoch.remaining()
+    }
+}
+
+impl<D, B> AnyLoader for Erased<D, B>
+where
+    D: Dataset + 'static,
+    B: Batcher<D::Sample> + 'static,
+    B::Batch: ToDevice + Send + 'static,
+{
+    fn iter(&self) -> Box<dyn AnyEpoch> {
+        Box::new(ErasedEpoch {
+            epoch: self.loader.iter(),
+            convert: self.convert.clone(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.loader.len()
+    }
+
+    fn set_epoch(&self, epoch: u64) {
+        self.loader.set_epoch(epoch);
+    }
+
+    fn next_epoch(&self) -> u64 {
+        self.loader.next_epoch()
+    }
+
+    fn position(&self) -> Position {
+        self.loader.position()
+    }
+
+    fn stats(&self) -> Option<EpochStats> {
+        self.loader.stats()
+    }
+
+    fn pool(&self) -> &PinnedPool {
+        self.loader.pool()
+    }
+
+    fn workers(&self) -> usize {
+        self.loader.workers()
+    }
+}
+
+/// A loader over `dataset` batched by `batcher` with `options`, resuming at `resume`, its
+/// batches named by `convert`.
+pub(crate) fn erase<D, B>(
+    dataset: D,
+    batcher: B,
+    options: &Options,
+    resume: Option<Position>,
+    convert: impl Fn(B::Batch) -> pinnable::Result<Named> + Send + Sync + 'static,
+) -> PyResult<Box<dyn AnyLoader>>
+where
+    D: Dataset + 'static,
+    B: Batcher<D::Sample> + 'static,
+    B::Batch: ToDevice + Send + 'static,
+{
+    let o = options;
+    let mut b = Loader::builder(dataset)
+        .drop_last(o.drop_last)
+        .device(o.device.clone())
+        .shard(o.rank, o.world)
+        .in_order(o.in_order);
+    if let Some(n) = o.batch_size {
+        b = b.batch_size(n);
+    }
+    if let Some(seed) = o.seed {
+        b = b.shuffle(seed);
+    }
+    if let Some(n) = o.workers {
+        b = b.workers(n);
+    }
+    if let Some(n) = o.prefetch {
+        b = b.prefetch(n);
+    }
+    if let Some(t) = o.sample_timeout {
+        b = b.sample_timeout(t);
+    }
+    if let Some(p) = resume {
+        b = b.resume(p);
+    }
+    let loader = b.build(batcher).py_err()?;
+    Ok(Box::new(Erased {
+        loader,
+        convert: Arc::new(convert),
+    }))
+}
+
+/// How batches reach Python.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Torch,
+    Numpy,
+    Dlpack,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The error for a loader used in another process than the one that made it.
+fn forked(made_in: u32) -> PyErr {
+    error(format!(
+        "this pinnable loader was made in process {made_in} and this is process {}, a forked \
+         child: its threads and CUDA state did not come with the fork. Make the loader in the \
+         process that iterates it (with multiprocessing, the 'spawn' start method), and do not \
+         wrap it in a DataLoader with num_workers > 0: it has workers of its own",
+        std::process::id()
+    ))
+}
+
+/// The epoch a `BatchIterator` drives, shared with its loader so that `close()` can stop it.
+type Shared = Arc<Mutex<Option<Box<dyn AnyEpoch>>>>;
+
+/// What converting a batch for torch needs, looked up once.
+struct TorchHooks {
+    from_dlpack: Py<PyAny>,
+    /// `torch._C._cuda_getCurrentRawStream(index)`, or `None` where torch lacks it.
+    raw_stream: Option<Py<PyAny>>,
+    current_stream: Py<PyAny>,
+}
+
+static TORCH: PyOnceLock<TorchHooks> = PyOnceLock::new();
+
+fn torch_hooks(py: Python<'_>) -> PyResult<&'static TorchHooks> {
+    TORCH.get_or_try_init(py, || {
+        let torch = py.import("torch").map_err(|e| {
+            error(format!(
+                "output=\"torch\" needs PyTorch, which did not import ({e}); install it, or \
+                 pass output=\"numpy\" or output=\"dlpack\""
+            ))
+        })?;
+        let c = torch.getattr("_C")?;
+        let from_dlpack = match c.getattr("_from_dlpack") {
+            Ok(f) => f,
+            Err(_) => torch.getattr("from_dlpack")?,
+        };
+        Ok(TorchHooks {
+            from_dlpack: from_dlpack.unbind(),
+            raw_stream: c
+                .getattr("_cuda_getCurrentRawStream")
+                .ok()
+                .map(Bound::unbind),
+            current_stream: torch.getattr("cuda")?.getattr("current_stream")?.unbind(),
+        })
+    })
+}
+
+/// The stream torch works on for device `ordinal` now, as the `__dlpack__` integer.
+fn torch_stream(py: Python<'_>, hooks: &TorchHooks, ordinal: usize) -> PyResult<isize> {
+    let raw: isize = match &hooks.raw_stream {
+        Some(f) => f.call1(py, (ordinal,))?.extract(py)?,
+        None => hooks
+            .current_stream
+            .call1(py, (ordinal,))?
+            .getattr(py, "cuda_stream")?
+            .extract(py)?,
+    };
+    Ok(if raw == 0 { 1 } else { raw })
+}
+
+/// A batch as a dict for Python.
+fn to_python<'py>(py: Python<'py>, batch: Named, output: Output) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    let hooks = match output {
+        Output::Torch => Some(torch_hooks(py)?),
+        _ => None,
+    };
+    let mut stream: Option<(usize, isize)> = None;
+    let numpy = match output {
+        Output::Numpy => Some(py.import("numpy")?.getattr("from_dlpack")?),
+        _ => None,
+    };
+    for (name, value) in batch {
+        let t = match value {
+            Value::Int(v) => {
+                dict.set_item(name, v)?;
+                continue;
+            }
+            Value::Tensor(t) => t,
+        };
+        let object = match (output, hooks) {
+            (Output::Torch, Some(hooks)) => {
+                let s = match t.placement() {
+                    Placement::Cuda(n) => match stream {
+                        Some((m, s)) if m == n => Some(s),
+                        _ => {
+                            let s = torch_stream(py, hooks, n)?;
+                            stream = Some((n, s));
+                            Some(s)
+                        }
+                    },
+                    _ => None,
+                };
+                let cap = capsule(py, &t, s, true)?;
+                hooks.from_dlpack.bind(py).call1((cap,))?
+            }
+            (Output::Numpy, _) => {
+                if let Placement::Cuda(n) = t.placement() {
+                    return Err(error(format!(
+                        "output=\"numpy\" takes host batches, and this one is on cuda:{n}: pass \
+                         device=\"cpu\", or output=\"torch\""
+                    )));
+                }
+                let f = numpy.as_ref().expect("numpy is imported for Output::Numpy");
+                f.call1((PyTensor { tensor: t },))?
+            }
+            _ => Bound::new(py, PyTensor { tensor: t })?.into_any(),
+        };
+        dict.set_item(name, object)?;
+    }
+    Ok(dict)
+}
+
+/// The loader (`pinnable::loader::Loader`); see the type stub for the settings.
+#[pyclass(name = "Loader", module = "pinnable", frozen)]
+pub(crate) struct PyLoader {
+    spec: Arc<dyn Spec>,
+    options: Options,
+    output: Output,
+    inner: Mutex<Option<Arc<dyn AnyLoader>>>,
+    current: Mutex<Option<Shared>>,
+    pid: u32,
+}
+
+/// CUDA device `n`, or an error that says how to stay on the host.
+fn cuda(n: usize) -> PyResult<Device> {
+    Device::cuda(n).map_err(|e| {
+        error(format!(
+            "{e}. To load without a GPU, pass device=\"cpu\": batches stay in pinned host memory"
+        ))
+    })
+}
+
+/// The device a `device=` argument names; `None` is `cuda:LOCAL_RANK` when CUDA is there.
+fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
+    let local = || -> PyResult<usize> {
+        match std::env::var("LOCAL_RANK") {
+            Ok(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| config_error(format!("LOCAL_RANK={v:?} is not a device number"))),
+            Err(_) => Ok(0),
+        }
+    };
+    let Some(d) = device.filter(|d| !d.is_none()) else {
+        return if Device::is_available() {
+            cuda(local()?)
+        } else {
+            Ok(Device::cpu())
+        };
+    };
+    if let Ok(n) = d.extract::<usize>() {
+        return cuda(n);
+    }
+    let name = d.str()?.to_string();
+    match name.as_str() {
+        "cpu" => Ok(Device::cpu()),
+        "cuda" => cuda(local()?),
+        _ => match name.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => cuda(n),
+            _ => Err(config_error(format!(
+                "device={name:?}: use \"cpu\", \"cuda\", \"cuda:N\", an int or a torch.device"
+            ))),
+        },
+    }
+}
+
+/// Rank and world size: given, else `torch.distributed`'s when it is initialised, else
+/// `RANK`/`WORLD_SIZE`.
+fn parse_ranks(
+    py: Python<'_>,
+    rank: Option<usize>,
+    world: Option<usize>,
+) -> PyResult<(usize, usize)> {
+    match (rank, world) {
+        (Some(r), Some(w)) => return Ok((r, w)),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(config_error(
+                "give both rank and world_size, or neither (then torch.distributed's, or RANK \
+                 and WORLD_SIZE, are used)",
+            ));
+        }
+        (None, None) => {}
+    }
+    let modules = py.import("sys")?.getattr("modules")?;
+    if let Ok(dist) = modules.get_item("torch.distributed")
+        && dist.call_method0("is_available")?.is_truthy()?
+        && dist.call_method0("is_initialized")?.is_truthy()?
+    {
+        let r = dist.call_method0("get_rank")?.extract()?;
+        let w = dist.call_method0("get_world_size")?.extract()?;
+        return Ok((r, w));
+    }
+    let var = |name: &str, default: usize| -> PyResult<usize> {
+        match std::env::var(name) {
+            Ok(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| config_error(format!("{name}={v:?} is not a number"))),
+            Err(_) => Ok(default),
+        }
+    };
+    Ok((var("RANK", 0)?, var("WORLD_SIZE", 1)?))
+}
+
+impl PyLoader {
+    fn check_process(&self) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(forked(self.pid));
+        }
+        Ok(())
+    }
+
+    fn loader(&self) -> PyResult<Arc<dyn AnyLoader>> {
+        self.check_process()?;
+        lock(&self.inner)
+            .clone()
+            .ok_or_else(|| error("the loader is closed; make a new one to read again"))
+    }
+
+    /// Stops the running epoch, joining its threads, with the GIL let go.
+    fn stop_current(&self, py: Python<'_>) {
+        let current = lock(&self.current).take();
+        if let Some(shared) = current {
+            let epoch = lock(&shared).take();
+            py.detach(move || drop(epoch));
+        }
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (source, *, batch_size=None, shuffle=false, seed=0, drop_last=false, workers=None, prefetch=None, device=None, rank=None, world_size=None, in_order=true, sample_timeout=None, output="torch"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: PyRef<'_, PySource>,
+        batch_size: Option<usize>,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        workers: Option<usize>,
+        prefetch: Option<usize>,
+        device: Option<&Bound<'_, PyAny>>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        in_order: bool,
+        sample_timeout: Option<f64>,
+        output: &str,
+    ) -> PyResult<Self> {
+        let output = match output {
+            "torch" => Output::Torch,
+            "numpy" => Output::Numpy,
+            "dlpack" => Output::Dlpack,
+            other => {
+                return Err(config_error(format!(
+                    "output={other:?}: use \"torch\", \"numpy\" or \"dlpack\""
+                )));
+            }
+        };
+        if output == Output::Torch {
+            torch_hooks(py)?;
+        }
+        let device = parse_device(device)?;
+        let (rank, world) = parse_ranks(py, rank, world_size)?;
+        let options = Options {
+            batch_size,
+            seed: shuffle.then_some(seed),
+            drop_last,
+            workers,
+            prefetch,
+            device,
+            rank,
+            world,
+            in_order,
+            sample_timeout: sample_timeout
+                .map(|t| seconds(t, "sample_timeout"))
+                .transpose()?,
+        };
+        let spec = source.spec.clone();
+        let inner = spec.loader(&options, None)?;
+        Ok(PyLoader {
+            spec,
+            options,
+            output,
+            inner: Mutex::new(Some(Arc::from(inner))),
+            current: Mutex::new(None),
+            pid: std::process::id(),
+        })
+    }
+
+    fn __iter__(&self, py: Python<'_>) -> PyResult<BatchIterator> {
+        let loader = self.loader()?;
+        let epoch = py.detach(|| loader.iter());
+        let shared: Shared = Arc::new(Mutex::new(Some(epoch)));
+        *lock(&self.current) = Some(shared.clone());
+        Ok(BatchIterator {
+            epoch: shared,
+            output: self.output,
+            pid: self.pid,
+        })
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.loader()?.len())
+    }
+
+    fn set_epoch(&self, epoch: u64) -> PyResult<()> {
+        self.loader()?.set_epoch(epoch);
+        Ok(())
+    }
+
+    #[getter]
+    fn epoch(&self) -> PyResult<u64> {
+        Ok(self.loader()?.next_epoch())
+    }
+
+    #[getter]
+    fn device(&self) -> String {
+        match self.options.device.ordinal() {
+            Some(n) => format!("cuda:{n}"),
+            None => "cpu".into(),
+        }
+    }
+
+    /// The raw `cudaStream_t` the loader copies batches on (`None` on the host).
+    #[getter]
+    fn stream(&self) -> Option<usize> {
+        self.options
+            .device
+            .copy_stream()
+            .map(|s| s.cu_stream() as usize)
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.options.rank
+    }
+
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.options.world
+    }
+
+    #[getter]
+    fn workers(&self) -> PyResult<usize> {
+        Ok(self.loader()?.workers())
+    }
+
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.loader()?.position();
+        let d = PyDict::new(py);
+        d.set_item("position", PyBytes::new(py, &p.to_bytes()))?;
+        d.set_item("epoch", p.epoch())?;
+        d.set_item("batch", p.batch())?;
+        Ok(d)
+    }
+
+    fn load_state_dict(&self, py: Python<'_>, state_dict: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.check_process()?;
+        let map = state_dict.cast::<PyMapping>().map_err(|_| {
+            PyTypeError::new_err("load_state_dict takes the dict state_dict() returned")
+        })?;
+        let bytes: Vec<u8> = map
+            .get_item("position")
+            .map_err(|_| {
+                PyValueError::new_err(
+                    "the state has no \"position\": pass what Loader.state_dict() returned",
+                )
+            })?
+            .extract()?;
+        let position = Position::from_bytes(&bytes).py_err()?;
+        let fresh = self.spec.loader(&self.options, Some(position))?;
+        self.stop_current(py);
+        let old = lock(&self.inner).replace(Arc::from(fresh));
+        py.detach(move || drop(old));
+        Ok(())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.loader()?.stats() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("elapsed_s", s.elapsed.as_secs_f64())?;
+        d.set_item("waited_s", s.waited.as_secs_f64())?;
+        d.set_item("load_s", s.load.as_secs_f64())?;
+        d.set_item("collate_s", s.collate.as_secs_f64())?;
+        d.set_item("transfer_s", s.transfer.as_secs_f64())?;
+        d.set_item("workers", s.workers)?;
+        d.set_item("batches_per_second", s.batches_per_second())?;
+        d.set_item("gigabytes_per_second", s.gigabytes_per_second())?;
+        d.set_item("wait_share", s.wait_share())?;
+        d.set_item("pinned_peak_bytes", s.pinned_peak_bytes)?;
+        d.set_item("pinned_bound_bytes", s.pinned_bound_bytes)?;
+        d.set_item("batch_bytes", s.batch_bytes)?;
+        d.set_item("report", s.to_string())?;
+        Ok(Some(d))
+    }
+
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let loader = self.loader()?;
+        let (used, reserved) = self.options.device.pool_memory().py_err()?;
+        let pool = loader.pool().stats();
+        let d = PyDict::new(py);
+        d.set_item("device_used", used)?;
+        d.set_item("device_reserved", reserved)?;
+        d.set_item("pinned_in_use", pool.in_use_bytes)?;
+        d.set_item("pinned_held", pool.reserved_bytes)?;
+        d.set_item(
+            "pinned_bound",
+            loader.stats().map_or(0, |s| s.pinned_bound_bytes),
+        )?;
+        Ok(d)
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_process()?;
+        self.stop_current(py);
+        let old = lock(&self.inner).take();
+        py.detach(move || drop(old));
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<()> {
+        self.close(py)
+    }
+
+    fn __reduce__(&self) -> PyResult<()> {
+        Err(PyTypeError::new_err(
+            "a pinnable.Loader is not pickled: it runs threads and holds pinned and device \
+             memory of this process. Make it in the process that iterates it, and do not wrap \
+             it in a DataLoader with num_workers > 0 (it has workers of its own); save its \
+             position with state_dict()",
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "pinnable.Loader(device={}, rank={} of {}, batch_size={})",
+            self.device(),
+            self.options.rank,
+            self.options.world,
+            self.options
+                .batch_size
+                .map_or("the source's".into(), |b| b.to_string())
+        )
+    }
+}
+
+impl Drop for PyLoader {
+    fn drop(&mut self) {
+        let inner = lock(&self.inner).take();
+        let current = lock(&self.current).take();
+        if std::process::id() != self.pid {
+            // A forked child: the threads to join are not in this process.
+            std::mem::forget((inner, current));
+            return;
+        }
+        let epoch = current.and_then(|c| lock(&c).take());
+        Python::attach(|py| py.detach(move || drop((epoch, inner))));
+    }
+}
+
+/// One epoch's batches (`pinnable::loader::Epoch`).
+#[pyclass(module = "pinnable", frozen)]
+pub(crate) struct BatchIterator {
+    epoch: Shared,
+    output: Output,
+    pid: u32,
+}
+
+#[pymethods]
+impl BatchIterator {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if std::process::id() != self.pid {
+            return Err(forked(self.pid));
+        }
+        let shared = self.epoch.clone();
+        let next = py.detach(move || lock(&shared).as_mut().and_then(|e| e.next()));
+        match next {
+            Some(Ok(batch)) => to_python(py, batch, self.output).map(Some),
+            Some(Err(e)) => Err(to_py(e)),
+            None => {
+                self.close(py);
+                Ok(None)
+            }
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        lock(&self.epoch)
+            .as_ref()
+            .and_then(|e| e.remaining())
+            .unwrap_or(0)
+    }
+
+    fn close(&self, py: Python<'_>) {
+        let epoch = lock(&self.epoch).take();
+        py.detach(move || drop(epoch));
+    }
+}
+
+impl Drop for BatchIterator {
+    fn drop(&mut self) {
+        let epoch = lock(&self.epoch).take();
+        if std::process::id() != self.pid {
+            std::mem::forget(epoch);
+            return;
+        }
+        Python::attach(|py| py.detach(move || drop(epoch)));
+    }
+}
