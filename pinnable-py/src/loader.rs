@@ -315,7 +315,7 @@ fn cuda(n: usize) -> PyResult<Device> {
 }
 
 /// The device a `device=` argument names; `None` is `cuda:LOCAL_RANK` when CUDA is there.
-fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
+pub(crate) fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
     let local = || -> PyResult<usize> {
         match std::env::var("LOCAL_RANK") {
             Ok(v) => v
@@ -473,15 +473,17 @@ impl PyLoader {
         })
     }
 
-    fn __iter__(&self, py: Python<'_>) -> PyResult<BatchIterator> {
-        let loader = self.loader()?;
-        let epoch = py.detach(|| loader.iter());
+    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<BatchIterator> {
+        let this = slf.get();
+        let loader = this.loader()?;
+        let epoch = slf.py().detach(|| loader.iter());
         let shared: Shared = Arc::new(Mutex::new(Some(epoch)));
-        *lock(&self.current) = Some(shared.clone());
+        *lock(&this.current) = Some(shared.clone());
         Ok(BatchIterator {
             epoch: shared,
-            output: self.output,
-            pid: self.pid,
+            output: this.output,
+            pid: this.pid,
+            _loader: slf.clone().unbind(),
         })
     }
 
@@ -660,6 +662,8 @@ pub(crate) struct BatchIterator {
     epoch: Shared,
     output: Output,
     pid: u32,
+    /// The loader, kept alive while its epoch runs (`next(iter(Loader(...)))`).
+    _loader: Py<PyLoader>,
 }
 
 #[pymethods]

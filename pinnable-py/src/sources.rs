@@ -384,7 +384,7 @@ pub(crate) struct PyPackedDocs {
 #[pymethods]
 impl PyPackedDocs {
     #[new]
-    #[pyo3(signature = (shards, *, eot, budget, seed=0, sort_window=None, dtype="int64", fixed_shape=false, seq_idx=false, storage=None))]
+    #[pyo3(signature = (shards, *, eot, budget, seed=0, sort_window=None, dtype="int64", fixed_shape=false, seq_idx=true, storage=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -496,6 +496,15 @@ impl PyImageCodec {
             codec = codec.engine_threads(n);
         }
         Ok(PyImageCodec { codec })
+    }
+
+    /// The JPEG decoder that makes batches for `device` and why
+    /// (`pinnable::formats::image::ImageCodec::chosen`): the GPU's engines, nvJPEG's CUDA
+    /// backend, or the host, with the library found or what was missing.
+    #[pyo3(signature = (device=None))]
+    fn decoder(&self, py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+        let device = crate::loader::parse_device(device)?;
+        Ok(py.detach(|| self.codec.chosen(&device).to_string()))
     }
 
     fn __repr__(&self) -> String {

@@ -14,6 +14,16 @@ Every class wraps one item of the Rust crate `pinnable` (its docstring names it)
 :class:`Error` (settings: :class:`ConfigError`) with the crate's message.
 """
 
+import os as _os
+import sys as _sys
+
+# nvJPEG (for JPEGs decoded on the GPU) is looked for where the user names it (PINNABLE_NVJPEG),
+# by the system's loader, in CUDA toolkits, and, from Python, in this interpreter's own
+# environment: the NVIDIA wheels PyTorch installed there. That environment's code already runs
+# in this process, so its libraries add no new trust; set the variable to name another
+# environment.
+_os.environ.setdefault("PINNABLE_NVJPEG_FROM_PYTHON", _sys.prefix)
+
 from ._pinnable import (
     Arrays,
     BatchIterator,

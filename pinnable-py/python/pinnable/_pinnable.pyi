@@ -134,8 +134,9 @@ class PackedDocs(Source):
     (`pinnable::formats::tokens::PackedDocs`, planned by `BudgetPlan`): the source cuts its own
     batches (no ``batch_size``), the same batches on every rank and epoch count. Batch:
     ``input_ids``, ``labels`` (-100 where a document ends), ``position_ids`` ``[1, total]`` of
-    ``dtype``, ``cu_seqlens`` int32 ``[documents + 1]``, ``max_seqlen`` and ``real_tokens``
-    (ints); with ``seq_idx=True`` also ``seq_idx`` int32 ``[1, total]``; with
+    ``dtype``, ``cu_seqlens`` int32 ``[documents + 1]``, ``seq_idx`` int32 ``[1, total]`` (each
+    token's document; ``seq_idx=False`` leaves it out), ``max_seqlen`` and ``real_tokens``
+    (ints); with
     ``fixed_shape=True`` every batch ``[1, rows * row_tokens]`` plus ``padding_mask`` uint8."""
 
     def __init__(
@@ -148,7 +149,7 @@ class PackedDocs(Source):
         sort_window: int | None = None,
         dtype: Literal["int64", "int32"] = "int64",
         fixed_shape: bool = False,
-        seq_idx: bool = False,
+        seq_idx: bool = True,
         storage: Storage | None = None,
     ) -> None: ...
     @property
@@ -179,6 +180,10 @@ class ImageCodec:
         cpu_share: float = 0.0,
         engine_threads: int | None = None,
     ) -> None: ...
+    def decoder(self, device: Any = None) -> str:
+        """The JPEG decoder that makes batches for ``device`` (as :class:`Loader` takes it), and why
+        (`ImageCodec::chosen`): the GPU's engines, nvJPEG's CUDA backend or the host, with the
+        library found or what was missing."""
 
 class ImageFolder(Source):
     """A folder with one sub-folder of JPEG/PNG files per class, labelled by the sub-folders'
