@@ -4,6 +4,7 @@
 //! wait, and a guard against use from a forked child.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
 use pinnable::loader::{Batcher, Dataset, EpochStats, Loader, Position};
@@ -56,6 +57,7 @@ pub(crate) trait AnyLoader: Send + Sync {
 /// An epoch whatever its batch type, its batches as named fields.
 pub(crate) trait AnyEpoch: Send {
     fn next(&mut self) -> Option<pinnable::Result<Named>>;
+    fn try_next(&mut self) -> Poll<Option<pinnable::Result<Named>>>;
     fn remaining(&self) -> Option<usize>;
 }
 
@@ -74,6 +76,12 @@ struct ErasedEpoch<T> {
 impl<T: Send> AnyEpoch for ErasedEpoch<T> {
     fn next(&mut self) -> Option<pinnable::Result<Named>> {
         self.epoch.next().map(|b| b.and_then(|b| (self.convert)(b)))
+    }
+
+    fn try_next(&mut self) -> Poll<Option<pinnable::Result<Named>>> {
+        self.epoch
+            .try_next()
+            .map(|item| item.map(|b| b.and_then(|b| (self.convert)(b))))
     }
 
     fn remaining(&self) -> Option<usize> {
@@ -483,6 +491,7 @@ impl PyLoader {
             epoch: shared,
             output: this.output,
             pid: this.pid,
+            calls_python: this.spec.calls_python(),
             _loader: slf.clone().unbind(),
         })
     }
@@ -662,6 +671,8 @@ pub(crate) struct BatchIterator {
     epoch: Shared,
     output: Output,
     pid: u32,
+    /// Whether the workers call Python (a `Dataset`).
+    calls_python: bool,
     /// The loader, kept alive while its epoch runs (`next(iter(Loader(...)))`).
     _loader: Py<PyLoader>,
 }
@@ -676,8 +687,21 @@ impl BatchIterator {
         if std::process::id() != self.pid {
             return Err(forked(self.pid));
         }
-        let shared = self.epoch.clone();
-        let next = py.detach(move || lock(&shared).as_mut().and_then(|e| e.next()));
+        // A batch already there is taken without letting go of the GIL: getting it back costs
+        // up to the interpreter's switch interval (5 ms) while another thread runs Python.
+        // Not for a Python dataset, whose workers take the GIL: the last batch or an error
+        // joins them.
+        let ready = match self.calls_python {
+            false => lock(&self.epoch).as_mut().map(|e| e.try_next()),
+            true => None,
+        };
+        let next = match ready {
+            Some(Poll::Ready(item)) => item,
+            _ => {
+                let shared = self.epoch.clone();
+                py.detach(move || lock(&shared).as_mut().and_then(|e| e.next()))
+            }
+        };
         match next {
             Some(Ok(batch)) => to_python(py, batch, self.output).map(Some),
             Some(Err(e)) => Err(to_py(e)),

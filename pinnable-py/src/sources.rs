@@ -29,6 +29,11 @@ pub(crate) trait Spec: Send + Sync {
 
     /// What a `Mix` can mix it with.
     fn mixable(&self) -> Mixable;
+
+    /// Whether the loader's workers call Python code (and so take the GIL).
+    fn calls_python(&self) -> bool {
+        false
+    }
 }
 
 /// The sources a `Mix` takes: those of one sample type and one batcher.
@@ -853,6 +858,10 @@ impl Spec for PythonSpec {
 
     fn mixable(&self) -> Mixable {
         Mixable::No("Dataset")
+    }
+
+    fn calls_python(&self) -> bool {
+        true
     }
 }
 

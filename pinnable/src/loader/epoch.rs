@@ -1,6 +1,7 @@
 //! One epoch's iterator: [`Epoch`], over an indexed source (its length known) or a stream.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use super::pipeline::Pipeline;
 use super::position::{Position, Progress};
@@ -98,6 +99,57 @@ impl<T> Iterator for Epoch<T> {
             return None;
         }
         let item = self.pipeline.next();
+        self.took(item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self.remaining {
+            Some(n) => (n, Some(n)),
+            None => (0, None),
+        }
+    }
+}
+
+impl<T> Epoch<T> {
+    /// The next item if it is already there, without waiting: `Poll::Ready` with what
+    /// [`next`](Iterator::next) would return, or `Poll::Pending` (nothing taken) when `next`
+    /// would wait for a batch. For a consumer that must not block where a batch is ready, e.g. a
+    /// binding that gives up a language lock only to wait. Like `next`, taking the epoch's
+    /// last batch or an error stops and joins its threads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::task::Poll;
+    /// use pinnable::loader::{Loader, Stack};
+    /// use pinnable::Tensor;
+    ///
+    /// let data: Vec<Tensor> = (0..8).map(|i| Tensor::from_vec1(vec![i as f32; 4])).collect();
+    /// let loader = Loader::builder(data).batch_size(4).build(Stack)?;
+    /// let mut epoch = loader.iter();
+    /// let mut batches = 0;
+    /// loop {
+    ///     match epoch.try_next() {
+    ///         Poll::Ready(Some(batch)) => { batch?; batches += 1 }
+    ///         Poll::Ready(None) => break,
+    ///         Poll::Pending => std::thread::yield_now(), // or block in `next()`
+    ///     }
+    /// }
+    /// assert_eq!(batches, 2);
+    /// # Ok::<(), pinnable::Error>(())
+    /// ```
+    pub fn try_next(&mut self) -> Poll<Option<Result<T>>> {
+        if self.refused.is_some() || self.remaining == Some(0) || self.over {
+            return Poll::Ready(self.next());
+        }
+        match self.pipeline.try_next() {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(item) => Poll::Ready(self.took(item)),
+        }
+    }
+
+    /// Counts an item the pipeline delivered, and joins the threads after the last one.
+    fn took(&mut self, item: Option<Result<T>>) -> Option<Result<T>> {
         match &item {
             Some(Ok(_)) => {
                 if let Some(r) = &mut self.remaining {
@@ -123,13 +175,6 @@ impl<T> Iterator for Epoch<T> {
             let _ = self.pipeline.shutdown();
         }
         item
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        match self.remaining {
-            Some(n) => (n, Some(n)),
-            None => (0, None),
-        }
     }
 }
 

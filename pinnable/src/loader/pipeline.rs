@@ -39,6 +39,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -291,7 +292,34 @@ impl<T> Pipeline<T> {
             return None;
         }
         let start = Instant::now();
-        match self.receive()? {
+        let received = self.receive()?;
+        self.deliver(received, start)
+    }
+
+    /// As [`next`](Self::next) when a batch (or the end) is already there; `Poll::Pending`,
+    /// having done nothing, when `next` would wait.
+    pub(crate) fn try_next(&mut self) -> Poll<Option<Result<T>>> {
+        if self.pending.is_some() || self.finished {
+            return Poll::Ready(self.next());
+        }
+        let Some(rx) = self.rx.as_ref() else {
+            return Poll::Ready(self.next());
+        };
+        let received = match rx.try_recv() {
+            Ok(ready) => Ok(ready),
+            Err(mpsc::TryRecvError::Empty) => return Poll::Pending,
+            Err(mpsc::TryRecvError::Disconnected) => Err(()),
+        };
+        Poll::Ready(self.deliver(received, Instant::now()))
+    }
+
+    /// What a message from the transfer thread, received since `start`, makes of the epoch.
+    fn deliver(
+        &mut self,
+        received: std::result::Result<Ready<T>, ()>,
+        start: Instant,
+    ) -> Option<Result<T>> {
+        match received {
             Ok(Ready {
                 batch: number,
                 result: Ok(batch),

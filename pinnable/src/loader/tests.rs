@@ -510,3 +510,54 @@ fn epochs_past_the_position_limit_are_errors_not_a_wrap_to_epoch_0() {
     assert!(epoch.next().is_none());
     assert_eq!(stream.run_epoch(Position::LIMIT - 1).count(), 2);
 }
+
+#[test]
+fn try_next_takes_the_same_batches_as_next_and_never_waits() {
+    let mut r = SplitMix64::for_test("try_next_takes_the_same_batches");
+    let pool = pool();
+    let bad = 3 + r.below(N as u64 - 6) as usize;
+    let seed = r.next_u64();
+    let make = || {
+        let data = FnDataset::new(N, move |i| {
+            if i == bad {
+                Err(Error::Shape(format!("sample {i} is bad")))
+            } else {
+                Ok(Tensor::from_vec1(vec![i as u32; 3]))
+            }
+        });
+        Loader::builder(data)
+            .batch_size(2)
+            .shuffle(seed)
+            .workers(2)
+            .pool(pool.clone())
+            .build(Stack)
+            .unwrap()
+    };
+    let (a, b) = (make(), make());
+    let values = |t: crate::Result<Tensor>| t.map(|t| t.to_vec::<u32>().unwrap());
+    let waited: Vec<_> = a.iter().map(values).collect();
+    let mut polled = Vec::new();
+    let mut epoch = b.iter();
+    loop {
+        match epoch.try_next() {
+            std::task::Poll::Ready(Some(item)) => polled.push(values(item)),
+            std::task::Poll::Ready(None) => break,
+            std::task::Poll::Pending => std::thread::yield_now(),
+        }
+    }
+    assert_eq!(waited.len(), polled.len(), "bad sample {bad}");
+    for (w, p) in waited.iter().zip(&polled) {
+        match (w, p) {
+            (Ok(w), Ok(p)) => assert_eq!(w, p),
+            (Err(Error::Sample { index, .. }), Err(Error::Sample { index: j, .. })) => {
+                assert_eq!((index, j), (&bad, &bad));
+            }
+            other => panic!("bad sample {bad}: {other:?}"),
+        }
+    }
+    assert!(
+        polled.last().is_some_and(Result::is_err),
+        "the error ends the epoch"
+    );
+    assert!(matches!(epoch.try_next(), std::task::Poll::Ready(None)));
+}
