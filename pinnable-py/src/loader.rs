@@ -16,7 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyMapping};
 
 use crate::errors::{IntoPy, config_error, error, to_py};
 use crate::sources::{PySource, Spec, seconds};
-use crate::tensor::{PyTensor, capsule};
+use crate::tensor::{PyTensor, wrap};
 
 /// One field of a batch: a tensor, or a host integer (a packed batch's `max_seqlen`).
 pub(crate) enum Value {
@@ -252,11 +252,9 @@ fn torch_stream(py: Python<'_>, hooks: &TorchHooks, ordinal: usize) -> PyResult<
 /// A batch as a dict for Python.
 fn to_python<'py>(py: Python<'py>, batch: Named, output: Output) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    let hooks = match output {
-        Output::Torch => Some(torch_hooks(py)?),
-        _ => None,
-    };
-    let mut stream: Option<(usize, isize)> = None;
+    if output == Output::Torch {
+        return to_torch(py, batch, dict);
+    }
     let numpy = match output {
         Output::Numpy => Some(py.import("numpy")?.getattr("from_dlpack")?),
         _ => None,
@@ -269,35 +267,71 @@ fn to_python<'py>(py: Python<'py>, batch: Named, output: Output) -> PyResult<Bou
             }
             Value::Tensor(t) => t,
         };
-        let object = match (output, hooks) {
-            (Output::Torch, Some(hooks)) => {
-                let s = match t.placement() {
-                    Placement::Cuda(n) => match stream {
-                        Some((m, s)) if m == n => Some(s),
-                        _ => {
-                            let s = torch_stream(py, hooks, n)?;
-                            stream = Some((n, s));
-                            Some(s)
-                        }
-                    },
-                    _ => None,
-                };
-                let cap = capsule(py, &t, s, true)?;
-                hooks.from_dlpack.bind(py).call1((cap,))?
-            }
-            (Output::Numpy, _) => {
+        let object = match &numpy {
+            Some(from_dlpack) => {
                 if let Placement::Cuda(n) = t.placement() {
                     return Err(error(format!(
                         "output=\"numpy\" takes host batches, and this one is on cuda:{n}: pass \
                          device=\"cpu\", or output=\"torch\""
                     )));
                 }
-                let f = numpy.as_ref().expect("numpy is imported for Output::Numpy");
-                f.call1((PyTensor { tensor: t },))?
+                from_dlpack.call1((PyTensor { tensor: t },))?
             }
-            _ => Bound::new(py, PyTensor { tensor: t })?.into_any(),
+            None => Bound::new(py, PyTensor { tensor: t })?.into_any(),
         };
         dict.set_item(name, object)?;
+    }
+    Ok(dict)
+}
+
+/// A batch as torch tensors over its memory, ordered on torch's current stream of the batch's
+/// device: one wait for the batch's copy, not one a tensor.
+fn to_torch<'py>(
+    py: Python<'py>,
+    batch: Named,
+    dict: Bound<'py, PyDict>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let hooks = torch_hooks(py)?;
+    let mut names = Vec::with_capacity(batch.len());
+    let mut tensors = Vec::with_capacity(batch.len());
+    for (name, value) in batch {
+        match value {
+            Value::Int(v) => dict.set_item(name, v)?,
+            Value::Tensor(t) => {
+                names.push(name);
+                tensors.push(t);
+            }
+        }
+    }
+    let device = tensors.iter().find_map(|t| match t.placement() {
+        Placement::Cuda(n) => Some(n),
+        _ => None,
+    });
+    if let Some(n) = device
+        && let Some(t) = tensors.iter().find(|t| t.placement() != Placement::Cuda(n))
+    {
+        return Err(error(format!(
+            "a batch with tensors on cuda:{n} and on {}: torch's stream is per device",
+            crate::tensor::device_name(t)
+        )));
+    }
+    let exported = match device {
+        Some(n) => {
+            let stream = torch_stream(py, hooks, n)?;
+            // SAFETY: `stream` is torch's current stream of the batch's device (1 for the
+            // legacy default one), which torch keeps alive while its tensors live.
+            unsafe { Tensor::to_dlpack_all_on_raw(&tensors, stream as usize as _) }.py_err()?
+        }
+        None => tensors
+            .iter()
+            .map(Tensor::to_dlpack)
+            .collect::<pinnable::Result<Vec<_>>>()
+            .py_err()?,
+    };
+    let from_dlpack = hooks.from_dlpack.bind(py);
+    for (name, dl) in names.into_iter().zip(exported) {
+        let capsule = wrap(py, dl, true)?;
+        dict.set_item(name, from_dlpack.call1((capsule,))?)?;
     }
     Ok(dict)
 }

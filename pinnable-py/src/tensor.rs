@@ -212,6 +212,15 @@ pub(crate) fn capsule<'py>(
         }
         _ => tensor.to_dlpack().py_err()?,
     };
+    wrap(py, dl, versioned)
+}
+
+/// A capsule that owns `dl`, versioned or legacy.
+pub(crate) fn wrap<'py>(
+    py: Python<'py>,
+    dl: DlpackTensor,
+    versioned: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let (ptr, name) = if versioned {
         (
             dl.into_raw_versioned().py_err()?.cast::<c_void>(),

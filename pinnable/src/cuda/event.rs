@@ -129,6 +129,12 @@ impl Event {
         Ok(())
     }
 
+    /// The driver's handle of the recorded event (`None` when there is nothing to wait for).
+    #[cfg(feature = "dlpack")]
+    pub(crate) fn handle(&self) -> Option<cudarc::driver::sys::CUevent> {
+        self.event.as_ref().map(|e| e.cu_event())
+    }
+
     /// Makes a raw stream wait for the recorded work (for streams another library owns).
     ///
     /// # Safety

@@ -154,6 +154,44 @@ impl Tensor {
         self.export(Consumer::Raw(stream))
     }
 
+    /// As [`to_dlpack_on_raw`](Self::to_dlpack_on_raw) for each of `tensors`, for one
+    /// consumer on `stream`, making the stream wait once for each copy they came by: the
+    /// tensors of a batch come by one copy, so handing a whole batch over costs one wait
+    /// instead of one a tensor. What a binding handing batches to Python calls.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] if a wait cannot be enqueued; the tensors exported until then are
+    /// dropped.
+    ///
+    /// # Safety
+    ///
+    /// As for [`to_dlpack_on_raw`](Self::to_dlpack_on_raw), for every tensor.
+    pub unsafe fn to_dlpack_all_on_raw(
+        tensors: &[Tensor],
+        stream: sys::CUstream,
+    ) -> Result<Vec<DlpackTensor>> {
+        let mut waited: Vec<sys::CUevent> = Vec::new();
+        let mut out = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if !matches!(t.source().memory, Memory::Device(_)) {
+                out.push(t.to_dlpack()?);
+                continue;
+            }
+            if let Some(e) = t.storage().ready_event() {
+                // An event is told apart by its handle, live while its tensor is.
+                let handle = e.handle();
+                if handle.is_none_or(|h| !waited.contains(&h)) {
+                    // SAFETY: a stream of the tensor's device (caller).
+                    unsafe { e.wait_on_raw(stream)? };
+                    waited.extend(handle);
+                }
+            }
+            out.push(t.export(Consumer::Raw(stream))?);
+        }
+        Ok(out)
+    }
+
     fn export(&self, consumer: Consumer) -> Result<DlpackTensor> {
         let (device, first) = match self.source().memory {
             Memory::Device(buf) => (
