@@ -2,11 +2,11 @@
 //! Rust crate. Each Python class wraps one Rust item (its docstring names it); the code here
 //! converts arguments, batches and errors, and holds no loading logic of its own.
 //!
-//! - [`loader`]: `Loader` and its epochs (`BatchIterator`), the fork guard, positions.
-//! - [`sources`]: the sources a loader reads, one class each.
-//! - [`rows`]: rows of named arrays (in memory, `.npy`, a Python dataset) and their batcher.
-//! - [`tensor`]: `Tensor` and DLPack capsules both ways.
-//! - [`errors`]: the crate's errors as Python exceptions.
+//! - `loader`: `Loader` and its epochs (`BatchIterator`), the fork guard, positions.
+//! - `sources`: the sources a loader reads, one class each.
+//! - `rows`: rows of named arrays (in memory, `.npy`, a Python dataset) and their batcher.
+//! - `tensor`: `Tensor` and DLPack capsules both ways.
+//! - `errors`: the crate's errors as Python exceptions.
 
 mod errors;
 mod loader;
