@@ -137,6 +137,15 @@ def device_of(args):
     return "cuda:0"
 
 
+def start(check, args):
+    """The package and the device of this run, with the machine described in the output."""
+    P = import_pinnable()
+    dev = device_of(args)
+    describe_machine(check)
+    check.value("device", dev)
+    return P, dev
+
+
 def describe_machine(check):
     import torch
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from common import describe_machine, device_of, import_pinnable, median, run, token_file
+from common import median, run, start, token_file
 
 GOAL = 0.90
 
@@ -98,10 +98,7 @@ def contended(seconds, batches):
 
 
 def main(check, args):
-    P = import_pinnable()
-    dev = device_of(args)
-    describe_machine(check)
-    check.value("device", dev)
+    P, dev = start(check, args)
     smoke = args.cpu_smoke
     context, rows = (4096, 16) if smoke else (65536, 64)
     windows = 64 if smoke else 2048  # 2048 windows: 32 batches an epoch

@@ -22,16 +22,13 @@ the samples fall mid-epoch), output "torch", each batch dropped at once.
 import numpy as np
 import torch
 
-from common import describe_machine, device_of, import_pinnable, run
+from common import run, start
 
 MIB = 1 << 20
 
 
 def main(check, args):
-    P = import_pinnable()
-    dev = device_of(args)
-    describe_machine(check)
-    check.value("device", dev)
+    P, dev = start(check, args)
     cuda = dev.startswith("cuda")
     smoke = args.cpu_smoke
     total, every = (1000, 100) if smoke else (10_000, 1000)

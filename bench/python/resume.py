@@ -26,7 +26,7 @@ import sys
 import numpy as np
 import torch
 
-from common import WindowIndex, describe_machine, device_of, import_pinnable, run, say, token_file
+from common import WindowIndex, run, say, start, token_file
 
 CONTEXT = 256
 BATCH = 16
@@ -83,10 +83,7 @@ def child(args):
 
 
 def main(check, args):
-    P = import_pinnable()
-    dev = device_of(args)
-    describe_machine(check)
-    check.value("device", dev)
+    P, dev = start(check, args)
     total, cut = (100, 50) if args.cpu_smoke else (1000, 500)
     tokens = (1 << 19 if args.cpu_smoke else 1 << 23)
     path = token_file(os.path.join(check.dir, "resume_tokens.bin"), tokens, check.rng)

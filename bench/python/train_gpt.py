@@ -39,8 +39,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common import (WindowIndex, Windows, describe_machine, device_of, import_pinnable,  # noqa: E402
-                    percentiles, run, token_file)
+from common import (WindowIndex, Windows, percentiles, run, start,  # noqa: E402
+                    token_file)
 
 GOAL = 1.02
 
@@ -146,11 +146,8 @@ def loader_batches(P, path, c, dev, seed):
 
 
 def main(check, args):
-    P = import_pinnable()
-    dev = device_of(args)
+    P, dev = start(check, args)
     cuda = dev.startswith("cuda")
-    describe_machine(check)
-    check.value("device", dev)
     c = Config(args.cpu_smoke)
     for k in ("layers", "heads", "dim", "vocab", "context", "batch", "steps", "skip", "window", "tokens"):
         check.value(k, getattr(c, k))

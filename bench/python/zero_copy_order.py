@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from common import WindowIndex, describe_machine, device_of, import_pinnable, run, token_file
+from common import WindowIndex, run, start, token_file
 
 
 def as_numpy(t):
@@ -264,10 +264,7 @@ def part_b(P, check, dev, steps, consumer, delay, cycles_per_ms):
 
 
 def main(check, args):
-    P = import_pinnable()
-    dev = device_of(args)
-    describe_machine(check)
-    check.value("device", dev)
+    P, dev = start(check, args)
     smoke = args.cpu_smoke
     part_a_dlpack_arrays(P, check, dev, 50 if smoke else 1000)
     part_a_dlpack_tokens(P, check, dev, 20 if smoke else 200)

@@ -52,13 +52,9 @@ def test_cuda_dlpack_is_zero_copy(torch, rng, seed):
             )
 
 
-@pytest.mark.parametrize("output", ["torch", "dlpack"])
-def test_consumed_on_a_side_stream(torch, rng, seed, output):
-    # Batches of 16 MiB: work queued on stream s right after a batch arrives reads it only
-    # if s was made to wait for the copy that fills it.
-    n, b, row = 256, 32, 128 * 1024
-    x = rng.standard_normal((n, row), dtype=np.float32)
-    ld = loader(pinnable.Arrays({"x": x}), batch_size=b, device="cuda:0", output=output)
+def check_row_sums_on_a_side_stream(torch, ld, x, output, seed):
+    """Every batch's row sums, queued on a new stream as each batch arrives (no host
+    synchronisation), equal NumPy's sums of the rows."""
     s = torch.cuda.Stream()
     sums = []
     with torch.cuda.stream(s):
@@ -69,6 +65,16 @@ def test_consumed_on_a_side_stream(torch, rng, seed, output):
     got = torch.cat(sums).cpu().numpy()
     np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=1), rtol=1e-9, atol=1e-6,
                                err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("output", ["torch", "dlpack"])
+def test_consumed_on_a_side_stream(torch, rng, seed, output):
+    # Batches of 16 MiB: work queued on stream s right after a batch arrives reads it only
+    # if s was made to wait for the copy that fills it.
+    n, b, row = 256, 32, 128 * 1024
+    x = rng.standard_normal((n, row), dtype=np.float32)
+    ld = loader(pinnable.Arrays({"x": x}), batch_size=b, device="cuda:0", output=output)
+    check_row_sums_on_a_side_stream(torch, ld, x, output, seed)
 
 
 def test_cuda_token_windows_equal_the_host_batches(torch, rng, seed, tmp_path):
@@ -123,16 +129,7 @@ def test_copies_delayed_on_the_loaders_stream_are_waited_for(torch, rng, seed, o
     torch.cuda.synchronize()
     with torch.cuda.stream(copies):
         torch.cuda._sleep(200_000_000)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        sums = []
-        for batch in ld:
-            t = batch["x"] if output == "torch" else torch.from_dlpack(batch["x"])
-            sums.append(t.double().sum(dim=1))
-    s.synchronize()
-    got = torch.cat(sums).cpu().numpy()
-    np.testing.assert_allclose(got, x.astype(np.float64).sum(axis=1), rtol=1e-9, atol=1e-6,
-                               err_msg=f"seed={seed}")
+    check_row_sums_on_a_side_stream(torch, ld, x, output, seed)
 
 
 def test_cuda_image_folder_host_decode(torch, rng, seed, tmp_path):
