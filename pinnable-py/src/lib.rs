@@ -38,5 +38,6 @@ fn _pinnable(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sources::register(m)?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<loader::BatchIterator>()?;
+    m.add_function(wrap_pyfunction!(loader::_shutdown, m)?)?;
     Ok(())
 }

@@ -203,11 +203,19 @@ pub(crate) fn capsule<'py>(
                          before its copy lands; pass the consumer's stream",
                     ));
                 }
+                Some(s) if s < 0 => {
+                    return Err(PyBufferError::new_err(format!(
+                        "stream={s} is no CUDA stream: pass the consumer's stream, 1 (the legacy \
+                         default stream) or 2 (the per-thread default stream)"
+                    )));
+                }
                 Some(s) => s,
             };
-            // SAFETY: `raw` is 1 or 2 (the default streams) or a stream the consumer named for
-            // this device in `__dlpack__`, which the DLPack protocol makes live until the
-            // consumer releases the tensor.
+            // SAFETY: `raw` is 1 or 2 (the default streams) or the stream the consumer named
+            // for this device in `__dlpack__`. The consumer keeps it alive until it frees the
+            // tensor (the deleter records its work): torch's streams live as long as the
+            // process; a consumer that destroys its stream first breaks this, as the type
+            // stub says.
             unsafe { tensor.to_dlpack_on_raw(raw as usize as _) }.py_err()?
         }
         _ => tensor.to_dlpack().py_err()?,

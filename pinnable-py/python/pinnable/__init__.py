@@ -24,6 +24,9 @@ import sys as _sys
 # environment.
 _os.environ.setdefault("PINNABLE_NVJPEG_FROM_PYTHON", _sys.prefix)
 
+import atexit as _atexit
+
+from ._pinnable import _shutdown as _stop_every_epoch
 from ._pinnable import (
     Arrays,
     BatchIterator,
@@ -69,3 +72,7 @@ __all__ = [
     "cuda_available",
     "device_count",
 ]
+
+# Epochs still running when the interpreter exits are stopped first, while their threads can
+# still finish what they are doing (a Python Dataset's __getitem__ needs the interpreter).
+_atexit.register(_stop_every_epoch)

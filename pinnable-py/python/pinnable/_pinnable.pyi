@@ -47,6 +47,8 @@ class Tensor:
         tensor equals."""
     @property
     def is_pinned(self) -> bool: ...
+    @property
+    def nbytes(self) -> int: ...
     def __dlpack__(
         self,
         *,
@@ -59,8 +61,10 @@ class Tensor:
         ``dltensor``). For a CUDA tensor, ``stream`` is the consumer's stream (1: the legacy
         default stream, 2: the per-thread default stream, else a ``cudaStream_t``): it is made to
         wait for the copy that fills the tensor, without a host synchronisation, and the memory
-        is reused only after the work queued on it when the consumer frees the tensor. A copy
-        (``copy=True``) or another device is refused (``BufferError``)."""
+        is reused only after the work queued on it when the consumer frees the tensor. That
+        stream must outlive the consumer's tensor (torch's streams do; destroy your own only
+        after freeing what you made under it). A copy (``copy=True``), another device,
+        ``stream=-1`` or another negative stream are refused (``BufferError``)."""
     def __dlpack_device__(self) -> tuple[int, int]: ...
 
 class Storage:
@@ -243,7 +247,8 @@ class Loader:
     training step, in a fixed order that resumes exactly.
 
     - ``device``: ``"cuda:N"``, an int, a ``torch.device``, ``"cpu"`` (pinned host batches),
-      or ``None``: ``cuda:LOCAL_RANK`` when CUDA is available, else the host.
+      or ``None``: torch's current GPU once torch has set up CUDA, else ``cuda:LOCAL_RANK``,
+      when CUDA is available; else the host.
     - ``rank``/``world_size``: ``None`` reads ``torch.distributed`` when it is initialised, else
       ``RANK``/``WORLD_SIZE``.
     - ``workers``: ``None`` takes half the cores this process may use, leaving the rest to the
@@ -252,7 +257,9 @@ class Loader:
       ``"numpy"`` (host batches only) or ``"dlpack"`` (:class:`Tensor`).
 
     Iterating runs the next epoch (:meth:`set_epoch` sets it). The GIL is released while a
-    batch is waited for and while the workers work. Not picklable, and not usable in a forked
+    batch is waited for and while the workers work; Ctrl-C interrupts a wait. Host batches
+    (``device="cpu"``) are reused once Python frees them: copy them to a GPU with
+    ``non_blocking=False``, or let the loader move them (``device="cuda"``). Not picklable, and not usable in a forked
     child: make it in the process that iterates."""
 
     def __init__(
@@ -272,7 +279,7 @@ class Loader:
         sample_timeout: float | None = None,
         output: Literal["torch", "numpy", "dlpack"] = "torch",
     ) -> None: ...
-    def __iter__(self) -> Iterator[Batch]: ...
+    def __iter__(self) -> BatchIterator: ...
     def __len__(self) -> int:
         """Batches of this rank in an epoch."""
     def set_epoch(self, epoch: int) -> None: ...
@@ -296,9 +303,10 @@ class Loader:
         """Where the loader stands (`pinnable::loader::Position`): after the last batch
         delivered. torchdata's ``Stateful`` protocol."""
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Goes on from a saved position at the next iteration; a position saved by a loader
-        with other settings raises :class:`ConfigError` naming the setting."""
-    def stats(self) -> dict[str, float] | None:
+        """Goes on from a saved position: the next iteration starts after the batch it was
+        saved at. Iterators still running are stopped. A position saved by a loader with other
+        settings raises :class:`ConfigError` naming the setting."""
+    def stats(self) -> dict[str, Any] | None:
         """The last epoch's figures (`pinnable::loader::EpochStats`): ``batches``, ``samples``,
         ``bytes``, ``elapsed_s``, ``waited_s``, ``load_s``, ``collate_s``, ``transfer_s``,
         ``workers``, ``batches_per_second``, ``gigabytes_per_second``, ``wait_share``,
@@ -310,7 +318,8 @@ class Loader:
         involved), ``pinned_in_use``/``pinned_held`` in the loader's pinned pool, and
         ``pinned_bound``, the bound the last epoch stated ((prefetch + workers + 1) batches)."""
     def close(self) -> None:
-        """Stops the running epoch, joins its threads, frees what the loader holds."""
+        """Stops every epoch its iterators run, joins their threads, frees what the loader
+        holds."""
     def __enter__(self) -> Loader: ...
     def __exit__(self, *exc: object) -> None: ...
 

@@ -41,8 +41,8 @@ pub(crate) trait AnyLoader: Send + Sync {
 
 /// An epoch whatever its batch type, its batches as named fields.
 pub(crate) trait AnyEpoch: Send {
-    fn next(&mut self) -> Option<pinnable::Result<Named>>;
     fn try_next(&mut self) -> Poll<Option<pinnable::Result<Named>>>;
+    fn next_within(&mut self, timeout: Duration) -> Poll<Option<pinnable::Result<Named>>>;
     fn remaining(&self) -> Option<usize>;
 }
 
@@ -59,13 +59,15 @@ struct ErasedEpoch<T> {
 }
 
 impl<T: Send> AnyEpoch for ErasedEpoch<T> {
-    fn next(&mut self) -> Option<pinnable::Result<Named>> {
-        self.epoch.next().map(|b| b.and_then(|b| (self.convert)(b)))
-    }
-
     fn try_next(&mut self) -> Poll<Option<pinnable::Result<Named>>> {
         self.epoch
             .try_next()
+            .map(|item| item.map(|b| b.and_then(|b| (self.convert)(b))))
+    }
+
+    fn next_within(&mut self, timeout: Duration) -> Poll<Option<pinnable::Result<Named>>> {
+        self.epoch
+            .next_within(timeout)
             .map(|item| item.map(|b| b.and_then(|b| (self.convert)(b))))
     }
 

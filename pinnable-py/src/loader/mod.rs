@@ -3,7 +3,8 @@
 //! tensors over the loader's memory, positions as `state_dict`s, the GIL let go around every
 //! wait, and a guard against use from a forked child.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -41,8 +42,38 @@ fn forked(made_in: u32) -> PyErr {
     ))
 }
 
-/// The epoch a `BatchIterator` drives, shared with its loader so that `close()` can stop it.
-type Shared = Arc<Mutex<Option<Box<dyn AnyEpoch>>>>;
+/// The epoch a `BatchIterator` drives (taken out when it is stopped).
+type Slot = Mutex<Option<Box<dyn AnyEpoch>>>;
+
+/// The iterator's own handle on its epoch.
+type Shared = Arc<Slot>;
+
+/// Every epoch started in this process, so that the interpreter's exit stops them before it
+/// tears down what their threads may call (a Python `Dataset`).
+static LIVE: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
+
+/// How long a wait for a batch lasts before the GIL is taken back to check for a signal
+/// (Ctrl-C), then let go again.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// Stops `epochs`, joining their threads, with the GIL let go: the lock of an epoch whose
+/// `next()` runs on another thread is taken once that call ends, and its threads may need the
+/// GIL meanwhile.
+fn stop(py: Python<'_>, epochs: Vec<Weak<Slot>>) {
+    py.detach(move || {
+        for shared in epochs.iter().filter_map(Weak::upgrade) {
+            let epoch = lock(&shared).take();
+            drop(epoch);
+        }
+    });
+}
+
+/// Stops every epoch still running (registered with `atexit` by the package).
+#[pyfunction]
+pub(crate) fn _shutdown(py: Python<'_>) {
+    let epochs = std::mem::take(&mut *lock(&LIVE));
+    stop(py, epochs);
+}
 
 /// The loader (`pinnable::loader::Loader`); see the type stub for the settings.
 #[pyclass(name = "Loader", module = "pinnable", frozen)]
@@ -51,7 +82,8 @@ pub(crate) struct PyLoader {
     options: Options,
     output: Output,
     inner: Mutex<Option<Arc<dyn AnyLoader>>>,
-    current: Mutex<Option<Shared>>,
+    /// The epochs its iterators run, stopped by `close()` and `load_state_dict()`.
+    epochs: Mutex<Vec<Weak<Slot>>>,
     pid: u32,
 }
 
@@ -70,13 +102,10 @@ impl PyLoader {
             .ok_or_else(|| error("the loader is closed; make a new one to read again"))
     }
 
-    /// Stops the running epoch, joining its threads, with the GIL let go.
-    fn stop_current(&self, py: Python<'_>) {
-        let current = lock(&self.current).take();
-        if let Some(shared) = current {
-            let epoch = lock(&shared).take();
-            py.detach(move || drop(epoch));
-        }
+    /// Stops the epochs of its iterators, joining their threads, with the GIL let go.
+    fn stop_epochs(&self, py: Python<'_>) {
+        let epochs = std::mem::take(&mut *lock(&self.epochs));
+        stop(py, epochs);
     }
 }
 
@@ -114,7 +143,7 @@ impl PyLoader {
         if output == Output::Torch {
             torch_hooks(py)?;
         }
-        let device = parse_device(device)?;
+        let device = parse_device(py, device)?;
         let (rank, world) = parse_ranks(py, rank, world_size)?;
         let options = Options {
             batch_size,
@@ -137,7 +166,7 @@ impl PyLoader {
             options,
             output,
             inner: Mutex::new(Some(Arc::from(inner))),
-            current: Mutex::new(None),
+            epochs: Mutex::new(Vec::new()),
             pid: std::process::id(),
         })
     }
@@ -146,10 +175,16 @@ impl PyLoader {
         let this = slf.get();
         let loader = this.loader()?;
         let epoch = slf.py().detach(|| loader.iter());
+        let remaining = epoch.remaining().unwrap_or(0);
         let shared: Shared = Arc::new(Mutex::new(Some(epoch)));
-        *lock(&this.current) = Some(shared.clone());
+        for list in [&this.epochs, &LIVE] {
+            let mut list = lock(list);
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(&shared));
+        }
         Ok(BatchIterator {
             epoch: shared,
+            remaining: AtomicUsize::new(remaining),
             output: this.output,
             pid: this.pid,
             calls_python: this.spec.calls_python(),
@@ -227,7 +262,7 @@ impl PyLoader {
             .extract()?;
         let position = Position::from_bytes(&bytes).py_err()?;
         let fresh = self.spec.loader(&self.options, Some(position))?;
-        self.stop_current(py);
+        self.stop_epochs(py);
         let old = lock(&self.inner).replace(Arc::from(fresh));
         py.detach(move || drop(old));
         Ok(())
@@ -275,7 +310,7 @@ impl PyLoader {
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
-        self.stop_current(py);
+        self.stop_epochs(py);
         let old = lock(&self.inner).take();
         py.detach(move || drop(old));
         Ok(())
@@ -314,15 +349,22 @@ impl PyLoader {
 
 impl Drop for PyLoader {
     fn drop(&mut self) {
-        let inner = lock(&self.inner).take();
-        let current = lock(&self.current).take();
+        // `get_mut`: no lock to wait for (a forked child may hold a copy of one taken).
+        let inner = self.inner.get_mut().map_or(None, Option::take);
+        let epochs = self
+            .epochs
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
         if std::process::id() != self.pid {
             // A forked child: the threads to join are not in this process.
-            std::mem::forget((inner, current));
+            std::mem::forget((inner, epochs));
             return;
         }
-        let epoch = current.and_then(|c| lock(&c).take());
-        Python::attach(|py| py.detach(move || drop((epoch, inner))));
+        Python::attach(|py| {
+            stop(py, epochs);
+            py.detach(move || drop(inner));
+        });
     }
 }
 
@@ -330,12 +372,51 @@ impl Drop for PyLoader {
 #[pyclass(module = "pinnable", frozen)]
 pub(crate) struct BatchIterator {
     epoch: Shared,
+    /// The batches still to come, as of the last one taken (read without the epoch's lock).
+    remaining: AtomicUsize,
     output: Output,
     pid: u32,
     /// Whether the workers call Python (a `Dataset`).
     calls_python: bool,
     /// The loader, kept alive while its epoch runs (`next(iter(Loader(...)))`).
     _loader: Py<PyLoader>,
+}
+
+impl BatchIterator {
+    /// A batch already there, taken without letting go of the GIL (getting it back costs up
+    /// to the interpreter's switch interval, 5 ms, while another thread runs Python). Not for
+    /// a Python dataset, whose workers take the GIL, nor for the epoch's last batch, which
+    /// joins the threads; not while another thread holds the epoch.
+    fn ready(&self) -> Option<Option<pinnable::Result<Named>>> {
+        if self.calls_python {
+            return None;
+        }
+        let mut guard = self.epoch.try_lock().ok()?;
+        let epoch = guard.as_mut()?;
+        if epoch.remaining().is_some_and(|n| n <= 1) {
+            return None;
+        }
+        match epoch.try_next() {
+            Poll::Ready(item) => Some(item),
+            Poll::Pending => None,
+        }
+    }
+
+    /// The next item, waiting with the GIL let go, taking it back every [`SIGNAL_CHECK`] to
+    /// raise `KeyboardInterrupt` and other signals' exceptions.
+    fn wait(&self, py: Python<'_>) -> PyResult<Option<pinnable::Result<Named>>> {
+        loop {
+            let shared = self.epoch.clone();
+            let next = py.detach(move || match lock(&shared).as_mut() {
+                Some(e) => e.next_within(SIGNAL_CHECK),
+                None => Poll::Ready(None),
+            });
+            match next {
+                Poll::Ready(item) => return Ok(item),
+                Poll::Pending => py.check_signals()?,
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -348,51 +429,53 @@ impl BatchIterator {
         if std::process::id() != self.pid {
             return Err(forked(self.pid));
         }
-        // A batch already there is taken without letting go of the GIL: getting it back costs
-        // up to the interpreter's switch interval (5 ms) while another thread runs Python.
-        // Not for a Python dataset, whose workers take the GIL: the last batch or an error
-        // joins them.
-        let ready = match self.calls_python {
-            false => lock(&self.epoch).as_mut().map(|e| e.try_next()),
-            true => None,
-        };
-        let next = match ready {
-            Some(Poll::Ready(item)) => item,
-            _ => {
-                let shared = self.epoch.clone();
-                py.detach(move || lock(&shared).as_mut().and_then(|e| e.next()))
-            }
+        let next = match self.ready() {
+            Some(item) => item,
+            None => self.wait(py)?,
         };
         match next {
-            Some(Ok(batch)) => to_python(py, batch, self.output).map(Some),
-            Some(Err(e)) => Err(to_py(e)),
+            Some(Ok(batch)) => {
+                self.remaining.store(
+                    self.remaining.load(Ordering::Relaxed).saturating_sub(1),
+                    Ordering::Relaxed,
+                );
+                to_python(py, batch, self.output).map(Some)
+            }
+            Some(Err(e)) => {
+                self.remaining.store(0, Ordering::Relaxed);
+                Err(to_py(e))
+            }
             None => {
-                self.close(py);
+                self.remaining.store(0, Ordering::Relaxed);
+                self.close(py)?;
                 Ok(None)
             }
         }
     }
 
     fn __len__(&self) -> usize {
-        lock(&self.epoch)
-            .as_ref()
-            .and_then(|e| e.remaining())
-            .unwrap_or(0)
+        self.remaining.load(Ordering::Relaxed)
     }
 
-    fn close(&self, py: Python<'_>) {
-        let epoch = lock(&self.epoch).take();
-        py.detach(move || drop(epoch));
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(forked(self.pid));
+        }
+        self.remaining.store(0, Ordering::Relaxed);
+        stop(py, vec![Arc::downgrade(&self.epoch)]);
+        Ok(())
     }
 }
 
 impl Drop for BatchIterator {
     fn drop(&mut self) {
-        let epoch = lock(&self.epoch).take();
         if std::process::id() != self.pid {
-            std::mem::forget(epoch);
+            // A forked child: no lock to take, no thread to join. The epoch is leaked (one
+            // more owner) so that dropping this iterator's share does not drop it.
+            std::mem::forget(self.epoch.clone());
             return;
         }
-        Python::attach(|py| py.detach(move || drop(epoch)));
+        let shared = self.epoch.clone();
+        Python::attach(|py| stop(py, vec![Arc::downgrade(&shared)]));
     }
 }

@@ -14,6 +14,9 @@ pub(super) enum Output {
 /// What converting a batch for torch needs, looked up once.
 pub(super) struct TorchHooks {
     from_dlpack: Py<PyAny>,
+    /// Whether `from_dlpack` takes versioned capsules (torch 2.9 and later); older ones are
+    /// handed the legacy form.
+    versioned: bool,
     /// `torch._C._cuda_getCurrentRawStream(index)`, or `None` where torch lacks it.
     raw_stream: Option<Py<PyAny>>,
     current_stream: Py<PyAny>,
@@ -36,6 +39,7 @@ pub(super) fn torch_hooks(py: Python<'_>) -> PyResult<&'static TorchHooks> {
         };
         Ok(TorchHooks {
             from_dlpack: from_dlpack.unbind(),
+            versioned: c.hasattr("_to_dlpack_versioned")?,
             raw_stream: c
                 .getattr("_cuda_getCurrentRawStream")
                 .ok()
@@ -132,7 +136,9 @@ fn to_torch<'py>(
         Some(n) => {
             let stream = torch_stream(py, hooks, n)?;
             // SAFETY: `stream` is torch's current stream of the batch's device (1 for the
-            // legacy default one), which torch keeps alive while its tensors live.
+            // legacy default one): torch's own streams (default, pooled) live as long as the
+            // process; an `ExternalStream` must outlive the tensors made under it, as the type
+            // stub says.
             unsafe { Tensor::to_dlpack_all_on_raw(&tensors, stream as usize as _) }.py_err()?
         }
         None => tensors
@@ -143,7 +149,7 @@ fn to_torch<'py>(
     };
     let from_dlpack = hooks.from_dlpack.bind(py);
     for (name, dl) in names.into_iter().zip(exported) {
-        let capsule = wrap(py, dl, true)?;
+        let capsule = wrap(py, dl, hooks.versioned)?;
         dict.set_item(name, from_dlpack.call1((capsule,))?)?;
     }
     Ok(dict)

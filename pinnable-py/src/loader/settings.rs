@@ -1,10 +1,18 @@
-//! The settings resolved as torch would: the device (`cuda:LOCAL_RANK` when there is a GPU) and
+//! The settings resolved as torch would: the device (torch's current GPU, or `cuda:LOCAL_RANK`) and
 //! the ranks (`torch.distributed`, else `RANK`/`WORLD_SIZE`).
 
 use super::*;
 
-/// CUDA device `n`, or an error that says how to stay on the host.
+/// CUDA device `n`, or an error that says what to pass instead.
 fn cuda(n: usize) -> PyResult<Device> {
+    let count = Device::count();
+    if count > 0 && n >= count {
+        return Err(config_error(format!(
+            "device cuda:{n} does not exist: this process sees {count} CUDA device(s), \
+             cuda:0 to cuda:{}",
+            count - 1
+        )));
+    }
     Device::cuda(n).map_err(|e| {
         error(format!(
             "{e}. To load without a GPU, pass device=\"cpu\": batches stay in pinned host memory"
@@ -12,20 +20,31 @@ fn cuda(n: usize) -> PyResult<Device> {
     })
 }
 
-/// The device a `device=` argument names; `None` is `cuda:LOCAL_RANK` when CUDA is there.
-pub(crate) fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
-    let local = || -> PyResult<usize> {
-        match std::env::var("LOCAL_RANK") {
-            Ok(v) => v
-                .trim()
-                .parse()
-                .map_err(|_| config_error(format!("LOCAL_RANK={v:?} is not a device number"))),
-            Err(_) => Ok(0),
+/// The GPU a loader without a device goes to: torch's current device once torch has set up
+/// CUDA (`torch.cuda.set_device(rank)` under `mp.spawn`), else `LOCAL_RANK`, else 0.
+fn current(py: Python<'_>) -> PyResult<usize> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    if let Ok(torch) = modules.get_item("torch") {
+        let cuda = torch.getattr("cuda")?;
+        if cuda.call_method0("is_initialized")?.is_truthy()? {
+            return cuda.call_method0("current_device")?.extract();
         }
-    };
+    }
+    match std::env::var("LOCAL_RANK") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| config_error(format!("LOCAL_RANK={v:?} is not a device number"))),
+        Err(_) => Ok(0),
+    }
+}
+
+/// The device a `device=` argument names; `None` is the current GPU (see [`current`]) when
+/// CUDA is there, else the host.
+pub(crate) fn parse_device(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
     let Some(d) = device.filter(|d| !d.is_none()) else {
         return if Device::is_available() {
-            cuda(local()?)
+            cuda(current(py)?)
         } else {
             Ok(Device::cpu())
         };
@@ -36,7 +55,7 @@ pub(crate) fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Device
     let name = d.str()?.to_string();
     match name.as_str() {
         "cpu" => Ok(Device::cpu()),
-        "cuda" => cuda(local()?),
+        "cuda" => cuda(current(py)?),
         _ => match name.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => cuda(n),
             _ => Err(config_error(format!(

@@ -73,7 +73,7 @@ impl PyImageCodec {
     /// backend, or the host, with the library found or what was missing.
     #[pyo3(signature = (device=None))]
     fn decoder(&self, py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
-        let device = crate::loader::parse_device(device)?;
+        let device = crate::loader::parse_device(py, device)?;
         Ok(py.detach(|| self.codec.chosen(&device).to_string()))
     }
 

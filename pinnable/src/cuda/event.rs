@@ -146,9 +146,7 @@ impl Event {
         use cudarc::driver::{result, sys};
         self.settle()?;
         let Some(e) = &self.event else { return Ok(()) };
-        self.device
-            .ctx
-            .bind_to_thread()
+        let _current = super::KeepCurrent::bind(&self.device.ctx)
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         // SAFETY: the event is live (owned by `self`); the stream is valid (caller).
         unsafe {

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use super::pipeline::Pipeline;
 use super::position::{Position, Progress};
@@ -139,10 +140,22 @@ impl<T> Epoch<T> {
     /// # Ok::<(), pinnable::Error>(())
     /// ```
     pub fn try_next(&mut self) -> Poll<Option<Result<T>>> {
+        self.next_before(Some(Instant::now()))
+    }
+
+    /// As [`next`](Iterator::next), waiting `timeout` at most: `Poll::Pending` (nothing taken)
+    /// when no batch came in that time. For a consumer that must do something while it waits,
+    /// e.g. a binding that checks for an interrupt; the wait still counts whole in the
+    /// epoch's [`stats`](Self::stats).
+    pub fn next_within(&mut self, timeout: Duration) -> Poll<Option<Result<T>>> {
+        self.next_before(Some(Instant::now() + timeout))
+    }
+
+    fn next_before(&mut self, deadline: Option<Instant>) -> Poll<Option<Result<T>>> {
         if self.refused.is_some() || self.remaining == Some(0) || self.over {
             return Poll::Ready(self.next());
         }
-        match self.pipeline.try_next() {
+        match self.pipeline.next_before(deadline) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(item) => Poll::Ready(self.took(item)),
         }

@@ -186,6 +186,9 @@ pub(crate) struct Pipeline<T> {
     abandoned: Abandoned,
     /// The number of the batch delivered last.
     last: usize,
+    /// Since when the consumer waits for the next batch, across waits that gave up at a
+    /// deadline ([`next_before`](Self::next_before)).
+    waiting: Option<Instant>,
     /// The pool the batches' blocks come from: polled once the threads are joined, so blocks
     /// whose copies have completed are cached rather than counted as pending.
     pool: PinnedPool,
@@ -225,6 +228,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             watch,
             abandoned: spec.abandoned,
             last: 0,
+            waiting: None,
             pool: spec.pool.clone(),
         };
         // On a host with several memory nodes, every thread runs on the device's node.
@@ -284,36 +288,36 @@ impl<T> Pipeline<T> {
     /// The next batch in order, `None` at the end of the epoch. After an error the epoch is
     /// over: its threads are stopped and joined, and `next` returns `None`.
     pub(crate) fn next(&mut self) -> Option<Result<T>> {
+        match self.next_before(None) {
+            Poll::Ready(item) => item,
+            Poll::Pending => unreachable!("a wait without a deadline ends with an item"),
+        }
+    }
+
+    /// As [`next`](Self::next), waiting until `deadline` at most (`None`: as long as it
+    /// takes); `Poll::Pending`, having taken nothing, when it passes first. An instant already
+    /// past only takes what is there.
+    pub(crate) fn next_before(&mut self, deadline: Option<Instant>) -> Poll<Option<Result<T>>> {
         if let Some(e) = self.pending.take() {
             self.finished = true;
-            return Some(Err(e));
+            return Poll::Ready(Some(Err(e)));
         }
         if self.finished {
-            return None;
+            return Poll::Ready(None);
         }
-        let start = Instant::now();
-        let received = self.receive()?;
-        self.deliver(received, start)
+        let start = *self.waiting.get_or_insert_with(Instant::now);
+        let Some(received) = self.receive(deadline) else {
+            self.waiting = None;
+            return Poll::Ready(None);
+        };
+        let Some(received) = received else {
+            return Poll::Pending;
+        };
+        self.waiting = None;
+        Poll::Ready(self.deliver(received, start))
     }
 
-    /// As [`next`](Self::next) when a batch (or the end) is already there; `Poll::Pending`,
-    /// having done nothing, when `next` would wait.
-    pub(crate) fn try_next(&mut self) -> Poll<Option<Result<T>>> {
-        if self.pending.is_some() || self.finished {
-            return Poll::Ready(self.next());
-        }
-        let Some(rx) = self.rx.as_ref() else {
-            return Poll::Ready(self.next());
-        };
-        let received = match rx.try_recv() {
-            Ok(ready) => Ok(ready),
-            Err(mpsc::TryRecvError::Empty) => return Poll::Pending,
-            Err(mpsc::TryRecvError::Disconnected) => Err(()),
-        };
-        Poll::Ready(self.deliver(received, Instant::now()))
-    }
-
-    /// What a message from the transfer thread, received since `start`, makes of the epoch.
+    /// What a message from the transfer thread, waited for since `start`, makes of the epoch.
     fn deliver(
         &mut self,
         received: std::result::Result<Ready<T>, ()>,
@@ -341,28 +345,51 @@ impl<T> Pipeline<T> {
         }
     }
 
-    /// The next message from the transfer thread; with a timeout, an [`Error::Timeout`] for
-    /// a sample past it while waiting (the epoch is then shut down).
-    fn receive(&mut self) -> Option<std::result::Result<Ready<T>, ()>> {
+    /// The next message from the transfer thread, waiting until `deadline` at most (`None`
+    /// inside when it passes first); with a sample timeout, an [`Error::Timeout`] for a sample
+    /// past it while waiting (the epoch is then shut down). `None` when the epoch has no
+    /// channel (it is over).
+    fn receive(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Option<Option<std::result::Result<Ready<T>, ()>>> {
         let rx = self.rx.as_ref()?;
-        let Some(watch) = self.watch.clone() else {
-            return Some(rx.recv().map_err(|_| ()));
-        };
+        let watch = self.watch.clone();
         loop {
-            match rx.recv_timeout(watch.tick()) {
-                Ok(ready) => return Some(Ok(ready)),
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Some(Err(())),
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) if d <= now => {
+                    return Some(match rx.try_recv() {
+                        Ok(ready) => Some(Ok(ready)),
+                        Err(mpsc::TryRecvError::Empty) => None,
+                        Err(mpsc::TryRecvError::Disconnected) => Some(Err(())),
+                    });
+                }
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            let wait = match (left, &watch) {
+                (None, None) => return Some(Some(rx.recv().map_err(|_| ()))),
+                (Some(l), None) => l,
+                (None, Some(w)) => w.tick(),
+                (Some(l), Some(w)) => l.min(w.tick()),
+            };
+            match rx.recv_timeout(wait) {
+                Ok(ready) => return Some(Some(Ok(ready))),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Some(Some(Err(()))),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(o) = watch.overdue() {
+                    if let Some(w) = &watch
+                        && let Some(o) = w.overdue()
+                    {
                         let _ = self.shutdown();
                         // Delivered by `next` as the epoch's last item.
                         self.pending = Some(Error::Timeout {
                             index: o.index,
                             worker: o.worker,
                             waited: o.waited,
-                            timeout: watch.timeout(),
+                            timeout: w.timeout(),
                         });
-                        return Some(Err(()));
+                        return Some(Some(Err(())));
                     }
                 }
             }

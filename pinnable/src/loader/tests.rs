@@ -561,3 +561,41 @@ fn try_next_takes_the_same_batches_as_next_and_never_waits() {
     );
     assert!(matches!(epoch.try_next(), std::task::Poll::Ready(None)));
 }
+
+#[test]
+fn next_within_gives_up_at_its_timeout_and_then_takes_the_same_batches() {
+    let pool = pool();
+    let slow = FnDataset::new(8, |i| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        Ok(Tensor::from_vec1(vec![i as u32; 2]))
+    });
+    let loader = Loader::builder(slow)
+        .batch_size(2)
+        .workers(1)
+        .pool(pool.clone())
+        .build(Stack)
+        .unwrap();
+    let mut epoch = loader.iter();
+    // The first batch takes two 20 ms samples: 1 ms is not enough.
+    assert!(
+        epoch
+            .next_within(std::time::Duration::from_millis(1))
+            .is_pending()
+    );
+    let mut got = Vec::new();
+    let mut pending = 0;
+    loop {
+        match epoch.next_within(std::time::Duration::from_millis(2)) {
+            std::task::Poll::Ready(Some(b)) => got.push(b.unwrap().to_vec::<u32>().unwrap()),
+            std::task::Poll::Ready(None) => break,
+            std::task::Poll::Pending => pending += 1,
+        }
+    }
+    let want: Vec<Vec<u32>> = (0..4u32)
+        .map(|b| vec![2 * b, 2 * b, 2 * b + 1, 2 * b + 1])
+        .collect();
+    assert_eq!(got, want);
+    assert!(pending > 0, "every batch took 40 ms to make");
+    let waited = loader.stats().unwrap().waited;
+    assert!(waited >= std::time::Duration::from_millis(60), "{waited:?}");
+}

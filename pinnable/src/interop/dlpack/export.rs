@@ -1,6 +1,7 @@
 //! Exporting tensors as DLPack, ordered on the consumer's stream.
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -28,16 +29,16 @@ pub(super) struct Holder {
     pub(super) legacy: DLManagedTensor,
     shape: Vec<i64>,
     strides: Vec<i64>,
-    pub(super) tensor: Tensor,
+    pub(super) tensor: ManuallyDrop<Tensor>,
     consumer: Consumer,
 }
 
-impl Drop for Holder {
-    fn drop(&mut self) {
+impl Holder {
+    /// The consumer is done: records its stream's work so far as the last use of the memory.
+    fn record_reader(&self) {
         let Memory::Device(buf) = self.tensor.source().memory else {
             return;
         };
-        // The consumer is done: its stream's work so far is the last use of the memory.
         let reader = match &self.consumer {
             Consumer::Host => return,
             Consumer::Stream(s) => s.record_event(None).ok(),
@@ -52,6 +53,20 @@ impl Drop for Holder {
                 let _ = buf.device.ctx.synchronize();
             }
         }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // On the consumer's thread (its deleter): the context current there is put back once
+        // the reader is recorded and the tensor dropped (which may free the memory).
+        let _current = match self.tensor.source().memory {
+            Memory::Device(buf) => crate::cuda::KeepCurrent::bind(&buf.device.ctx).ok(),
+            _ => None,
+        };
+        self.record_reader();
+        // SAFETY: dropped once, here, and not used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.tensor) };
     }
 }
 
@@ -249,7 +264,7 @@ impl Tensor {
             },
             shape,
             strides,
-            tensor: self.clone(),
+            tensor: ManuallyDrop::new(self.clone()),
             consumer,
         });
         // The vectors' buffers do not move when the box does.

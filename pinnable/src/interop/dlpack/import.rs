@@ -28,7 +28,7 @@ impl Tensor {
             // storage (a second one over the same bytes could be written in place). Dropping
             // `dl` then runs our deleter once.
             // SAFETY: the holder lives until `dl`'s deleter runs, which is after this line.
-            return Ok(unsafe { holder.as_ref() }.tensor.clone());
+            return Ok(Tensor::clone(&unsafe { holder.as_ref() }.tensor));
         }
         // A versioned tensor's major version was checked when it was taken in.
         let t = dl.dl_tensor();
