@@ -75,31 +75,37 @@ pub(crate) struct PyTensor {
 
 #[pymethods]
 impl PyTensor {
+    /// The sizes of the dimensions.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.tensor.shape())
     }
 
+    /// NumPy's name of the element type (`"float32"`, `"int64"`, ...).
     #[getter]
     fn dtype(&self) -> &'static str {
         dtype_name(self.tensor.dtype())
     }
 
+    /// `"cpu"` or `"cuda:N"`.
     #[getter]
     fn device(&self) -> String {
         device_name(&self.tensor)
     }
 
+    /// The address of the first element: what the consumer's tensor's `data_ptr()` equals.
     #[getter]
     fn data_ptr(&self) -> usize {
         self.tensor.data_ptr()
     }
 
+    /// Whether the elements are in page-locked host memory.
     #[getter]
     fn is_pinned(&self) -> bool {
         self.tensor.is_pinned()
     }
 
+    /// The bytes the elements take.
     #[getter]
     fn nbytes(&self) -> usize {
         self.tensor.nbytes()
@@ -135,6 +141,7 @@ impl PyTensor {
         capsule(py, &self.tensor, stream, versioned)
     }
 
+    /// `(device type, device number)` as DLPack numbers them: `(1, 0)` host, `(2, n)` CUDA.
     fn __dlpack_device__(&self) -> (i32, i32) {
         match self.tensor.placement() {
             Placement::Cuda(n) => (KDL_CUDA, n as i32),

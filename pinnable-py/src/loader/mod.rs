@@ -192,20 +192,24 @@ impl PyLoader {
         })
     }
 
+    /// Batches of this rank in an epoch.
     fn __len__(&self) -> PyResult<usize> {
         Ok(self.loader()?.len())
     }
 
+    /// The epoch the next iteration runs (`Loader::set_epoch`), as with `DistributedSampler`.
     fn set_epoch(&self, epoch: u64) -> PyResult<()> {
         self.loader()?.set_epoch(epoch);
         Ok(())
     }
 
+    /// The epoch the next iteration runs.
     #[getter]
     fn epoch(&self) -> PyResult<u64> {
         Ok(self.loader()?.next_epoch())
     }
 
+    /// Where batches are delivered: `"cuda:N"`, or `"cpu"` (pinned host memory).
     #[getter]
     fn device(&self) -> String {
         match self.options.device.ordinal() {
@@ -223,21 +227,26 @@ impl PyLoader {
             .map(|s| s.cu_stream() as usize)
     }
 
+    /// This loader's rank.
     #[getter]
     fn rank(&self) -> usize {
         self.options.rank
     }
 
+    /// The ranks the source is split across.
     #[getter]
     fn world_size(&self) -> usize {
         self.options.world
     }
 
+    /// The worker threads an epoch runs.
     #[getter]
     fn workers(&self) -> PyResult<usize> {
         Ok(self.loader()?.workers())
     }
 
+    /// Where the loader stands (`pinnable::loader::Position`): after the last batch delivered.
+    /// Plain bytes and ints (torchdata's `Stateful`).
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.loader()?.position();
         let d = PyDict::new(py);
@@ -247,6 +256,8 @@ impl PyLoader {
         Ok(d)
     }
 
+    /// Goes on from a saved position; iterators still running are stopped. A position saved
+    /// with other settings raises `ConfigError` naming the setting.
     fn load_state_dict(&self, py: Python<'_>, state_dict: &Bound<'_, PyAny>) -> PyResult<()> {
         self.check_process()?;
         let map = state_dict.cast::<PyMapping>().map_err(|_| {
@@ -268,6 +279,7 @@ impl PyLoader {
         Ok(())
     }
 
+    /// The last epoch's figures (`pinnable::loader::EpochStats`), and `report`, their table.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(s) = self.loader()?.stats() else {
             return Ok(None);
@@ -292,6 +304,8 @@ impl PyLoader {
         Ok(Some(d))
     }
 
+    /// Bytes held: `device_used`/`device_reserved` in the device pool batches come from,
+    /// `pinned_in_use`/`pinned_held` in the pinned pool, and `pinned_bound`.
     fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let loader = self.loader()?;
         let (used, reserved) = self.options.device.pool_memory().py_err()?;
@@ -308,6 +322,7 @@ impl PyLoader {
         Ok(d)
     }
 
+    /// Stops every epoch of its iterators, joins their threads, frees what the loader holds.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.check_process()?;
         self.stop_epochs(py);
@@ -425,6 +440,8 @@ impl BatchIterator {
         slf
     }
 
+    /// The next batch: taken at once when it is already there, else waited for with the GIL
+    /// let go.
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         if std::process::id() != self.pid {
             return Err(forked(self.pid));
@@ -453,10 +470,12 @@ impl BatchIterator {
         }
     }
 
+    /// Batches still to come.
     fn __len__(&self) -> usize {
         self.remaining.load(Ordering::Relaxed)
     }
 
+    /// Stops the epoch and joins its threads.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(forked(self.pid));

@@ -56,6 +56,7 @@ pub(crate) struct PySource {
 
 #[pymethods]
 impl PySource {
+    /// Samples (documents for packed documents, samples in the shards for tar).
     fn __len__(&self) -> usize {
         self.spec.len()
     }
