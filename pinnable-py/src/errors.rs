@@ -101,3 +101,16 @@ impl<T> IntoPy<T> for pinnable::Result<T> {
         self.map_err(to_py)
     }
 }
+
+/// The choice `value` names among `choices` for the setting `setting`, or a `ConfigError`
+/// listing them.
+pub(crate) fn pick<T: Copy>(setting: &str, value: &str, choices: &[(&str, T)]) -> PyResult<T> {
+    if let Some((_, v)) = choices.iter().find(|(name, _)| *name == value) {
+        return Ok(*v);
+    }
+    let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+    Err(config_error(format!(
+        "{setting}={value:?}: use one of {}",
+        names.join(", ")
+    )))
+}

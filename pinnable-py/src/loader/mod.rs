@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyMapping};
 
-use crate::errors::{IntoPy, config_error, error, to_py};
+use crate::errors::{IntoPy, config_error, error, pick, to_py};
 use crate::sources::{PySource, Spec, seconds};
 
 mod erased;
@@ -130,16 +130,15 @@ impl PyLoader {
         sample_timeout: Option<f64>,
         output: &str,
     ) -> PyResult<Self> {
-        let output = match output {
-            "torch" => Output::Torch,
-            "numpy" => Output::Numpy,
-            "dlpack" => Output::Dlpack,
-            other => {
-                return Err(config_error(format!(
-                    "output={other:?}: use \"torch\", \"numpy\" or \"dlpack\""
-                )));
-            }
-        };
+        let output = pick(
+            "output",
+            output,
+            &[
+                ("torch", Output::Torch),
+                ("numpy", Output::Numpy),
+                ("dlpack", Output::Dlpack),
+            ],
+        )?;
         if output == Output::Torch {
             torch_hooks(py)?;
         }

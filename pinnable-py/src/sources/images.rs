@@ -43,16 +43,15 @@ impl PyImageCodec {
                 .normalize(dtype, mean.unwrap_or([0.0; 3]), std.unwrap_or([1.0; 3]))
                 .py_err()?;
         }
-        let on = match decode_on {
-            "auto" => DecodeOn::Auto,
-            "host" => DecodeOn::Host,
-            "device" => DecodeOn::Device,
-            other => {
-                return Err(config_error(format!(
-                    "decode_on={other:?}: use \"auto\", \"host\" or \"device\""
-                )));
-            }
-        };
+        let on = pick(
+            "decode_on",
+            decode_on,
+            &[
+                ("auto", DecodeOn::Auto),
+                ("host", DecodeOn::Host),
+                ("device", DecodeOn::Device),
+            ],
+        )?;
         if !(0.0..1.0).contains(&cpu_share) {
             return Err(config_error(format!(
                 "cpu_share={cpu_share}: the host's share of a GPU batch is in [0, 1)"

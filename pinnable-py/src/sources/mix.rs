@@ -68,16 +68,15 @@ impl PyMix {
         per_batch: bool,
         stop: &str,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let stop = match stop {
-            "all_exhausted" => Stop::AllExhausted,
-            "first_exhausted" => Stop::FirstExhausted,
-            "each_once" => Stop::EachOnce,
-            other => {
-                return Err(config_error(format!(
-                    "stop={other:?}: use \"all_exhausted\", \"first_exhausted\" or \"each_once\""
-                )));
-            }
-        };
+        let stop = pick(
+            "stop",
+            stop,
+            &[
+                ("all_exhausted", Stop::AllExhausted),
+                ("first_exhausted", Stop::FirstExhausted),
+                ("each_once", Stop::EachOnce),
+            ],
+        )?;
         let parts: Vec<(Mixable, f64)> = sources
             .iter()
             .map(|(s, w)| (s.spec.mixable(), *w))

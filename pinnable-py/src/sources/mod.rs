@@ -14,7 +14,7 @@ use pinnable::{DType, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::{PyMapping, PyString};
 
-use crate::errors::{IntoPy, config_error};
+use crate::errors::{IntoPy, config_error, pick};
 use crate::loader::{AnyLoader, Named, Options, Value, erase};
 use crate::rows::{Names, PyRows, Rows, StackRows};
 use crate::tensor::{from_python, parse_dtype};
