@@ -30,7 +30,7 @@ def main():
     device = None if torch is not None else "cpu"  # None: cuda:LOCAL_RANK when there is a GPU
     settings = dict(batch_size=BATCH, shuffle=True, seed=42, drop_last=True, output=output, device=device)
     with pinnable.Loader(source, **settings) as loader:
-        print(f"{len(loader)} batches a epoch on {loader.device}, {loader.workers} workers")
+        print(f"{len(loader)} batches an epoch on {loader.device}, {loader.workers} workers")
         model = opt = None
         if torch is not None:
             model = torch.nn.Embedding(VOCAB, VOCAB).to(loader.device)
