@@ -107,6 +107,8 @@ pub(crate) mod mix;
 mod panic_tests;
 mod pipeline;
 pub(crate) mod plan;
+#[cfg(test)]
+mod poll_tests;
 pub(crate) mod position;
 pub(crate) mod sampler;
 mod source;
