@@ -31,15 +31,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The error for a loader used in another process than the one that made it.
-fn forked(made_in: u32) -> PyErr {
-    error(format!(
+/// An error when this is not process `made_in`, the one that made the loader: a forked child,
+/// whose copy has none of the loader's threads or CUDA state.
+fn same_process(made_in: u32) -> PyResult<()> {
+    if std::process::id() == made_in {
+        return Ok(());
+    }
+    Err(error(format!(
         "this pinnable loader was made in process {made_in} and this is process {}, a forked \
          child: its threads and CUDA state did not come with the fork. Make the loader in the \
          process that iterates it (with multiprocessing, the 'spawn' start method), and do not \
          wrap it in a DataLoader with num_workers > 0: it has workers of its own",
         std::process::id()
-    ))
+    )))
 }
 
 /// The epoch a `BatchIterator` drives (taken out when it is stopped).
@@ -88,15 +92,8 @@ pub(crate) struct PyLoader {
 }
 
 impl PyLoader {
-    fn check_process(&self) -> PyResult<()> {
-        if std::process::id() != self.pid {
-            return Err(forked(self.pid));
-        }
-        Ok(())
-    }
-
     fn loader(&self) -> PyResult<Arc<dyn AnyLoader>> {
-        self.check_process()?;
+        same_process(self.pid)?;
         lock(&self.inner)
             .clone()
             .ok_or_else(|| error("the loader is closed; make a new one to read again"))
@@ -258,7 +255,7 @@ impl PyLoader {
     /// Goes on from a saved position; iterators still running are stopped. A position saved
     /// with other settings raises `ConfigError` naming the setting.
     fn load_state_dict(&self, py: Python<'_>, state_dict: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.check_process()?;
+        same_process(self.pid)?;
         let map = state_dict.cast::<PyMapping>().map_err(|_| {
             PyTypeError::new_err("load_state_dict takes the dict state_dict() returned")
         })?;
@@ -323,7 +320,7 @@ impl PyLoader {
 
     /// Stops every epoch of its iterators, joins their threads, frees what the loader holds.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.check_process()?;
+        same_process(self.pid)?;
         self.stop_epochs(py);
         let old = lock(&self.inner).take();
         py.detach(move || drop(old));
@@ -442,9 +439,7 @@ impl BatchIterator {
     /// The next batch: taken at once when it is already there, else waited for with the GIL
     /// let go.
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        if std::process::id() != self.pid {
-            return Err(forked(self.pid));
-        }
+        same_process(self.pid)?;
         let next = match self.ready() {
             Some(item) => item,
             None => self.wait(py)?,
@@ -476,9 +471,7 @@ impl BatchIterator {
 
     /// Stops the epoch and joins its threads.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if std::process::id() != self.pid {
-            return Err(forked(self.pid));
-        }
+        same_process(self.pid)?;
         self.remaining.store(0, Ordering::Relaxed);
         stop(py, vec![Arc::downgrade(&self.epoch)]);
         Ok(())

@@ -24,6 +24,9 @@ pub(super) struct TorchHooks {
 
 static TORCH: PyOnceLock<TorchHooks> = PyOnceLock::new();
 
+/// `numpy.from_dlpack`, looked up once.
+static NUMPY_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
 pub(super) fn torch_hooks(py: Python<'_>) -> PyResult<&'static TorchHooks> {
     TORCH.get_or_try_init(py, || {
         let torch = py.import("torch").map_err(|e| {
@@ -73,7 +76,16 @@ pub(super) fn to_python<'py>(
         return to_torch(py, batch, dict);
     }
     let numpy = match output {
-        Output::Numpy => Some(py.import("numpy")?.getattr("from_dlpack")?),
+        Output::Numpy => Some(
+            NUMPY_FROM_DLPACK
+                .import(py, "numpy", "from_dlpack")
+                .map_err(|e| {
+                    error(format!(
+                        "output=\"numpy\" needs NumPy, which did not import ({e}); install it, \
+                         or pass output=\"torch\" or output=\"dlpack\""
+                    ))
+                })?,
+        ),
         _ => None,
     };
     for (name, value) in batch {
