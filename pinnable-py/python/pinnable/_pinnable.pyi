@@ -251,8 +251,11 @@ class Loader:
       when CUDA is available; else the host.
     - ``rank``/``world_size``: ``None`` reads ``torch.distributed`` when it is initialised, else
       ``RANK``/``WORLD_SIZE``.
-    - ``workers``: ``None`` takes half the cores this process may use, leaving the rest to the
-      training step.
+    - ``workers``/``prefetch``: ``None`` tunes them while each epoch runs — more workers
+      while the training loop waits for data and each step raises the rate, batches ahead
+      following them — within ``cores`` (``None``: the cores this process may use, less an
+      eighth left to the training step). A number fixes it. :meth:`stats` lists the changes
+      and their reasons.
     - ``output``: ``"torch"`` (``torch.Tensor`` over the loader's memory, zero copy),
       ``"numpy"`` (host batches only) or ``"dlpack"`` (:class:`Tensor`).
 
@@ -272,6 +275,7 @@ class Loader:
         drop_last: bool = False,
         workers: int | None = None,
         prefetch: int | None = None,
+        cores: int | None = None,
         device: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -309,7 +313,9 @@ class Loader:
     def stats(self) -> dict[str, Any] | None:
         """The last epoch's figures (`pinnable::loader::EpochStats`): ``batches``, ``samples``,
         ``bytes``, ``elapsed_s``, ``waited_s``, ``load_s``, ``collate_s``, ``transfer_s``,
-        ``workers``, ``batches_per_second``, ``gigabytes_per_second``, ``wait_share``,
+        ``workers``, ``prefetch``, ``tuning`` (the changes the tuning made to them: dicts of
+        ``at_s``, ``workers`` and ``prefetch`` as (before, after), and ``reason``),
+        ``batches_per_second``, ``gigabytes_per_second``, ``wait_share``,
         ``pinned_peak_bytes``, ``pinned_bound_bytes``, ``batch_bytes``, and ``report``, the
         crate's printed table."""
     def memory(self) -> dict[str, int]:

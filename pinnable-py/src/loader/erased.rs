@@ -20,6 +20,7 @@ pub(crate) struct Options {
     pub(super) drop_last: bool,
     pub(super) workers: Option<usize>,
     pub(super) prefetch: Option<usize>,
+    pub(super) cores: Option<usize>,
     pub(super) device: Device,
     pub(super) rank: usize,
     pub(super) world: usize,
@@ -149,6 +150,9 @@ where
     }
     if let Some(n) = o.prefetch {
         b = b.prefetch(n);
+    }
+    if let Some(n) = o.cores {
+        b = b.cores(n);
     }
     if let Some(t) = o.sample_timeout {
         b = b.sample_timeout(t);

@@ -13,7 +13,7 @@ use pinnable::{Device, PinnedPool, Placement, Tensor, ToDevice};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyMapping};
+use pyo3::types::{PyBytes, PyDict, PyList, PyMapping};
 
 use crate::errors::{IntoPy, config_error, error, pick, to_py};
 use crate::sources::{PySource, Spec, seconds};
@@ -109,7 +109,7 @@ impl PyLoader {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (source, *, batch_size=None, shuffle=false, seed=0, drop_last=false, workers=None, prefetch=None, device=None, rank=None, world_size=None, in_order=true, sample_timeout=None, output="torch"))]
+    #[pyo3(signature = (source, *, batch_size=None, shuffle=false, seed=0, drop_last=false, workers=None, prefetch=None, cores=None, device=None, rank=None, world_size=None, in_order=true, sample_timeout=None, output="torch"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -120,6 +120,7 @@ impl PyLoader {
         drop_last: bool,
         workers: Option<usize>,
         prefetch: Option<usize>,
+        cores: Option<usize>,
         device: Option<&Bound<'_, PyAny>>,
         rank: Option<usize>,
         world_size: Option<usize>,
@@ -147,6 +148,7 @@ impl PyLoader {
             drop_last,
             workers,
             prefetch,
+            cores,
             device,
             rank,
             world,
@@ -290,6 +292,17 @@ impl PyLoader {
         d.set_item("collate_s", s.collate.as_secs_f64())?;
         d.set_item("transfer_s", s.transfer.as_secs_f64())?;
         d.set_item("workers", s.workers)?;
+        d.set_item("prefetch", s.prefetch)?;
+        let tuning = PyList::empty(py);
+        for t in &s.tuning {
+            let entry = PyDict::new(py);
+            entry.set_item("at_s", t.at.as_secs_f64())?;
+            entry.set_item("workers", t.workers)?;
+            entry.set_item("prefetch", t.prefetch)?;
+            entry.set_item("reason", &t.reason)?;
+            tuning.append(entry)?;
+        }
+        d.set_item("tuning", tuning)?;
         d.set_item("batches_per_second", s.batches_per_second())?;
         d.set_item("gigabytes_per_second", s.gigabytes_per_second())?;
         d.set_item("wait_share", s.wait_share())?;

@@ -11,6 +11,7 @@ use super::position::Position;
 use super::sampler::Sampler;
 use super::source::Source;
 use super::source::sealed::Kind;
+use super::tune::{START_WORKERS, Tuner};
 use crate::alloc::{PinnedPool, PoolConfig};
 use crate::cuda::Device;
 use crate::error::{Error, Result};
@@ -19,9 +20,9 @@ use crate::transfer::ToDevice;
 /// The settings of a loader over a source (a [`Dataset`](super::Dataset) or an [`IterSource`](super::IterSource)), ending in
 /// `build` (a [`Batcher`]) or `build_with` (a closure).
 ///
-/// Defaults: batches of 1, sequential order, the short last batch kept, half the cores as
-/// workers (at least 1), a prefetch depth of 2, the host as the device ([`Device::cpu`]), a
-/// pinned pool of the loader's own, one rank of one.
+/// Defaults: batches of 1, sequential order, the short last batch kept, the worker count and
+/// the batches made ahead tuned while each epoch runs (within [`cores`](Self::cores)), the host
+/// as the device ([`Device::cpu`]), a pinned pool of the loader's own, one rank of one.
 ///
 /// # Examples
 ///
@@ -52,8 +53,12 @@ pub struct LoaderBuilder<Src> {
     pub(crate) batch_size: Option<usize>,
     pub(crate) seed: Option<u64>,
     pub(crate) drop_last: bool,
-    pub(crate) workers: usize,
-    pub(crate) prefetch: usize,
+    /// The worker count set by hand (`None`: tuned).
+    pub(crate) workers: Option<usize>,
+    /// Batches ahead set by hand (`None`: tuned).
+    pub(crate) prefetch: Option<usize>,
+    /// The most workers the tuning may start (`None`: [`default_cores`]).
+    pub(crate) cores: Option<usize>,
     pub(crate) device: Device,
     pub(crate) pool: Option<PinnedPool>,
     pub(crate) rank: usize,
@@ -63,6 +68,9 @@ pub struct LoaderBuilder<Src> {
     pub(crate) sample_timeout: Option<Duration>,
     /// A setting refused when it was given, reported by `build`.
     pub(crate) invalid: Option<Error>,
+    /// For tests: the seed of random tuning decisions after every batch.
+    #[cfg(test)]
+    pub(crate) chaos: Option<u64>,
 }
 
 /// A loader's own pool for `device`, placed on its NUMA node when the host has several.
@@ -75,8 +83,11 @@ fn own_pool(device: &Device) -> PinnedPool {
 }
 
 /// Half the cores, at least 1.
-fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+/// The cores a loader's workers may use by default: those this process may run on, less an
+/// eighth of them (at least one) left for the training step; at least one.
+pub(crate) fn default_cores() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(cores.div_ceil(8)).max(1)
 }
 
 impl<Src> LoaderBuilder<Src> {
@@ -86,8 +97,9 @@ impl<Src> LoaderBuilder<Src> {
             batch_size: None,
             seed: None,
             drop_last: false,
-            workers: default_workers(),
-            prefetch: 2,
+            workers: None,
+            prefetch: None,
+            cores: None,
             device: Device::cpu(),
             pool: None,
             rank: 0,
@@ -96,6 +108,8 @@ impl<Src> LoaderBuilder<Src> {
             in_order: true,
             sample_timeout: None,
             invalid: None,
+            #[cfg(test)]
+            chaos: None,
         }
     }
 
@@ -119,16 +133,32 @@ impl<Src> LoaderBuilder<Src> {
         self
     }
 
-    /// Worker threads that load and collate batches (at least 1).
+    /// Worker threads that load and collate batches (at least 1), fixed: the tuning leaves
+    /// the count alone. By default the count is tuned while each epoch runs: more workers while
+    /// the consumer waits for data and they are busy, as long as each step raises the rate,
+    /// up to [`cores`](Self::cores); each epoch starts where the last one settled. The changes
+    /// and their reasons are in [`EpochStats::tuning`](super::EpochStats::tuning).
     pub fn workers(mut self, workers: usize) -> Self {
-        self.workers = workers;
+        self.workers = Some(workers);
         self
     }
 
-    /// Batches made ahead beyond the ones being collated. Pinned memory held is at most
-    /// `(prefetch + workers + 1)` batches.
+    /// Batches made ahead beyond the ones being collated, fixed. Pinned memory held is at most
+    /// `(prefetch + workers + 1)` batches. By default they follow the tuned worker count (as
+    /// many as workers, at least 2): a loader delivering in order wants about as many batches
+    /// ahead as workers, since each may finish while an older one is still being made.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
-        self.prefetch = prefetch;
+        self.prefetch = Some(prefetch);
+        self
+    }
+
+    /// The most worker threads the tuning may run: the cores the loader may use (at least 1).
+    /// By default the cores this process may run on, less an eighth of them (at least one)
+    /// left for the training step: 14 of 16, 28 of 32. Batches ahead are bounded by as many,
+    /// so pinned memory stays within [`Loader::bound`] batches whatever the tuning does. No
+    /// effect on a worker count set by hand.
+    pub fn cores(mut self, cores: usize) -> Self {
+        self.cores = Some(cores.max(1));
         self
     }
 
@@ -295,11 +325,30 @@ impl<Src> LoaderBuilder<Src> {
         }
     }
 
+    /// The worker count and batches ahead this builder sets, as a tuner.
+    fn knobs(&self) -> Tuner {
+        let cores = self.cores.unwrap_or_else(default_cores);
+        #[allow(unused_mut)]
+        let mut tuner = Tuner::new(self.workers, self.prefetch, cores, cores.min(START_WORKERS));
+        #[cfg(test)]
+        {
+            tuner.chaos = self.chaos.map(crate::loader::SplitMix64::new);
+        }
+        tuner
+    }
+
+    /// For tests: random tuning decisions after every batch, from `seed`.
+    #[cfg(test)]
+    pub(crate) fn chaos(mut self, seed: u64) -> Self {
+        self.chaos = Some(seed);
+        self
+    }
+
     fn check(&mut self) -> Result<()> {
         if let Some(e) = self.invalid.take() {
             return Err(e);
         }
-        if self.workers == 0 {
+        if self.workers == Some(0) {
             return Err(Error::Config {
                 setting: "workers",
                 problem: "at least one worker thread is needed".into(),
@@ -384,12 +433,12 @@ impl<S: Source> LoaderBuilder<S> {
             &sampler,
         )?;
         let pool = self.pool_or_own();
+        let knobs = self.knobs();
         let loader = Loader::from_parts(
             Arc::new(self.source),
             Arc::new(batcher),
             sampler,
-            self.workers,
-            self.prefetch,
+            knobs,
             self.device,
             pool,
         )
@@ -467,6 +516,7 @@ impl<S: Source> LoaderBuilder<S> {
             &samplers[k],
         )?;
         let shared_pool = self.pool.take();
+        let knobs = self.knobs();
         let (source, batcher) = (Arc::new(self.source), Arc::new(batcher));
         let resume = self.resume;
         Ok(devices
@@ -478,8 +528,7 @@ impl<S: Source> LoaderBuilder<S> {
                     source.clone(),
                     batcher.clone(),
                     sampler,
-                    self.workers,
-                    self.prefetch,
+                    knobs.clone(),
                     device.clone(),
                     pool,
                 )

@@ -19,6 +19,7 @@ use super::source::Source;
 use super::source::sealed::Kind;
 use super::stats::{Counters, EpochStats};
 use super::straggler::Abandoned;
+use super::tune::Tuner;
 use crate::alloc::PinnedPool;
 use crate::cuda::Device;
 use crate::error::Result;
@@ -26,8 +27,8 @@ use crate::transfer::ToDevice;
 
 /// The settings a loader keeps once built.
 struct Run {
-    workers: usize,
-    prefetch: usize,
+    /// The worker count and batches ahead, and their tuning; shared with the running epoch.
+    tuner: Arc<Mutex<Tuner>>,
     device: Device,
     pool: PinnedPool,
     /// The epoch the next `for batch in &loader` runs.
@@ -53,10 +54,9 @@ impl Drop for Run {
 }
 
 impl Run {
-    fn new(workers: usize, prefetch: usize, device: Device, pool: PinnedPool) -> Run {
+    fn new(tuner: Tuner, device: Device, pool: PinnedPool) -> Run {
         Run {
-            workers,
-            prefetch,
+            tuner: Arc::new(Mutex::new(tuner)),
             device,
             pool,
             next_epoch: AtomicU64::new(0),
@@ -66,6 +66,11 @@ impl Run {
             timeout: None,
             abandoned: Abandoned::default(),
         }
+    }
+
+    /// The worker count and batches ahead, and their tuning.
+    fn knobs(&self) -> std::sync::MutexGuard<'_, Tuner> {
+        self.tuner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn delivery(&mut self, in_order: bool, timeout: Option<Duration>) {
@@ -113,8 +118,7 @@ impl Run {
             jobs,
             dataset,
             batcher,
-            workers: self.workers,
-            prefetch: self.prefetch,
+            tuner: self.tuner.clone(),
             device: self.device.clone(),
             pool: self.pool.clone(),
             seed,
@@ -236,8 +240,7 @@ where
         source: Arc<S>,
         batcher: Arc<B>,
         sampler: Sampler,
-        workers: usize,
-        prefetch: usize,
+        tuner: Tuner,
         device: Device,
         pool: PinnedPool,
     ) -> Self {
@@ -245,7 +248,7 @@ where
             source,
             batcher,
             sampler,
-            run: Run::new(workers, prefetch, device, pool),
+            run: Run::new(tuner, device, pool),
             planned: Mutex::new(None),
         }
     }
@@ -324,8 +327,7 @@ where
             self.source.clone(),
             self.batcher.clone(),
             sampler,
-            self.run.workers,
-            self.run.prefetch,
+            self.run.knobs().clone(),
             device,
             self.run.pool.clone(),
         )
@@ -431,15 +433,23 @@ impl<S: Source, B> Loader<S, B> {
         &self.run.pool
     }
 
-    /// Worker threads per epoch.
+    /// The worker count: the one set by hand, or where the tuning stands (the next epoch
+    /// starts there).
     pub fn workers(&self) -> usize {
-        self.run.workers
+        self.run.knobs().workers()
+    }
+
+    /// Batches made ahead: the number set by hand, or where the tuning stands.
+    pub fn prefetch(&self) -> usize {
+        self.run.knobs().prefetch()
     }
 
     /// The most batches whose pinned memory the loader holds at once: `prefetch + workers + 1`
-    /// (the last one being the batch the consumer holds).
+    /// (the last one being the batch the consumer holds), at the most workers and batches
+    /// ahead the tuning may set.
     pub fn bound(&self) -> usize {
-        self.run.prefetch + self.run.workers + 1
+        let (workers, prefetch) = self.run.knobs().limits();
+        prefetch + workers + 1
     }
 
     /// The figures of the epoch started last (live while it runs), `None` before the first.
@@ -499,8 +509,8 @@ impl<S: Source, B> std::fmt::Debug for Loader<S, B> {
         f.debug_struct("Loader")
             .field("samples", &Kind::samples(&*self.source))
             .field("sampler", &self.sampler)
-            .field("workers", &self.run.workers)
-            .field("prefetch", &self.run.prefetch)
+            .field("workers", &self.workers())
+            .field("prefetch", &self.prefetch())
             .field("device", &self.run.device)
             .finish()
     }

@@ -117,6 +117,7 @@ pub(crate) mod straggler;
 pub(crate) mod stream;
 #[cfg(test)]
 mod tests;
+mod tune;
 
 pub use batcher::{Batcher, Stack};
 pub use budget::{Budget, BudgetOptions, BudgetPlan, Piece};
@@ -133,3 +134,4 @@ pub use sampler::{Batches, Sampler, SplitMix64, permutation};
 pub use source::Source;
 pub use stats::EpochStats;
 pub use stream::{IterSource, NotSeekable, Seekable};
+pub use tune::Decision;

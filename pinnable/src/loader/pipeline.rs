@@ -33,12 +33,12 @@
 //! consumer never receives (the epoch ended first) is caught where it happens and let go: the
 //! panic hook has reported it, and no thread is left behind or blocked.
 
+mod gate;
 mod transfer_thread;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,10 +49,12 @@ use super::dataset::Dataset;
 use super::guard::{Held, discard, drop_each, drop_quietly, guarded, panic_message};
 use super::stats::Counters;
 use super::straggler::{Abandoned, Watch};
+use super::tune::{Tuner, Tuning};
 use crate::alloc::PinnedPool;
 use crate::cuda::Device;
 use crate::error::{Error, Result};
 use crate::transfer::ToDevice;
+use gate::{Gate, Permit};
 use transfer_thread::{Out, transfer};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,59 +70,6 @@ pub(crate) enum Job<S> {
     Indices(Vec<usize>),
     /// Samples already read from a stream, with their positions in it.
     Read(Vec<(usize, Result<S>)>),
-}
-
-/// The permits that bound the batches in flight.
-struct Gate {
-    free: Mutex<usize>,
-    cv: Condvar,
-    stopped: AtomicBool,
-}
-
-impl Gate {
-    /// A permit, or `None` once stopped.
-    fn acquire(self: &Arc<Self>) -> Option<Permit> {
-        let mut free = lock(&self.free);
-        loop {
-            if self.is_stopped() {
-                return None;
-            }
-            if *free > 0 {
-                *free -= 1;
-                return Some(Permit {
-                    _held: Arc::new(PermitInner { gate: self.clone() }),
-                });
-            }
-            free = self.cv.wait(free).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
-        let _guard = lock(&self.free);
-        self.cv.notify_all();
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
-    }
-}
-
-/// One batch's place in the bound; given back when the last clone is dropped.
-#[derive(Clone)]
-pub(crate) struct Permit {
-    _held: Arc<PermitInner>,
-}
-
-struct PermitInner {
-    gate: Arc<Gate>,
-}
-
-impl Drop for PermitInner {
-    fn drop(&mut self) {
-        *lock(&self.gate.free) += 1;
-        self.gate.cv.notify_one();
-    }
 }
 
 /// A worker's result, in whatever order workers finish.
@@ -144,8 +93,8 @@ pub(crate) struct Spec<S, T> {
     pub(crate) jobs: Jobs<S>,
     pub(crate) dataset: Option<Arc<dyn Dataset<Sample = S>>>,
     pub(crate) batcher: Arc<dyn Batcher<S, Batch = T>>,
-    pub(crate) workers: usize,
-    pub(crate) prefetch: usize,
+    /// The loader's worker count and batches ahead, tuned while the epoch runs unless fixed.
+    pub(crate) tuner: Arc<Mutex<Tuner>>,
     pub(crate) device: Device,
     pub(crate) pool: PinnedPool,
     pub(crate) seed: EpochSeed,
@@ -192,19 +141,28 @@ pub(crate) struct Pipeline<T> {
     /// The pool the batches' blocks come from: polled once the threads are joined, so blocks
     /// whose copies have completed are cached rather than counted as pending.
     pool: PinnedPool,
+    /// The tuning of the worker count and batches ahead, when either is left to it.
+    tuning: Option<Tuning>,
 }
 
 impl<T: ToDevice + Send + 'static> Pipeline<T> {
     /// Starts the epoch's threads.
     pub(crate) fn start<S: Send + 'static>(spec: Spec<S, T>) -> Pipeline<T> {
-        let slots = spec.prefetch + spec.workers;
-        let gate = Arc::new(Gate {
-            free: Mutex::new(slots),
-            cv: Condvar::new(),
-            stopped: AtomicBool::new(false),
-        });
-        let counters = Arc::new(Counters::new(spec.workers, slots));
-        let watch = spec.timeout.map(|t| Arc::new(Watch::new(t, spec.workers)));
+        // Where the last epoch settled; with tuning, a thread for every worker the tuner may
+        // start, those past the count waiting.
+        let (workers, prefetch, threads, most) = {
+            let mut t = lock(&spec.tuner);
+            t.next_epoch();
+            let (max_w, max_p) = t.limits();
+            let threads = if t.fixed().0 { t.workers() } else { max_w };
+            (t.workers(), t.prefetch(), threads, max_w + max_p)
+        };
+        let gate = Arc::new(Gate::new(prefetch + workers, workers));
+        let counters = Arc::new(Counters::new(workers, prefetch, most));
+        let watch = spec.timeout.map(|t| Arc::new(Watch::new(t, threads)));
+        let tuning = lock(&spec.tuner)
+            .is_auto()
+            .then(|| Tuning::new(spec.tuner.clone(), &counters));
         let work = Arc::new(Work {
             jobs: Mutex::new((0, spec.jobs)),
             dataset: spec.dataset,
@@ -217,11 +175,11 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             watch: watch.clone(),
         });
         let (done_tx, done_rx) = mpsc::channel::<Done<T>>();
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Ready<T>>(slots);
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Ready<T>>(most);
         let mut pipeline = Pipeline {
             rx: Some(ready_rx),
             gate: gate.clone(),
-            threads: Vec::with_capacity(spec.workers + 1),
+            threads: Vec::with_capacity(threads + 1),
             counters: counters.clone(),
             pending: None,
             finished: false,
@@ -230,6 +188,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
             last: 0,
             waiting: None,
             pool: spec.pool.clone(),
+            tuning,
         };
         // On a host with several memory nodes, every thread runs on the device's node.
         let cpus = crate::numa::device_affinity(&spec.device).map(|a| a.cpus);
@@ -254,7 +213,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
                 transfer(done_rx, out, in_order)
             });
         let mut result = spawned.map(|h| pipeline.threads.push((None, h)));
-        for i in 0..spec.workers {
+        for i in 0..threads {
             if result.is_err() {
                 break;
             }
@@ -332,6 +291,11 @@ impl<T> Pipeline<T> {
             }) => {
                 self.last = number;
                 self.counters.took(samples, start.elapsed());
+                if let Some(tuning) = &mut self.tuning
+                    && let Some((workers, prefetch)) = tuning.tick(&self.counters)
+                {
+                    self.gate.resize(prefetch + workers, workers);
+                }
                 Some(Ok(batch.into_inner()))
             }
             Ok(Ready { result: Err(e), .. }) => {
@@ -446,7 +410,7 @@ impl<T> Drop for Pipeline<T> {
 /// A worker: take a permit, then the next job; load and collate it; hand it on.
 fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>, id: usize) {
     loop {
-        let Some(permit) = work.gate.acquire() else {
+        let Some(permit) = work.gate.acquire(id) else {
             return;
         };
         let next = {
@@ -461,7 +425,9 @@ fn worker<S: Send, T: Send>(work: &Work<S, T>, tx: &Sender<Done<T>>, id: usize) 
             .inspect(|_| jobs.0 += 1)
         };
         let Some((batch, job)) = next else {
-            return; // the epoch's jobs are all taken
+            // The epoch's jobs are all taken: the workers waiting for a permit leave too.
+            work.gate.drain();
+            return;
         };
         // Every user call in `run` has a guard of its own; this one catches whatever else
         // panics, so the batch this worker claimed is always delivered, if only as an error.

@@ -2,9 +2,11 @@
 //! moving) and how much pinned memory the loader held against its bound.
 
 use std::fmt;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use super::tune::Decision;
 use crate::alloc::PinnedPool;
 
 /// The live counters of one epoch, shared by its threads.
@@ -22,8 +24,14 @@ pub(crate) struct Counters {
     transfer_ns: AtomicU64,
     largest_block: AtomicUsize,
     held_peak: AtomicUsize,
-    workers: usize,
+    /// The worker count and batches ahead now (tuned while the epoch runs, unless fixed).
+    workers: AtomicUsize,
+    prefetch: AtomicUsize,
+    /// The most batches in flight the tuner may allow: the bound's batches, less the
+    /// consumer's.
     slots: usize,
+    /// The tuner's changes in this epoch, with their reasons.
+    decisions: Mutex<Vec<Decision>>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -31,9 +39,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl Counters {
-    /// Counters for an epoch run by `workers` threads holding at most `slots` batches in
-    /// flight.
-    pub(crate) fn new(workers: usize, slots: usize) -> Self {
+    /// Counters for an epoch that starts with `workers` workers and `prefetch` batches ahead,
+    /// and holds at most `slots` batches in flight whatever they are tuned to.
+    pub(crate) fn new(workers: usize, prefetch: usize, slots: usize) -> Self {
         Counters {
             started: Instant::now(),
             finished_ns: AtomicU64::new(0),
@@ -47,9 +55,36 @@ impl Counters {
             transfer_ns: AtomicU64::new(0),
             largest_block: AtomicUsize::new(0),
             held_peak: AtomicUsize::new(0),
-            workers,
+            workers: AtomicUsize::new(workers),
+            prefetch: AtomicUsize::new(prefetch),
             slots,
+            decisions: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The batches taken, the consumer's wait and the workers' busy time (loading and
+    /// collating) so far.
+    pub(crate) fn progress(&self) -> (u64, Duration, Duration) {
+        (
+            self.batches.load(Relaxed),
+            Duration::from_nanos(self.wait_ns.load(Relaxed)),
+            Duration::from_nanos(self.load_ns.load(Relaxed) + self.collate_ns.load(Relaxed)),
+        )
+    }
+
+    /// The time since the epoch started.
+    pub(crate) fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The tuner changed the worker count and batches ahead to `workers` and `prefetch`.
+    pub(crate) fn decided(&self, decision: Decision, workers: usize, prefetch: usize) {
+        self.workers.store(workers, Relaxed);
+        self.prefetch.store(prefetch, Relaxed);
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(decision);
     }
 
     /// A batch's block of `len` bytes (`capacity` with its size class) was just taken from
@@ -119,7 +154,13 @@ impl Counters {
             collate: Duration::from_nanos(self.collate_ns.load(Relaxed)),
             written: Duration::from_nanos(self.write_ns.load(Relaxed)),
             transfer: Duration::from_nanos(self.transfer_ns.load(Relaxed)),
-            workers: self.workers,
+            workers: self.workers.load(Relaxed),
+            prefetch: self.prefetch.load(Relaxed),
+            tuning: self
+                .decisions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             pinned_peak_bytes: self.held_peak.load(Relaxed),
             pinned_bound_bytes: (self.slots + 1) * largest,
             batch_bytes: largest,
@@ -182,13 +223,20 @@ pub struct EpochStats {
     pub written: Duration,
     /// Time issuing moves to the device (`to_device`, non-blocking) on the transfer thread.
     pub transfer: Duration,
-    /// Worker threads.
+    /// Workers making batches at the end of the epoch (or now, while it runs): the count set
+    /// by hand, or where the tuning left it.
     pub workers: usize,
+    /// Batches made ahead at the end of the epoch (or now), likewise.
+    pub prefetch: usize,
+    /// The changes the tuning made to `workers` and `prefetch` during the epoch, with their
+    /// reasons (none when both are set by hand, or nothing needed changing).
+    pub tuning: Vec<Decision>,
     /// The most pinned memory the loader's pool held in use or pending (blocks whose copies
     /// still run), sampled at each allocation. Counts the pool's other users too, if it has
     /// any.
     pub pinned_peak_bytes: usize,
-    /// The stated bound: (prefetch + workers + 1) × the largest batch block.
+    /// The stated bound: (prefetch + workers + 1) × the largest batch block, at the most
+    /// workers and batches ahead the tuning may set ([`Loader::bound`](super::Loader::bound)).
     pub pinned_bound_bytes: usize,
     /// The largest batch block (its size-class capacity).
     pub batch_bytes: usize,
@@ -240,13 +288,25 @@ impl fmt::Display for EpochStats {
         };
         writeln!(
             f,
-            "load         {:.1} ms, collate {:.1} ms{written} (summed over {} worker{})",
+            "load         {:.1} ms, collate {:.1} ms{written} (summed over the workers)",
             ms(self.load),
             ms(self.collate),
-            self.workers,
-            if self.workers == 1 { "" } else { "s" }
         )?;
         writeln!(f, "transfer     {:.1} ms", ms(self.transfer))?;
+        writeln!(
+            f,
+            "workers      {}, {} batches ahead{}",
+            self.workers,
+            self.prefetch,
+            if self.tuning.is_empty() {
+                String::new()
+            } else {
+                format!(" (tuned {} times:)", self.tuning.len())
+            }
+        )?;
+        for d in &self.tuning {
+            writeln!(f, "  {d}")?;
+        }
         write!(
             f,
             "pinned held  peak {:.1} MiB of a bound of {:.1} MiB (batch block {:.2} MiB)",

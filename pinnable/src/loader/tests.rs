@@ -188,7 +188,7 @@ fn collator_errors_name_the_sample_and_the_tensor() {
     assert!(c.stack("none", []).is_err());
     assert!(c.stack_scalars::<i64>("none", []).is_err());
     // With the loader's indices, the dataset index is named.
-    let counters = Arc::new(stats::Counters::new(1, 1));
+    let counters = Arc::new(stats::Counters::new(1, 0, 1));
     let mut c = Collator::for_batch(
         &pool,
         &Device::cpu(),

@@ -134,6 +134,10 @@ pub fn is_url(location: &str) -> bool {
     })
 }
 
+/// The chunks a stream fetches ahead at first when [`Storage::read_ahead`] is not set.
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) const AHEAD_START: usize = 4;
+
 /// How to read bytes by path or URL: one set of settings that every format's opener takes
 /// (`open_with(&storage, …)`). The settings other than [`option`](Self::option) only matter
 /// for URLs (feature `remote`).
@@ -162,12 +166,14 @@ pub fn is_url(location: &str) -> bool {
 #[derive(Clone, Debug)]
 pub struct Storage {
     pub(crate) chunk: usize,
-    pub(crate) read_ahead: usize,
+    /// Chunks fetched ahead, set by hand (`None`: grown while the workers wait).
+    pub(crate) read_ahead: Option<usize>,
     pub(crate) cache: usize,
     pub(crate) index_window: usize,
     pub(crate) retries: usize,
     pub(crate) timeout: Duration,
-    pub(crate) threads: usize,
+    /// The runtime's threads, set by hand (`None`: sized to the host).
+    pub(crate) threads: Option<usize>,
     pub(crate) options: Vec<(String, String)>,
 }
 
@@ -178,19 +184,38 @@ impl Default for Storage {
 }
 
 impl Storage {
-    /// The defaults: 4 MiB chunks, 2 read ahead, a 256 MiB cache, 4 KiB index windows, 5
-    /// retries, a 30 s timeout per request, 2 runtime threads.
+    /// The defaults: 4 MiB chunks, the read-ahead grown while the workers wait (from 4
+    /// chunks), a 256 MiB cache, 4 KiB index windows, 5 retries, a 30 s timeout
+    /// per request, runtime threads sized to the host ([`threads`](Self::threads)).
     pub fn new() -> Storage {
         Storage {
             chunk: 4 << 20,
-            read_ahead: 2,
+            read_ahead: None,
             cache: 256 << 20,
             index_window: 4 << 10,
             retries: 5,
             timeout: Duration::from_secs(30),
-            threads: 2,
+            threads: None,
             options: Vec::new(),
         }
+    }
+
+    /// The read-ahead a stream starts with, and whether it may grow.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub(crate) fn ahead(&self) -> (usize, bool) {
+        match self.read_ahead {
+            Some(n) => (n, false),
+            None => (AHEAD_START, true),
+        }
+    }
+
+    /// The runtime's threads: as set, else half the cores this process may use, 2 to 8.
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub(crate) fn runtime_threads(&self) -> usize {
+        self.threads.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            (cores / 2).clamp(2, 8)
+        })
     }
 
     /// The bytes one ranged `GET` asks for while streaming (at least 64 KiB). Tar shards cut
@@ -201,9 +226,12 @@ impl Storage {
     }
 
     /// How many chunks are fetched at once ahead of those a reader asked for (each landing
-    /// starts the next, while [`cache_bytes`](Self::cache_bytes) allows).
+    /// starts the next, while [`cache_bytes`](Self::cache_bytes) allows), fixed. By default a
+    /// stream starts with 4 and doubles it each time a worker has to wait for a
+    /// chunk still on its way, up to as many chunks as the cache holds: the cache bounds the
+    /// memory either way.
     pub fn read_ahead(mut self, chunks: usize) -> Storage {
-        self.read_ahead = chunks;
+        self.read_ahead = Some(chunks);
         self
     }
 
@@ -238,9 +266,11 @@ impl Storage {
 
     /// The runtime's threads (at least 1). They receive the bodies, and receiving costs CPU
     /// (the kernel's copy out of the socket, mostly): two serve a link of a few GB/s; a faster
-    /// one wants more, with a longer [`read_ahead`](Self::read_ahead) to keep them busy.
+    /// one wants more, with a longer [`read_ahead`](Self::read_ahead) to keep them busy. By
+    /// default half the cores this process may use, 2 to 8: threads with nothing to receive
+    /// wait, idle.
     pub fn threads(mut self, threads: usize) -> Storage {
-        self.threads = threads.max(1);
+        self.threads = Some(threads.max(1));
         self
     }
 

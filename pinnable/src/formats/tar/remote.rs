@@ -48,13 +48,7 @@ pub(super) fn open<S: AsRef<str>>(
     }
     // Index reads wait on the network, not the CPU: more threads than cores.
     let threads = shards.len().clamp(1, 32);
-    let streams = Streamer::new(
-        io,
-        objects,
-        storage.chunk,
-        storage.read_ahead,
-        storage.cache,
-    );
+    let streams = Streamer::new(io, objects, storage.chunk, storage.ahead(), storage.cache);
     Ok(
         TarShards::build(shards, Some(index_readers), threads, storage.chunk)?
             .with_streams(Arc::new(streams)),

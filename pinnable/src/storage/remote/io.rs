@@ -98,7 +98,7 @@ pub(crate) struct Io {
 impl Io {
     pub(crate) fn start(settings: &Storage) -> Result<Arc<Io>> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(settings.threads)
+            .worker_threads(settings.runtime_threads())
             .thread_name("pinnable-remote")
             .enable_all()
             .build()
@@ -108,7 +108,7 @@ impl Io {
             runtime: Some(runtime),
             index_window: settings.index_window as u64,
             chunk: settings.chunk as u64,
-            read_ahead: settings.read_ahead,
+            read_ahead: settings.ahead().0,
             retries: settings.retries,
             timeout: settings.timeout,
         }))

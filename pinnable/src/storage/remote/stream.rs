@@ -199,7 +199,10 @@ struct Shared {
     /// The epoch being streamed by each rank (`(rank, world)`) reading through this source.
     plans: RwLock<Vec<RankPlan>>,
     chunk: u64,
-    read_ahead: usize,
+    /// Chunks fetched ahead: doubled, when `grow`, each time a worker waits for a chunk still
+    /// on its way, up to the chunks the cap holds.
+    read_ahead: AtomicUsize,
+    grow: bool,
     /// Read-ahead stops while the samples held (in buffers of their own and in the received
     /// buffers slices keep) and the bytes being fetched reach it (the pieces kept of a chunk
     /// still arriving count twice meanwhile: the read-ahead pauses early, never late);
@@ -220,7 +223,7 @@ impl Streamer {
         io: Arc<Io>,
         objects: Vec<Arc<Object>>,
         chunk: usize,
-        read_ahead: usize,
+        (read_ahead, grow): (usize, bool),
         cap: usize,
     ) -> Streamer {
         Streamer {
@@ -231,7 +234,8 @@ impl Streamer {
                 least: LEAST_CHARGE,
                 plans: RwLock::new(Vec::new()),
                 chunk: chunk as u64,
-                read_ahead,
+                read_ahead: AtomicUsize::new(read_ahead),
+                grow,
                 cap: cap as u64,
             }),
         }
@@ -292,6 +296,20 @@ impl Shared {
         plan.held_bytes.load(Ordering::Relaxed) + self.pieces.load(Ordering::Relaxed)
     }
 
+    /// A worker waits for a chunk still on its way: twice the chunks ahead from now on (when
+    /// they grow), up to as many as the cap holds, which bounds the bytes either way.
+    fn grow_read_ahead(&self) {
+        if !self.grow {
+            return;
+        }
+        let most = (self.cap / self.chunk.max(1)).max(1) as usize;
+        let _ = self
+            .read_ahead
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < most).then(|| (n * 2).clamp(1, most))
+            });
+    }
+
     /// Starts the chunks workers wait on, then more in stream order while fewer than the
     /// read-ahead are being fetched and the bytes held and being fetched are under the cap.
     /// Called when a worker asks for a chunk not started, when a fetch lands, and when a
@@ -311,7 +329,7 @@ impl Shared {
             let c = sched.next;
             let waited_on = c < plan.demand.load(Ordering::Relaxed);
             let held = self.held(plan);
-            let room = sched.fetching < self.read_ahead;
+            let room = sched.fetching < self.read_ahead.load(Ordering::Relaxed);
             let ahead = room && held + sched.fetching_bytes < self.cap;
             if !waited_on && !ahead {
                 if room {
@@ -399,6 +417,8 @@ impl Streamer {
         let slot = &plan.slots[c];
         let at = q - plan.chunks[c].runs.start;
         let mut state = lock(&slot.state);
+        // A worker that has to wait: the read-ahead grows, once for this sample.
+        let mut grown = false;
         loop {
             if let Some(arrived) = state.held.get_mut(at).and_then(Option::take) {
                 drop(state);
@@ -417,6 +437,10 @@ impl Streamer {
             if now >= deadline {
                 state.abandoned.insert(q);
                 return None;
+            }
+            if !grown {
+                grown = true;
+                self.shared.grow_read_ahead();
             }
             state = match slot.arrived.wait_timeout(state, deadline - now) {
                 Ok((s, _)) => s,

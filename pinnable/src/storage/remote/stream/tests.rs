@@ -145,11 +145,13 @@ fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         let chunked: Arc<dyn ObjectStore> =
             Arc::new(ChunkedStore::new(shards.store.clone(), piece as usize));
         let least = [0, 1000, LEAST_CHARGE][rng.below(3) as usize];
+        // The read-ahead fixed, or grown while the reader waits (bounded by the cap either way).
+        let grow = rng.below(2) == 0;
         let mut streamer = Streamer::new(
             shards.io.clone(),
             shards.through(chunked),
             chunk,
-            ahead,
+            (ahead, grow),
             cap,
         );
         Arc::get_mut(&mut streamer.shared).unwrap().least = least;
@@ -188,7 +190,8 @@ fn held_bytes_stay_within_the_buffer_and_the_chunks_ahead() {
         assert!(
             most <= bound,
             "case {case}: {most} bytes held, over {bound} (buffer {buffer}, {chunk} B \
-             chunks, {ahead} ahead, cap {cap}, pieces of {piece} B, least charge {least})"
+             chunks, {ahead} ahead (grown: {grow}), cap {cap}, pieces of {piece} B, least \
+             charge {least})"
         );
         assert_eq!(held(&streamer), 0, "case {case}");
         // With room under the cap, samples kept slices of the pieces they came in (each
@@ -222,7 +225,7 @@ fn workers_taking_at_once_get_every_sample() {
             shards.io.clone(),
             shards.through(chunked),
             chunk,
-            ahead,
+            (ahead, rng.below(2) == 0),
             cap,
         );
         let (out, run) = shards.plan(1 + rng.below(60) as usize, &mut rng);
@@ -264,7 +267,7 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
         shards.io.clone(),
         shards.through(slow),
         4 * MAX_SPAN as usize,
-        2,
+        (2, false),
         1 << 30,
     );
     let n = shards.samples.len();
@@ -291,6 +294,51 @@ fn a_new_plan_frees_workers_waiting_on_the_last_one() {
     streamer.plan((0, 1), run, n);
     for &q in &out {
         shards.take(&streamer, q, "the next epoch");
+    }
+}
+
+/// A reader that waits for chunks still on their way doubles the read-ahead, up to the chunks
+/// the cap holds, and more fetches then run at once; a fixed read-ahead stays where it is.
+#[test]
+fn the_read_ahead_grows_while_readers_wait_up_to_the_cap() {
+    let mut rng = SplitMix64::for_test("the_read_ahead_grows_while_readers_wait_up_to_the_cap");
+    let shards = Shards::new(&mut rng);
+    for grow in [true, false] {
+        let slow: Arc<dyn ObjectStore> = Arc::new(ThrottledStore::new(
+            shards.store.clone(),
+            ThrottleConfig {
+                wait_get_per_call: Duration::from_millis(5),
+                ..ThrottleConfig::default()
+            },
+        ));
+        let chunk = 2 * MAX_SPAN as usize;
+        let most = 6 + rng.below(10) as usize;
+        let streamer = Streamer::new(
+            shards.io.clone(),
+            shards.through(slow),
+            chunk,
+            (1, grow),
+            most * chunk,
+        );
+        let n = shards.samples.len();
+        let (out, run) = shards.plan(8, &mut rng);
+        streamer.plan((0, 1), run, n);
+        for &q in &out {
+            shards.take(&streamer, q, "a waiting reader");
+        }
+        let ahead = streamer.shared.read_ahead.load(Ordering::Relaxed);
+        let plan = streamer.shared.plans.read().unwrap()[0].1.clone();
+        let fetching = lock(&plan.sched).most_fetching;
+        if grow {
+            assert!(
+                ahead > 1 && ahead <= most,
+                "grew to {ahead}, the cap holds {most}"
+            );
+            assert!(fetching > 1, "at most {fetching} fetches at once");
+        } else {
+            assert_eq!(ahead, 1, "a fixed read-ahead");
+            assert!(fetching <= 2, "{fetching} fetches at once, 1 ahead");
+        }
     }
 }
 
@@ -353,7 +401,7 @@ fn arbitrary_bytes_and_spans_give_the_bytes_or_an_error() {
                 io.clone(),
                 vec![object],
                 1 + rng.below(2 * len + 64) as usize,
-                rng.below(4) as usize,
+                (rng.below(4) as usize, rng.below(2) == 0),
                 [0, rng.below(4 * len + 64) as usize, 1 << 30][rng.below(3) as usize],
             );
             streamer.plan((0, 1), run, n);

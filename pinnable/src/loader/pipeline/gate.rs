@@ -1,0 +1,105 @@
+//! The permits that bound the batches in flight, and which workers may take them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::lock;
+
+/// The permits (`prefetch + workers` of them) and the workers allowed to take one: those
+/// numbered below `active`. Both change while the epoch runs when they are tuned.
+pub(super) struct Gate {
+    state: Mutex<State>,
+    cv: Condvar,
+    stopped: AtomicBool,
+    /// The epoch's jobs are all taken: workers waiting for a permit leave.
+    drained: AtomicBool,
+}
+
+struct State {
+    /// Permits free; below zero after the slots shrank while more were held.
+    free: isize,
+    /// Slots in all: permits free and held.
+    slots: usize,
+    /// Workers numbered below this take jobs; the others wait.
+    active: usize,
+}
+
+impl Gate {
+    /// `slots` permits, for workers numbered below `active`.
+    pub(super) fn new(slots: usize, active: usize) -> Gate {
+        Gate {
+            state: Mutex::new(State {
+                free: slots as isize,
+                slots,
+                active,
+            }),
+            cv: Condvar::new(),
+            stopped: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+        }
+    }
+
+    /// A permit for worker `worker`, waiting while it is not active or none is free; `None`
+    /// once stopped, or once the jobs are all taken.
+    pub(super) fn acquire(self: &Arc<Self>, worker: usize) -> Option<Permit> {
+        let mut state = lock(&self.state);
+        loop {
+            if self.is_stopped() || self.drained.load(Ordering::SeqCst) {
+                return None;
+            }
+            if worker < state.active && state.free > 0 {
+                state.free -= 1;
+                return Some(Permit {
+                    _held: Arc::new(PermitInner { gate: self.clone() }),
+                });
+            }
+            state = self.cv.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// From now on, `slots` permits and `active` workers. Permits held past a smaller count
+    /// are given back as usual; new ones are handed out once the count is under it.
+    pub(super) fn resize(&self, slots: usize, active: usize) {
+        let mut state = lock(&self.state);
+        state.free += slots as isize - state.slots as isize;
+        state.slots = slots;
+        state.active = active;
+        self.cv.notify_all();
+    }
+
+    /// The jobs are all taken: every worker still waiting for a permit (an inactive one
+    /// among them) returns, so the transfer thread sees the epoch end.
+    pub(super) fn drain(&self) {
+        self.drained.store(true, Ordering::SeqCst);
+        let _guard = lock(&self.state);
+        self.cv.notify_all();
+    }
+
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _guard = lock(&self.state);
+        self.cv.notify_all();
+    }
+
+    pub(super) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// One batch's place in the bound; given back when the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct Permit {
+    _held: Arc<PermitInner>,
+}
+
+struct PermitInner {
+    gate: Arc<Gate>,
+}
+
+impl Drop for PermitInner {
+    fn drop(&mut self) {
+        lock(&self.gate.state).free += 1;
+        // Every waiter: the one a permit is for may be any active worker.
+        self.gate.cv.notify_all();
+    }
+}
