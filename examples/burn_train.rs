@@ -1,21 +1,36 @@
-//! burn's `Learner` trains a small MLP on our loader, on burn's CPU backend: batches are
+//! burn's `Learner` trains a small MLP on our loader, on burn's default device: batches are
 //! collated into pinned memory by our workers and handed to burn through `BurnLoader`. The run
 //! is stopped midway through its second epoch, as a crash would stop it, and resumed from the
 //! loader's saved position: the restarted run trains on exactly the batches that were left.
+//! Last, the first epoch is trained again from the same weights through burn's own
+//! `DataLoader` on the same samples in the same order: every step's loss is the same (within
+//! 1e-5).
+//!
+//! On burn's CPU backend:
 //!
 //! ```text
 //! cargo run --release --features burn --example burn_train
+//! ```
+//!
+//! On a GPU, through burn's CUDA backend (built in `burn-cuda/`, whose LLVM
+//! `scripts/burn-cuda-env.sh` installs):
+//!
+//! ```text
+//! eval "$(scripts/burn-cuda-env.sh)"
+//! cargo run --release --manifest-path burn-cuda/Cargo.toml --example burn_train_on_cuda
 //! ```
 
 use std::sync::{Arc, Mutex};
 
 use burn_core as burn;
-use burn_core::data::dataloader::DataLoader;
+use burn_core::data::dataloader::batcher::Batcher as BurnBatcher;
+use burn_core::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn_core::data::dataset::InMemDataset;
 use burn_core::module::Module;
 use burn_nn::loss::{MseLoss, Reduction};
 use burn_nn::{Linear, LinearConfig, Relu};
 use burn_optim::AdamConfig;
-use burn_tensor::{Device, Tensor};
+use burn_tensor::{Device, Tensor, TensorData};
 use burn_train::{
     InferenceStep, Interrupter, Learner, RegressionOutput, SupervisedTraining, TrainOutput,
     TrainStep,
@@ -101,10 +116,12 @@ struct Mlp {
     control: Arc<Mutex<Control>>,
 }
 
-/// The steps trained, and the simulated crash: the step it comes after, and how.
+/// The steps trained and their losses, and the simulated crash: the step it comes after, and
+/// how.
 #[derive(Default)]
 struct Control {
     steps: usize,
+    losses: Vec<f32>,
     crash: Option<(usize, Interrupter)>,
 }
 
@@ -133,8 +150,10 @@ impl TrainStep for Mlp {
 
     fn step(&self, batch: Batch) -> TrainOutput<RegressionOutput> {
         let item = self.forward(batch);
+        let loss: Vec<f32> = item.loss.to_data().convert::<f32>().try_to_vec().unwrap();
         let mut control = self.control.lock().unwrap();
         control.steps += 1;
+        control.losses.push(loss[0]);
         if let Some((at, interrupter)) = &control.crash
             && control.steps == *at
         {
@@ -192,8 +211,39 @@ fn fit(
     Ok(model)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// burn's own batcher, for the same samples: rows concatenated into `TensorData`.
+#[derive(Clone)]
+struct RowBatcher;
+
+impl BurnBatcher<(Vec<f32>, f32), Batch> for RowBatcher {
+    fn batch(&self, items: Vec<(Vec<f32>, f32)>, device: &Device) -> Batch {
+        let b = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|s| s.0.iter().copied()).collect();
+        let y: Vec<f32> = items.iter().map(|s| s.1).collect();
+        Batch {
+            x: Tensor::from_data(TensorData::new(x, [b, FEATURES]), device),
+            y: Tensor::from_data(TensorData::new(y, [b, 1]), device),
+        }
+    }
+}
+
+/// burn's own `DataLoader` over the samples of our loader's epoch 0, in its order.
+fn burns_own(order: &[usize], device: &Device) -> pinnable::Result<Arc<dyn DataLoader<Batch>>> {
+    let mut rows = Vec::with_capacity(order.len());
+    for &i in order {
+        let (x, y) = sample(i)?;
+        rows.push((x.to_vec::<f32>()?, y));
+    }
+    Ok(DataLoaderBuilder::new(RowBatcher)
+        .batch_size(BATCH)
+        .set_device(device.clone())
+        .build(InMemDataset::new(rows)))
+}
+
+// `pub`: burn-cuda/ runs it from its one test binary.
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::default().autodiff();
+    println!("burn's device: {device:?}");
     let dir = std::env::temp_dir().join(format!("pinnable-burn-example-{}", std::process::id()));
     let valid: Arc<dyn DataLoader<Batch>> = Arc::new(loader(512, None, &device)?);
     let model = Mlp {
@@ -205,9 +255,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps_per_epoch = SAMPLES.div_ceil(BATCH);
     let untrained = valid_loss(&model, &*valid)?;
 
+    // The same weights, to train the first epoch again through burn's own loader.
+    let mut initial = model.clone();
+    initial.control = Arc::default();
+
     // The first run: one whole epoch, then a crash 10 steps into the second.
     let started = std::time::Instant::now();
     let train = Arc::new(loader(SAMPLES, None, &device)?);
+    let order = train.loader().sampler().indices(0);
     let model = fit(model, train.clone(), valid.clone(), 1, None, &dir)?;
     let model = fit(model, train.clone(), valid.clone(), 1, Some(10), &dir)?;
     // What a checkpoint stores beside the weights.
@@ -242,6 +297,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         valid_loss(&model, &*valid)?,
         model.control.lock().unwrap().steps,
         started.elapsed()
+    );
+
+    // The first epoch again, from the same weights, through burn's own DataLoader.
+    let ours: Vec<f32> = model.control.lock().unwrap().losses[..steps_per_epoch].to_vec();
+    let again = fit(initial, burns_own(&order, &device)?, valid, 1, None, &dir)?;
+    let theirs = again.control.lock().unwrap().losses.clone();
+    assert_eq!(theirs.len(), ours.len(), "one loss a step");
+    let worst = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= 1e-5,
+        "a step's loss differs by {worst} between our loader and burn's"
+    );
+    println!(
+        "epoch 0 again through burn's own DataLoader: the same {} losses (largest difference \
+         {worst:e})",
+        ours.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -23,13 +23,30 @@
 #   PINNABLE_BUNDLE_TARGETS="--bench candle --test candle --example candle_batch" scripts/gpu-bundle.sh
 #
 #   DIR/run.sh PROGRAM [ARGS]            # one bundled program, with the environment run.sh sets
+#
+# --burn-cuda bundles burn-cuda/ instead: the burn tests, example and bench on burn's CUDA
+# backend, in one test binary (it links LLVM: ≈ 190 MB, ≈ 40 MB packed, too large to travel
+# with the rest), built in the environment scripts/burn-cuda-env.sh sets up:
+#
+#   scripts/gpu-bundle.sh --burn-cuda [DIR]      # default DIR: gpu-bundle-burn
+#   DIR/run.sh tests                             # the tests and the example
+#   DIR/run.sh tests/burn_cuda --ignored --nocapture bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-gpu-bundle}
+burn_cuda=
+if [ "${1:-}" = --burn-cuda ]; then
+  burn_cuda=1
+  shift
+fi
+out=${1:-gpu-bundle${burn_cuda:+-burn}}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/benches" "$out/examples"
 
-if [ -n "${PINNABLE_BUNDLE_FEATURES+set}" ]; then
+if [ -n "$burn_cuda" ]; then
+  eval "$(scripts/burn-cuda-env.sh)"
+  CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/burn-cuda} cargo test --manifest-path burn-cuda/Cargo.toml \
+    --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"${json:=$(mktemp)}"
+elif [ -n "${PINNABLE_BUNDLE_FEATURES+set}" ]; then
   features=(--features "$PINNABLE_BUNDLE_FEATURES")
   case " $(echo "$PINNABLE_BUNDLE_FEATURES" | tr ',' ' ') " in
     *" candle-cuda "*) eval "$(scripts/cuda-build-env.sh)" ;;
@@ -38,9 +55,11 @@ else
   features=(--all-features)
   eval "$(scripts/cuda-build-env.sh)"
 fi
-json=$(mktemp)
+json=${json:-$(mktemp)}
 trap 'rm -f "$json"' EXIT
-if [ -n "${PINNABLE_BUNDLE_TARGETS:-}" ]; then
+if [ -n "$burn_cuda" ]; then
+  :
+elif [ -n "${PINNABLE_BUNDLE_TARGETS:-}" ]; then
   # Word splitting is wanted: the variable holds cargo's target options.
   # shellcheck disable=SC2086
   cargo build "${features[@]}" --profile gpu-bundle $PINNABLE_BUNDLE_TARGETS --message-format=json-render-diagnostics >"$json"

@@ -199,7 +199,7 @@ fn burns_cpu_backend_reads_a_contiguous_tensor_in_place() {
         .pin_memory()
         .unwrap();
     let ours = t.as_slice::<f32>().unwrap().as_ptr();
-    let b: burn_tensor::Tensor<4> = to_burn_float(&t, &burn_tensor::Device::default()).unwrap();
+    let b: burn_tensor::Tensor<4> = to_burn_float(&t, &burn_tensor::Device::flex()).unwrap();
     let data = b.into_data();
     assert_eq!(
         data.as_bytes().as_ptr(),

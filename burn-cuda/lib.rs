@@ -1,0 +1,1 @@
+//! Nothing: this package exists for its tests, example and bench (see Cargo.toml).
