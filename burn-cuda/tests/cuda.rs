@@ -56,7 +56,7 @@ fn to_burn((x, h, y, p): Ours, device: &Device) -> pinnable::Result<Moved> {
 }
 
 /// The bytes of a burn tensor, read back from the GPU.
-fn burn_bytes<K: burn_tensor::TensorKind, const D: usize>(t: &BurnTensor<D, K>) -> Vec<u8> {
+fn burn_bytes<K: burn_tensor::kind::Basic, const D: usize>(t: &BurnTensor<D, K>) -> Vec<u8> {
     t.to_data().as_bytes().to_vec()
 }
 

@@ -151,8 +151,7 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
         // Where the last epoch settled; with tuning, a thread for every worker the tuner may
         // start, those past the count waiting.
         let (workers, prefetch, threads, most) = {
-            let mut t = lock(&spec.tuner);
-            t.next_epoch();
+            let t = lock(&spec.tuner);
             let (max_w, max_p) = t.limits();
             let threads = if t.fixed().0 { t.workers() } else { max_w };
             (t.workers(), t.prefetch(), threads, max_w + max_p)
@@ -160,9 +159,8 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
         let gate = Arc::new(Gate::new(prefetch + workers, workers));
         let counters = Arc::new(Counters::new(workers, prefetch, most));
         let watch = spec.timeout.map(|t| Arc::new(Watch::new(t, threads)));
-        let tuning = lock(&spec.tuner)
-            .is_auto()
-            .then(|| Tuning::new(spec.tuner.clone(), &counters));
+        let auto = lock(&spec.tuner).is_auto();
+        let tuning = auto.then(|| Tuning::new(spec.tuner.clone(), &counters));
         let work = Arc::new(Work {
             jobs: Mutex::new((0, spec.jobs)),
             dataset: spec.dataset,
@@ -376,6 +374,9 @@ impl<T> Pipeline<T> {
     pub(crate) fn shutdown(&mut self) -> Option<Error> {
         self.finished = true;
         self.counters.finish();
+        if let Some(tuning) = self.tuning.take() {
+            tuning.end(&self.counters);
+        }
         self.gate.stop();
         drop(self.rx.take());
         let mut died = None;

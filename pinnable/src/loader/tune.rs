@@ -155,6 +155,9 @@ pub(crate) struct Tuner {
     patience: u32,
     /// The count a reopened climb began from, until it settles.
     reopened: Option<usize>,
+    /// The part of a window the last epoch ended in, counted on in the next: epochs shorter
+    /// than a window are tuned too.
+    carried: Option<Window>,
     /// For tests: a random change after every batch instead of the tuning.
     #[cfg(test)]
     pub(crate) chaos: Option<crate::loader::SplitMix64>,
@@ -183,6 +186,7 @@ impl Tuner {
             phase: Phase::Climb,
             patience: REOPEN_LAST,
             reopened: None,
+            carried: None,
             #[cfg(test)]
             chaos: None,
         };
@@ -221,15 +225,6 @@ impl Tuner {
         } else {
             workers.clamp(2, self.max_prefetch.max(2))
         }
-    }
-
-    /// The next epoch starts where this one settled, and measures again from there.
-    pub(crate) fn next_epoch(&mut self) {
-        if let Phase::Trial { from, .. } = self.phase {
-            self.workers = from;
-            self.prefetch = self.prefetch_for(from);
-        }
-        self.phase = Phase::Climb;
     }
 
     /// Learns from one window; a change to make, with its reason, when there is one.
@@ -428,19 +423,50 @@ pub(crate) struct Tuning {
     tuner: Arc<Mutex<Tuner>>,
     /// When the current window began, and the counters then: batches, wait and busy time.
     mark: (Instant, u64, Duration, Duration),
-    /// Whether the epoch's first window is still to come: it holds the pipeline's fill (the
-    /// consumer waits for the first batches whatever the count), so it is not judged.
+    /// Whether the loader's first window is still to come: it holds the pipeline's first fill
+    /// (the consumer waits for the first batches whatever the count), so it is not judged.
     filling: bool,
+    /// What the last epoch measured of the current window.
+    carried: Window,
 }
 
 impl Tuning {
     pub(crate) fn new(tuner: Arc<Mutex<Tuner>>, counters: &Counters) -> Tuning {
+        let carried = tuner.lock().unwrap_or_else(|e| e.into_inner()).carried.take();
         Tuning {
             tuner,
             mark: (Instant::now(), 0, Duration::ZERO, Duration::ZERO),
-            filling: true,
+            filling: carried.is_none(),
+            carried: carried.unwrap_or_default(),
         }
         .marked(counters)
+    }
+
+    /// The current window so far (what the last epoch carried over and this one's part), and
+    /// the counters now.
+    fn so_far(&self, counters: &Counters) -> (Window, (Instant, u64, Duration, Duration)) {
+        let now = Self::now(counters);
+        let c = &self.carried;
+        let window = Window {
+            elapsed: c.elapsed + (now.0 - self.mark.0),
+            batches: c.batches + (now.1 - self.mark.1),
+            waited: c.waited + now.2.saturating_sub(self.mark.2),
+            busy: c.busy + now.3.saturating_sub(self.mark.3),
+        };
+        (window, now)
+    }
+
+    /// The epoch ends: the window it was in goes on in the next epoch.
+    pub(crate) fn end(self, counters: &Counters) {
+        let (window, _) = self.so_far(counters);
+        let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
+        // After the loader's first epoch, the next window is judged with its fill in it:
+        // epochs too short for a window are mostly fill.
+        tuner.carried = Some(if self.filling {
+            Window::default()
+        } else {
+            window
+        });
     }
 
     fn marked(mut self, counters: &Counters) -> Tuning {
@@ -466,18 +492,12 @@ impl Tuning {
                 return Some(knobs);
             }
         }
-        let (at, batches, waited, busy) = Self::now(counters);
-        let elapsed = at - self.mark.0;
-        if elapsed < WINDOW || batches - self.mark.1 < WINDOW_BATCHES {
+        let (window, now) = self.so_far(counters);
+        if window.elapsed < WINDOW || window.batches < WINDOW_BATCHES {
             return None;
         }
-        let window = Window {
-            elapsed,
-            batches: batches - self.mark.1,
-            waited: waited.saturating_sub(self.mark.2),
-            busy: busy.saturating_sub(self.mark.3),
-        };
-        self.mark = (at, batches, waited, busy);
+        self.mark = now;
+        self.carried = Window::default();
         if std::mem::take(&mut self.filling) {
             return None;
         }

@@ -187,3 +187,23 @@ fn a_stream_ends_its_epoch_whatever_the_tuning_left_waiting() {
         assert_eq!(got, expected, "case {case}");
     }
 }
+
+#[test]
+fn epochs_shorter_than_a_window_are_tuned_across_epochs() {
+    // Epochs of about 25 ms (50 batches of 4 samples at 0.5 ms each, on 4 workers): no window
+    // fits in one, yet the windows run on across epochs and the workers climb.
+    let loader = Loader::builder(slow(4 * 50, 8, Duration::from_micros(500)))
+        .batch_size(4)
+        .cores(12)
+        .build(Stack)
+        .unwrap();
+    let mut decisions = 0;
+    for _ in 0..60 {
+        for b in &loader {
+            b.unwrap();
+        }
+        decisions += loader.stats().unwrap().tuning.len();
+    }
+    assert!(decisions > 0, "no decision in 60 short epochs");
+    assert!(loader.workers() > 4, "{} workers", loader.workers());
+}
