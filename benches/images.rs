@@ -22,14 +22,23 @@
 //!    kernels, u8 and normalised f32, with the process's CPU time over the window, against
 //!    torchvision's batched GPU decode alone and with a GPU resize.
 //!
+//! Every loader table has an auto row beside the rows at worker counts set by hand: the loader
+//! tunes its workers and batches ahead (in the device-decode table with the codec's default
+//! host share and engine threads), runs 3 s of untimed epochs, and is then timed as the others
+//! are; the note under the table says where the tuning left them and when its last decision
+//! came, and the auto row's shares of workers × the one-core rate and of the floor are of the
+//! count the tuning left.
+//!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as
 //! `bench/torch_images.py --generate DIR` writes them (PIL, `classNN/NNNN.jpg`); when the folder
 //! holds none, this bench writes its own (jpeg-encoder) and says so. Writes the tables to
-//! `$PINNABLE_BENCH_OUT/images.md`. Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,16`),
-//! `PINNABLE_BENCH_BATCHES` (batches in the measured window), `PINNABLE_BENCH_FLOOR_BATCHES`
-//! (batches each floor thread makes, default 4), `PINNABLE_BENCH_ONLY=device` (only the
-//! device-decode table) or `device-quick` (only its u8 rows, for `PINNABLE_BENCH_WORKERS`
-//! workers), `PINNABLE_BENCH_PREFETCH` (the device-decode loader's prefetch, default 2).
+//! `$PINNABLE_BENCH_OUT/images.md`. Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,16,auto`;
+//! `auto` or `0` is the auto row; by default 4, 8, 14 and 16 workers as the cores allow, then
+//! auto), `PINNABLE_BENCH_BATCHES` (batches in the measured window),
+//! `PINNABLE_BENCH_FLOOR_BATCHES` (batches each floor thread makes, default 4),
+//! `PINNABLE_BENCH_ONLY=device` (only the device-decode table) or `device-quick` (only its u8
+//! rows, for `PINNABLE_BENCH_WORKERS` workers, `auto` among them), `PINNABLE_BENCH_PREFETCH`
+//! (the device-decode loader's prefetch, default 2, except in the auto rows).
 
 #[path = "images/device.rs"]
 mod device;
@@ -48,7 +57,11 @@ use pinnable::formats::image::{
 };
 use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
-use pinnable_harness::bench::{Report, env_usize, median, torch_rows};
+use pinnable_harness::bench;
+use pinnable_harness::bench::{
+    AUTO, Report, Tuning, WorkersOrAuto, auto_notes, env_usize, median, settle, torch_rows,
+    workers_cell,
+};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, images, rng};
 
@@ -58,22 +71,18 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The rows' worker counts: `PINNABLE_BENCH_WORKERS`, else 4 to 16 up to the cores (or the
+/// cores, when fewer than 4), then [`AUTO`].
 fn worker_counts() -> Vec<usize> {
-    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
-        return list
-            .split(',')
-            .filter_map(|w| w.trim().parse().ok())
-            .collect();
-    }
     let counts: Vec<usize> = [4, 8, 14, 16]
         .into_iter()
         .filter(|&w| w <= cores())
         .collect();
-    if counts.is_empty() {
+    bench::worker_counts(if counts.is_empty() {
         vec![cores()]
     } else {
         counts
-    }
+    })
 }
 
 /// The JPEG files, written first when the folder has none.
@@ -267,7 +276,7 @@ fn floor_table(
     rep.line("| threads | images/s | per thread | of threads × the one-core stages | of threads × 1 thread |");
     rep.line("| --- | --- | --- | --- | --- |");
     let mut counts = vec![1];
-    counts.extend(workers.iter().copied().filter(|&w| w != 1));
+    counts.extend(workers.iter().copied().filter(|&w| w != 1 && w != AUTO));
     let mut floors: Vec<(usize, f64)> = Vec::new();
     for n in counts {
         let runs = (0..3)
@@ -289,6 +298,10 @@ fn floor_table(
 
 /// A steady-state window of a loader run.
 struct Window {
+    /// The workers: the count set by hand, or where the tuning left it.
+    workers: usize,
+    /// What the tuning did, in an auto row.
+    tuning: Option<Tuning>,
     images_per_s: f64,
     wait_share: f64,
     /// The workers' time loading and collating over workers × the window.
@@ -297,6 +310,23 @@ struct Window {
     written_ms: f64,
     p50: f64,
     p95: f64,
+}
+
+/// Keeps an auto row's tuning for the note under its table, as `what`.
+fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: &str, m: &pinnable::Result<Window>) {
+    if let Ok(Window {
+        tuning: Some(t), ..
+    }) = m
+    {
+        notes.push((what.to_owned(), t.clone()));
+    }
+}
+
+/// The note under a loader table with auto rows.
+fn print_notes(notes: &[(String, Tuning)], rep: &mut Report) {
+    if let Some(note) = auto_notes(notes) {
+        rep.line(&note);
+    }
 }
 
 /// Runs `files` (cycled to `warmup + batches` batches) through the loader with `transform`
@@ -341,18 +371,30 @@ where
     B: Batcher<ImageFile> + 'static,
     B::Batch: ToDevice + 'static,
 {
-    let warmup = 2 * workers + 4;
+    // An auto row's workers (and batches ahead) are at most the cores: its warm-up and tail
+    // are sized for as many.
+    let auto = workers == AUTO;
+    let most = if auto { cores() } else { workers };
+    let warmup = 2 * most + 4;
     // The epoch runs on past the window: its end (workers stopped and joined) is not a
     // steady batch.
-    let tail = 2 * workers + 2;
+    let tail = 2 * most + 2;
     let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
     let folder = ImageFolder::from_list(list);
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
-        .workers(workers)
+        .workers_or_auto(workers)
         .device(device.clone())
         .build(batcher)?;
+    let settling = if auto {
+        settle(&loader, |b| {
+            consume(&images(b)?.0);
+            Ok(())
+        })?
+    } else {
+        Vec::new()
+    };
     let mut epoch = loader.run_epoch(0);
     for b in epoch.by_ref().take(warmup) {
         consume(&images(b?)?.0);
@@ -374,10 +416,13 @@ where
     let written = after.written.saturating_sub(before.written);
     let samples = after.samples.saturating_sub(before.samples).max(1);
     let images = steps.len() * BATCH;
+    let workers = if auto { after.workers } else { workers };
     // Percentiles of the steps go beside the window's throughput, never instead of it.
     steps.sort_by(f64::total_cmp);
     let percentile = |p: usize| steps.get(steps.len() * p / 100).copied().unwrap_or(0.0);
     Ok(Window {
+        workers,
+        tuning: auto.then(|| Tuning::new(&settling, &after)),
         images_per_s: images as f64 / elapsed.as_secs_f64(),
         wait_share: waited.as_secs_f64() / elapsed.as_secs_f64().max(1e-9),
         busy: busy.as_secs_f64() / (workers as f64 * elapsed.as_secs_f64()).max(1e-9),
@@ -388,7 +433,8 @@ where
 }
 
 /// A table row; `per_image` is our one-core cost (ms), so `w` workers could at most make
-/// `w / per_image` images a second if nothing but the stages took time.
+/// `w / per_image` images a second if nothing but the stages took time. An auto row's `w` is
+/// the count the tuning left.
 fn window_row(
     name: &str,
     w: usize,
@@ -397,10 +443,12 @@ fn window_row(
     per_image: f64,
     floors: &[(usize, f64)],
 ) -> String {
+    let cell = workers_cell(w);
+    let w = m.as_ref().map_or(w, |m| m.workers);
     let floor = floors.iter().find(|(n, _)| *n == w).map(|(_, f)| *f);
     match m {
         Ok(m) => format!(
-            "| {name} | {w} | {:.0} | {} | {:.0}% | {} | {:.0}% / {:.3} ms | {:.1}% | {:.2} / {:.2} ms |",
+            "| {name} | {cell} | {:.0} | {} | {:.0}% | {} | {:.0}% / {:.3} ms | {:.1}% | {:.2} / {:.2} ms |",
             m.images_per_s,
             best.map_or("—".into(), |(k, v)| format!(
                 "{:.2}× ({k})",
@@ -417,7 +465,7 @@ fn window_row(
             m.p50 * 1e3,
             m.p95 * 1e3
         ),
-        Err(e) => format!("| {name} | {w} | error: {e} | | | | | | |"),
+        Err(e) => format!("| {name} | {cell} | error: {e} | | | | | | |"),
     }
 }
 
@@ -491,10 +539,13 @@ fn main() {
     rep.line(COLUMNS);
     let u8_cost = stages.read_decode + stages.eval;
     let f32_cost = stages.read_decode + stages.norm;
+    let mut notes = Vec::new();
     for &w in &workers {
         let m = window(&files, &eval, w, batches, &Device::cpu(), |_| {});
+        keep_tuning(&mut notes, "u8", &m);
         rep.line(&window_row("u8", w, m, best, u8_cost, &floors));
     }
+    print_notes(&notes, &mut rep);
     if let Some(dev) = gpu {
         gpu::gpu_part(
             &dev,

@@ -16,8 +16,13 @@
 //! host). Without a GPU it prints `skipped: ...` for that part. Always: host-side collation
 //! throughput (`Device::cpu()`).
 //!
+//! Every table has an auto row beside the rows at worker counts set by hand: the loader tunes
+//! its workers and batches ahead, and is timed after 3 s of untimed epochs; the note under the
+//! table says where the tuning left them and when its last decision came.
+//!
 //! Writes the tables to `$PINNABLE_BENCH_OUT/loader.md`. Knobs: `PINNABLE_BENCH_WORKERS`
-//! (e.g. `1,2,4`), `PINNABLE_BENCH_BATCHES` (measured batches per run),
+//! (e.g. `1,2,4,auto`; `auto` or `0` is the auto row; by default 1, 2, 4, 8 and 12 workers, as
+//! many as the cores allow, then auto), `PINNABLE_BENCH_BATCHES` (measured batches per run),
 //! `PINNABLE_BENCH_IMAGES` (images in the array).
 
 use std::time::{Duration, Instant};
@@ -26,7 +31,10 @@ use cudarc::driver::{result, sys};
 use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Stack, TensorRows};
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
-use pinnable_harness::bench::{Report, Throughput, env_usize, event_time, median, torch_rows};
+use pinnable_harness::bench::{
+    AUTO, Report, Throughput, Tuning, WorkersOrAuto, auto_notes, env_usize, event_time, median,
+    settle, torch_rows, workers_cell,
+};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
 
@@ -36,18 +44,11 @@ const WARMUP: usize = 16;
 
 type Batch = (Tensor, Tensor);
 
+/// The rows' worker counts: `PINNABLE_BENCH_WORKERS`, else 1 to 12 up to the cores, then
+/// [`AUTO`].
 fn worker_counts() -> Vec<usize> {
-    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
-        return list
-            .split(',')
-            .filter_map(|w| w.trim().parse().ok())
-            .collect();
-    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    [1, 2, 4, 8, 12]
-        .into_iter()
-        .filter(|&w| w <= cores)
-        .collect()
+    bench::worker_counts([1, 2, 4, 8, 12].into_iter().filter(|&w| w <= cores))
 }
 
 /// The "views" dataset: zero-copy views of `images`.
@@ -66,10 +67,23 @@ struct Run {
     fig: Throughput,
     peak: usize,
     bound: usize,
+    /// What the tuning did, in an auto row.
+    tuning: Option<Tuning>,
+}
+
+/// Keeps an auto row's tuning for the note under its table, as `what`.
+fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: &str, m: &pinnable::Result<Run>) {
+    if let Ok(Run {
+        tuning: Some(t), ..
+    }) = m
+    {
+        notes.push((what.to_owned(), t.clone()));
+    }
 }
 
 /// Runs one epoch of `warmup + batches` batches through `consume`; times the part after the
-/// warm-up (blocks allocated, pipeline full).
+/// warm-up (blocks allocated, pipeline full). With [`AUTO`] workers, after untimed epochs for
+/// the tuning to settle.
 fn run(
     images: &TensorRows,
     decode: bool,
@@ -84,7 +98,7 @@ fn run(
         let (rows, n) = (images.clone(), images.len());
         let loader = Loader::builder(FnDataset::new(len, Ok))
             .batch_size(BATCH)
-            .workers(workers)
+            .workers_or_auto(workers)
             .device(device.clone())
             .build_with(move |ix: Vec<usize>, c| {
                 let labels = c.stack_scalars("labels", ix.iter().map(|i| (i % 1000) as i64))?;
@@ -95,14 +109,14 @@ fn run(
                 let mut out = c.finish()?;
                 Ok((out.take(x)?, out.take(labels)?))
             })?;
-        return time_epoch(&loader, consume, Ok);
+        return time_epoch(&loader, workers == AUTO, consume, Ok);
     }
     let loader = Loader::builder(dataset(images, len))
         .batch_size(BATCH)
-        .workers(workers)
+        .workers_or_auto(workers)
         .device(device.clone())
         .build(Stack)?;
-    time_epoch(&loader, consume, Ok)
+    time_epoch(&loader, workers == AUTO, consume, Ok)
 }
 
 /// As [`run`], with nothing collated on the host: each batch is two [`Gather`]s of rows of
@@ -121,7 +135,7 @@ fn run_gathered(
         Ok(i % n)
     }))
     .batch_size(BATCH)
-    .workers(workers)
+    .workers_or_auto(workers)
     .device(device.clone())
     .build_with(move |rows: Vec<usize>, _c| {
         Ok((
@@ -129,15 +143,21 @@ fn run_gathered(
             Gather::rows(&lb, rows)?,
         ))
     })?;
-    time_epoch(&loader, consume, |(x, y): (Gather, Gather)| {
-        Ok((x.into_tensor()?, y.into_tensor()?))
-    })
+    time_epoch(
+        &loader,
+        workers == AUTO,
+        consume,
+        |(x, y): (Gather, Gather)| Ok((x.into_tensor()?, y.into_tensor()?)),
+    )
 }
 
 /// Times one epoch of `loader` after the warm-up (throughput over the window, the consumer's
-/// wait over it); `tensors` turns each batch into the tensors `consume` reads.
+/// wait over it); `tensors` turns each batch into the tensors `consume` reads. An `auto`
+/// loader (workers and batches ahead tuned) first runs untimed epochs for its tuning to
+/// settle.
 fn time_epoch<D, B>(
     loader: &Loader<D, B>,
+    auto: bool,
     mut consume: impl FnMut(&Batch),
     tensors: impl Fn(B::Batch) -> pinnable::Result<Batch>,
 ) -> pinnable::Result<Run>
@@ -147,6 +167,14 @@ where
     B::Batch: ToDevice + 'static,
 {
     let bytes = BATCH * IMAGE.iter().product::<usize>() * 4 + BATCH * 8;
+    let settling = if auto {
+        settle(loader, |b| {
+            consume(&tensors(b)?);
+            Ok(())
+        })?
+    } else {
+        Vec::new()
+    };
     let (fig, stats) = bench::epoch(loader.run_epoch(0), WARMUP, bytes, |b| {
         consume(&tensors(b)?);
         Ok(())
@@ -155,6 +183,7 @@ where
         fig,
         peak: stats.pinned_peak_bytes,
         bound: stats.pinned_bound_bytes,
+        tuning: auto.then(|| Tuning::new(&settling, &stats)),
     })
 }
 
@@ -195,12 +224,16 @@ fn main() {
          pinned peak / bound |",
     );
     rep.line("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for decode in [false, true] {
+        let name = if decode { "decode" } else { "views" };
         for &w in &workers {
-            match run(&images, decode, w, batches, &Device::cpu(), |_| {}) {
+            let m = run(&images, decode, w, batches, &Device::cpu(), |_| {});
+            keep_tuning(&mut notes, name, &m);
+            let w = workers_cell(w);
+            match m {
                 Ok(m) => rep.line(&format!(
-                    "| {} | {w} | {:.2} ms | {:.1} | {} | {} | {:.0} / {:.0} MiB |",
-                    if decode { "decode" } else { "views" },
+                    "| {name} | {w} | {:.2} ms | {:.1} | {} | {} | {:.0} / {:.0} MiB |",
                     m.fig.per_batch() * 1e3,
                     m.fig.gigabytes_per_second(),
                     m.fig.wait(),
@@ -208,12 +241,12 @@ fn main() {
                     mib(m.peak),
                     mib(m.bound)
                 )),
-                Err(e) => rep.line(&format!(
-                    "| {} | {w} | error: {e} | | | | |",
-                    if decode { "decode" } else { "views" }
-                )),
+                Err(e) => rep.line(&format!("| {name} | {w} | error: {e} | | | | |")),
             }
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
 
     if let Some(dev) = gpu {
@@ -333,8 +366,8 @@ fn gpu_part(
     };
     let sync = |b: &Batch| read(b, 0);
     // One row of the table: a run's figures against the ceiling and PyTorch.
-    let row = |name: &str, w: usize, m: pinnable::Result<Run>| match m {
-        Ok(m) => format!(
+    let row = |name: &str, w: usize, m: pinnable::Result<Run>| match (workers_cell(w), m) {
+        (w, Ok(m)) => format!(
             "| {name} | {w} | {:.3} ms | {:.1} | {:.2} | {} | {} | {} | {:.0} / {:.0} MiB |",
             m.fig.per_batch() * 1e3,
             m.fig.gigabytes_per_second(),
@@ -348,12 +381,15 @@ fn gpu_part(
             mib(m.peak),
             mib(m.bound)
         ),
-        Err(e) => format!("| {name} | {w} | error: {e} | | | | | | |"),
+        (w, Err(e)) => format!("| {name} | {w} | error: {e} | | | | | | |"),
     };
+    let mut notes = Vec::new();
     for decode in [false, true] {
         for &w in workers {
             let name = if decode { "decode" } else { "views" };
-            rep.line(&row(name, w, run(images, decode, w, batches, dev, sync)));
+            let m = run(images, decode, w, batches, dev, sync);
+            keep_tuning(&mut notes, name, &m);
+            rep.line(&row(name, w, m));
         }
     }
 
@@ -361,11 +397,16 @@ fn gpu_part(
     let pinned_images = images.tensor().pin_memory().expect("pin the array");
     let labels =
         Tensor::pinned_from_fn(&[pinned_images.shape()[0]], |i| (i % 1000) as i64).expect("labels");
-    for w in [1, 2] {
+    let auto = workers.contains(&AUTO).then_some(AUTO);
+    for w in [1, 2].into_iter().chain(auto) {
         let m = run_gathered(&pinned_images, &labels, w, batches, dev, sync);
+        keep_tuning(&mut notes, "gather (pinned array)", &m);
         rep.line(&row("gather (pinned array)", w, m));
     }
     drop(pinned_images);
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
+    }
 
     // Overlap: a per-batch kernel longer than the copy (a spin of twice the copy's time, then
     // the read), on the compute stream after the batch's ready event. Step time against the
@@ -392,9 +433,13 @@ fn gpu_part(
          consumer wait (≤ 2%) | steps | pinned peak / bound |",
     );
     rep.line("| --- | --- | --- | --- | --- | --- | --- |");
-    for &w in workers.iter().filter(|&&w| w >= 4) {
+    let mut notes = Vec::new();
+    for &w in workers.iter().filter(|&&w| w >= 4 || w == AUTO) {
         let batches = batches.min(100);
-        match run(images, false, w, batches, dev, |b| read(b, spin_ns)) {
+        let m = run(images, false, w, batches, dev, |b| read(b, spin_ns));
+        keep_tuning(&mut notes, "views", &m);
+        let w = workers_cell(w);
+        match m {
             Ok(m) => rep.line(&format!(
                 "| views | {w} | {:.3} ms | {:.3} | {:.2}% | {} | {:.0} / {:.0} MiB |",
                 m.fig.per_batch() * 1e3,
@@ -406,6 +451,9 @@ fn gpu_part(
             )),
             Err(e) => rep.line(&format!("| views | {w} | error: {e} | | | | |")),
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
     std::thread::sleep(Duration::from_millis(10));
     // SAFETY: allocated above, freed once; the copies that used them were synchronised.

@@ -11,11 +11,17 @@
 //! .to('cuda', non_blocking=True)` on the same documents (`bench/packing_twin.py`, same run,
 //! `$PINNABLE_BENCH_OUT/packing_twin.txt`). Without a GPU it prints `skipped: …` for that part.
 //!
+//! Both tables have auto rows beside the rows at worker counts set by hand: the loader tunes
+//! its workers and batches ahead, runs 3 s of untimed epochs, and is then timed as the others
+//! are; the note under the table says where the tuning left them and when its last decision
+//! came.
+//!
 //! Writes `$PINNABLE_BENCH_OUT/packing.md`. The document file is
 //! `$PINNABLE_BENCH_DATA/pinnable-docs.bin` (the system's temporary directory by default),
 //! shared with the twin (whichever runs first writes it; both reuse it). Knobs:
 //! `PINNABLE_BENCH_TOKENS` (tokens in the file, when written), `PINNABLE_BENCH_WORKERS`
-//! (e.g. `4,8`), `PINNABLE_BENCH_BATCHES` (measured batches per run).
+//! (e.g. `4,8,auto`; `auto` or `0` is the auto row; by default 2, 4 and 8 workers where the
+//! cores allow, then auto), `PINNABLE_BENCH_BATCHES` (measured batches per run).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,7 +31,10 @@ use std::time::Instant;
 use pinnable::formats::tokens::{PackedBatch, PackedDocs, Separator, TokenDocs, TokenShards};
 use pinnable::loader::{Budget, BudgetPlan, Loader, SplitMix64};
 use pinnable::{DType, Device};
-use pinnable_harness::bench::{env_usize, torch_rows};
+use pinnable_harness::bench::{
+    AUTO, Tuning, WorkersOrAuto, auto_notes, env_usize, settle, torch_rows, worker_counts,
+    workers_cell,
+};
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream};
 
@@ -79,10 +88,23 @@ struct Run {
     wait: f64,
     build: f64,
     batches: usize,
+    /// What the tuning did, in an auto row.
+    tuning: Option<Tuning>,
+}
+
+/// Keeps an auto row's tuning for the note under its table, as `what`.
+fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: String, m: &pinnable::Result<Run>) {
+    if let Ok(Run {
+        tuning: Some(t), ..
+    }) = m
+    {
+        notes.push((what, t.clone()));
+    }
 }
 
 /// `batches` batches of `packed` to `device` after a warm-up, each handed to `consume`;
-/// built on the device (`PackedBatcher::device_built`) when `on_device`.
+/// built on the device (`PackedBatcher::device_built`) when `on_device`. With [`AUTO`]
+/// workers, the loader first runs untimed epochs for its tuning to settle.
 fn run(
     packed: &PackedDocs,
     (workers, on_device): (usize, bool),
@@ -92,9 +114,17 @@ fn run(
 ) -> pinnable::Result<Run> {
     let batcher = packed.batcher(DType::I64)?.device_built(on_device);
     let loader = Loader::builder(packed.clone())
-        .workers(workers)
+        .workers_or_auto(workers)
         .device(device.clone())
         .build(batcher)?;
+    let settling = if workers == AUTO {
+        settle(&loader, |b| {
+            consume(&b);
+            Ok(())
+        })?
+    } else {
+        Vec::new()
+    };
     let mut epoch = loader.run_epoch(0);
     let warmup = (epoch.remaining().unwrap_or(0) / 4).min(16);
     let batches = batches.min(epoch.remaining().unwrap_or(0) - warmup);
@@ -112,6 +142,7 @@ fn run(
         wait: (s.waited - before.waited).as_secs_f64() / elapsed,
         build: s.collate.as_secs_f64() / s.batches.max(1) as f64,
         batches,
+        tuning: (workers == AUTO).then(|| Tuning::new(&settling, &s)),
     })
 }
 
@@ -132,15 +163,7 @@ fn main() {
     let batches =
         env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 200 } else { 24 });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers: Vec<usize> = std::env::var("PINNABLE_BENCH_WORKERS")
-        .ok()
-        .map(|l| l.split(',').filter_map(|w| w.trim().parse().ok()).collect())
-        .unwrap_or_else(|| {
-            [2, 4, 8]
-                .into_iter()
-                .filter(|&w| w < cores || w == 2)
-                .collect()
-        });
+    let workers = worker_counts([2, 4, 8].into_iter().filter(|&w| w < cores || w == 2));
     let file = docs_file(&dir, n);
     let t = Instant::now();
     let shards = TokenShards::open([&file]).expect("read the documents into pinned memory");
@@ -189,9 +212,13 @@ fn main() {
     rep.line("\n## on the host (Device::cpu: the consumer only takes batches)\n");
     rep.line("| batch | workers | per batch | build (one worker) | consumer wait |");
     rep.line("| --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for (rows, packed) in &plans {
         for &w in &workers {
-            let line = match run(packed, (w, false), &Device::cpu(), batches, |_| {}) {
+            let m = run(packed, (w, false), &Device::cpu(), batches, |_| {});
+            keep_tuning(&mut notes, format!("{rows}×{ROW}"), &m);
+            let w = workers_cell(w);
+            let line = match m {
                 Ok(m) => format!(
                     "| {rows}×{ROW} | {w} | {} | {} | {:.0}% |",
                     ms(m.step),
@@ -202,6 +229,9 @@ fn main() {
             };
             rep.line(&line);
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
     if let Some(dev) = gpu {
         gpu_part(&dev, &plans, &workers, batches, &mut rep);
@@ -253,6 +283,7 @@ fn gpu_part(
     );
     rep.line("| batch | built | workers | per batch | HF collator + to(cuda) | speed-up (goal ≥ 300×) | build (one worker) | wait beside a 1 ms step |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for (rows, packed) in plans {
         let theirs = twin.get(&format!("packing_collator_{rows}x{ROW}")).copied();
         for (&w, on) in workers.iter().flat_map(|w| [(w, false), (w, true)]) {
@@ -261,6 +292,17 @@ fn gpu_part(
             let step = run(packed, (w, on), dev, batches, |b| {
                 consume(&consumer, b, 1_000_000)
             });
+            keep_tuning(
+                &mut notes,
+                format!("{rows}×{ROW}, built on the {built}"),
+                &m,
+            );
+            keep_tuning(
+                &mut notes,
+                format!("{rows}×{ROW}, built on the {built}, beside a 1 ms step"),
+                &step,
+            );
+            let w = workers_cell(w);
             let line = match (m, step) {
                 (Ok(m), Ok(s)) => format!(
                     "| {rows}×{ROW} | {built} | {w} | {} | {} | {} | {} | {:.2}% ({} batches) |",
@@ -281,5 +323,8 @@ fn gpu_part(
             };
             rep.line(&line);
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
 }

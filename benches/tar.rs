@@ -27,11 +27,19 @@
 //!    section 4's listings and window. Section 4 also gives each row's CPU time a sample and
 //!    the rate it bounds over HTTP: the machine's cores over it (the server shares them).
 //!
+//! Every section has auto rows beside the rows at worker counts set by hand: the loader tunes
+//! its workers and batches ahead, runs 3 s of untimed epochs, and is then timed as the others
+//! are; the note under the table says where the tuning left them and when its last decision
+//! came. Over HTTP the auto rows also keep `Storage`'s defaults for the chunk size, the
+//! read-ahead (grown while the workers wait) and the runtime threads (sized to the host): the
+//! chunk, read-ahead and threads knobs are the other rows' only.
+//!
 //! The files: `$PINNABLE_BENCH_IMAGES_DIR` (default `$PINNABLE_BENCH_OUT/jpegs`), as the
 //! images bench finds or writes them; the shards go to `$PINNABLE_BENCH_OUT/tar-shards`
-//! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14`),
-//! `PINNABLE_BENCH_PREFETCH` (the fields-only loaders' batches ahead, 8). Writes
-//! `$PINNABLE_BENCH_OUT/tar.md`.
+//! (written when missing). Knobs: `PINNABLE_BENCH_WORKERS` (e.g. `4,8,14,auto`; `auto` or `0`
+//! is the auto row; by default 4, 8 and 14 workers as the cores allow, then auto),
+//! `PINNABLE_BENCH_PREFETCH` (the fields-only loaders' batches ahead, 8, except in the auto
+//! rows). Writes `$PINNABLE_BENCH_OUT/tar.md`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,9 +47,12 @@ use std::time::Instant;
 
 use pinnable::formats::image::{ImageBatcher, ImageCodec, ImageFolder, Transform};
 use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
-use pinnable::loader::{Batcher, Collator, Loader};
-use pinnable::{Result, Tensor};
-use pinnable_harness::bench::{Report, env_usize, median};
+use pinnable::loader::{Batcher, Collator, EpochStats, Loader, Source};
+use pinnable::{Result, Tensor, ToDevice};
+use pinnable_harness::bench;
+use pinnable_harness::bench::{
+    AUTO, Report, Tuning, WorkersOrAuto, auto_notes, env_usize, median, settle, workers_label,
+};
 use pinnable_harness::tar::shard;
 use pinnable_harness::{images, rng};
 
@@ -59,16 +70,61 @@ fn out_dir() -> PathBuf {
     )
 }
 
+/// The rows' worker counts: `PINNABLE_BENCH_WORKERS`, else 4, 8 and 14 up to the cores (or the
+/// cores, when fewer than 4), then [`AUTO`].
 fn worker_counts() -> Vec<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if let Ok(list) = std::env::var("PINNABLE_BENCH_WORKERS") {
-        return list
-            .split(',')
-            .filter_map(|w| w.trim().parse().ok())
-            .collect();
-    }
     let v: Vec<usize> = [4, 8, 14].into_iter().filter(|&w| w <= cores).collect();
-    if v.is_empty() { vec![cores] } else { v }
+    bench::worker_counts(if v.is_empty() { vec![cores] } else { v })
+}
+
+/// For an auto row (`w` is [`AUTO`]): untimed epochs of `loader`, for its tuning to settle
+/// before the timed ones; their figures. Nothing for a row at a worker count set by hand.
+fn settled<S, B>(loader: &Loader<S, B>, w: usize) -> Vec<EpochStats>
+where
+    S: Source,
+    B: Batcher<S::Sample> + 'static,
+    B::Batch: ToDevice + 'static,
+{
+    if w == AUTO {
+        settle(loader, |_| Ok(())).expect("the untimed epochs")
+    } else {
+        Vec::new()
+    }
+}
+
+/// For an auto row, keeps what the tuning did (`settling`, then the last epoch of `loader`)
+/// for the note under its table, as `what`.
+fn keep_tuning<S, B>(
+    notes: &mut Vec<(String, Tuning)>,
+    what: &str,
+    w: usize,
+    loader: &Loader<S, B>,
+    settling: &[EpochStats],
+) where
+    S: Source,
+    B: Batcher<S::Sample> + 'static,
+    B::Batch: ToDevice + 'static,
+{
+    if w == AUTO
+        && let Some(last) = loader.stats()
+    {
+        notes.push((what.to_owned(), Tuning::new(settling, &last)));
+    }
+}
+
+/// The note under a table with auto rows; `whole_epochs`: its figures are whole epochs (the
+/// median of three after one), of which the tuning's figures are the last's.
+fn print_notes(notes: &[(String, Tuning)], whole_epochs: bool, rep: &mut Report) {
+    if let Some(note) = auto_notes(notes) {
+        rep.line(&note);
+        if whole_epochs {
+            rep.line(
+                "\nEach figure is the median of three epochs after one more: the timed epoch \
+                 above is the last of them.",
+            );
+        }
+    }
 }
 
 /// Whether the decoded-images rows run (`PINNABLE_BENCH_DECODE=0` leaves them out).
@@ -161,13 +217,12 @@ impl Batcher<TarSample> for FieldsOnly {
 const PREFETCH: usize = 8;
 
 /// A loader of `tar`'s samples, fields only: batches of [`BATCH`], shuffled with seed 1, `w`
-/// workers, [`PREFETCH`] batches ahead.
+/// workers, [`PREFETCH`] batches ahead; for [`AUTO`], both tuned.
 fn fields_loader(tar: &TarShards, w: usize) -> Loader<TarShards, FieldsOnly> {
     Loader::builder(tar.clone())
         .batch_size(BATCH)
         .shuffle(1)
-        .workers(w)
-        .prefetch(env_usize("PINNABLE_BENCH_PREFETCH").unwrap_or(PREFETCH))
+        .workers_prefetch_or_auto(w, env_usize("PINNABLE_BENCH_PREFETCH").unwrap_or(PREFETCH))
         .build(FieldsOnly)
         .expect("a fields-only loader")
 }
@@ -232,17 +287,22 @@ fn main() {
         t.elapsed().as_secs_f64() * 1e3
     ));
     let mut local_rates = Vec::new();
+    let mut notes = Vec::new();
     for &w in &worker_counts() {
         let loader = fields_loader(&tar, w);
+        let settling = settled(&loader, w);
         let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        keep_tuning(&mut notes, "fields only", w, &loader, &settling);
         local_rates.push((w, n as f64 / s, 0.0));
         rep.line(&format!(
-            "| fields only, {w} workers | {:.0} | {:.2} | {:.2}× |",
+            "| fields only, {} | {:.0} | {:.2} | {:.2}× |",
+            workers_label(w),
             n as f64 / s,
             bytes as f64 / s / 1e9,
             cat / s
         ));
     }
+    print_notes(&notes, true, &mut rep);
 
     let decode = decoding();
     if decode {
@@ -253,31 +313,38 @@ fn main() {
         rep.line("| --- | --- | --- | --- |");
     }
     let codec = ImageCodec::new(Transform::resized_center_crop(256, 224));
+    let mut notes = Vec::new();
     for &w in worker_counts().iter().filter(|_| decode) {
         let ours = Loader::builder(tar.clone())
             .batch_size(BATCH)
             .shuffle(1)
-            .workers(w)
+            .workers_or_auto(w)
             .build(TarImageBatcher::new(codec.clone()))
             .unwrap();
+        let settling = settled(&ours, w);
         let s = seconds(|| ours.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        keep_tuning(&mut notes, "tar shards", w, &ours, &settling);
         let theirs = Loader::builder(folder.clone())
             .batch_size(BATCH)
             .shuffle(1)
-            .workers(w)
+            .workers_or_auto(w)
             .build(ImageBatcher::new(codec.clone()))
             .unwrap();
+        let settling = settled(&theirs, w);
         let f = seconds(|| theirs.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        keep_tuning(&mut notes, "ImageFolder", w, &theirs, &settling);
         if let Some(r) = local_rates.iter_mut().find(|r| r.0 == w) {
             r.2 = n as f64 / s;
         }
         rep.line(&format!(
-            "| tar shards, {w} workers | {:.0} | {:.0} | {:.2}× |",
+            "| tar shards, {} | {:.0} | {:.0} | {:.2}× |",
+            workers_label(w),
             n as f64 / s,
             n as f64 / f,
             f / s
         ));
     }
+    print_notes(&notes, true, &mut rep);
     #[cfg(feature = "remote")]
     remote::over_http(&mut rep, &paths, n, bytes, &local_rates);
     #[cfg(not(feature = "remote"))]

@@ -10,11 +10,18 @@
 //! part. Always: batches built on the host (`Device::cpu()`), and the cost of resuming a
 //! 10⁶-batch epoch at batch 10 and at batch 999 990.
 //!
+//! Every table has auto rows beside the rows at worker counts set by hand: the loader tunes
+//! its workers and batches ahead, runs 3 s of untimed epochs, and is then timed as the others
+//! are; the note under the table says where the tuning left them and when its last decision
+//! came.
+//!
 //! Writes `$PINNABLE_BENCH_OUT/tokens.md`. The token file is
 //! `$PINNABLE_BENCH_DATA/pinnable-train.bin` (the system's temporary directory by default),
 //! shared with the PyTorch twin and kept for it while `PINNABLE_BENCH_OUT` is set. Knobs:
 //! `PINNABLE_BENCH_TOKENS` (tokens in the file; the twin reads the same variable),
-//! `PINNABLE_BENCH_WORKERS` (e.g. `4,8`), `PINNABLE_BENCH_BATCHES` (measured batches per run).
+//! `PINNABLE_BENCH_WORKERS` (e.g. `4,8,auto`; `auto` or `0` is the auto row; by default 4 and
+//! 8 workers where the cores allow, then auto), `PINNABLE_BENCH_BATCHES` (measured batches per
+//! run).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,7 +31,10 @@ use std::time::{Duration, Instant};
 use pinnable::formats::tokens::{Residency, TokenBatch, TokenShards, TokenWindows};
 use pinnable::loader::{Loader, Position, SplitMix64};
 use pinnable::{DType, Device};
-use pinnable_harness::bench::{env_usize, median, raw_one_copy, torch_rows};
+use pinnable_harness::bench::{
+    AUTO, Tuning, WorkersOrAuto, auto_notes, env_usize, median, raw_one_copy, settle, torch_rows,
+    worker_counts, workers_cell,
+};
 use pinnable_harness::{cuda_or_skip, hold_stream};
 
 const SIZES: [(usize, usize); 3] = [(12, 1024), (64, 2048), (256, 4096)];
@@ -75,10 +85,23 @@ struct Run {
     build: f64,
     transfer: f64,
     batches: usize,
+    /// What the tuning did, in an auto row.
+    tuning: Option<Tuning>,
+}
+
+/// Keeps an auto row's tuning for the note under its table, as `what`.
+fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: String, m: &pinnable::Result<Run>) {
+    if let Ok(Run {
+        tuning: Some(t), ..
+    }) = m
+    {
+        notes.push((what, t.clone()));
+    }
 }
 
 /// Runs one epoch of `b`×`t` batches of `shards` to `device`; times `batches` batches after a
-/// warm-up, each handed to `consume`.
+/// warm-up, each handed to `consume`. With [`AUTO`] workers, the loader first runs untimed
+/// epochs for its tuning to settle.
 fn run(
     shards: &Arc<TokenShards>,
     (b, t): (usize, usize),
@@ -93,9 +116,17 @@ fn run(
         .batch_size(b)
         .shuffle(7)
         .drop_last(true)
-        .workers(workers)
+        .workers_or_auto(workers)
         .device(device.clone())
         .build(batcher)?;
+    let settling = if workers == AUTO {
+        settle(&loader, |b| {
+            consume(&b);
+            Ok(())
+        })?
+    } else {
+        Vec::new()
+    };
     let mut epoch = loader.run_epoch(0);
     let warmup = (epoch.remaining().unwrap_or(0) / 4).min(16);
     let batches = batches.min(epoch.remaining().unwrap_or(0) - warmup);
@@ -116,6 +147,7 @@ fn run(
         build: per(s.collate),
         transfer: per(s.transfer),
         batches,
+        tuning: (workers == AUTO).then(|| Tuning::new(&settling, &s)),
     })
 }
 
@@ -136,15 +168,7 @@ fn main() {
     let batches =
         env_usize("PINNABLE_BENCH_BATCHES").unwrap_or(if gpu.is_some() { 200 } else { 24 });
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers: Vec<usize> = std::env::var("PINNABLE_BENCH_WORKERS")
-        .ok()
-        .map(|l| l.split(',').filter_map(|w| w.trim().parse().ok()).collect())
-        .unwrap_or_else(|| {
-            [4, 8]
-                .into_iter()
-                .filter(|&w| w < cores || w == 4)
-                .collect()
-        });
+    let workers = worker_counts([4, 8].into_iter().filter(|&w| w < cores || w == 4));
     let t = Instant::now();
     let file = token_file(&dir, n);
     let mut rep = Report { md: String::new() };
@@ -202,10 +226,14 @@ fn host_part(
     rep.line("## on the host (Device::cpu: the consumer only takes batches)\n");
     rep.line("| batch × context | source | workers | per batch | x, y GB/s | build (one worker) | consumer wait |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for (b, t) in SIZES {
         for (name, shards) in sources {
             for &w in workers {
-                let line = match run(shards, (b, t), w, &Device::cpu(), batches, |_| {}) {
+                let m = run(shards, (b, t), w, &Device::cpu(), batches, |_| {});
+                keep_tuning(&mut notes, format!("{b}×{t}, {name}"), &m);
+                let w = workers_cell(w);
+                let line = match m {
                     Ok(m) => format!(
                         "| {b}×{t} | {name} | {w} | {} | {:.1} | {} | {:.0}% |",
                         ms(m.step),
@@ -218,6 +246,9 @@ fn host_part(
                 rep.line(&line);
             }
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
 }
 
@@ -351,6 +382,7 @@ fn gpu_part(
     ));
     rep.line("| batch × context | source | workers | consumer | per batch | nanoGPT get_batch | speed-up (goal) | i64 bytes: one copy (the link) | u16 bytes: one copy | build (one worker) | transfer | consumer wait |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for ((b, t), goal) in SIZES.into_iter().zip(GOALS) {
         let theirs = nanogpt.get(&format!("nanogpt_get_batch_{b}x{t}")).copied();
         let link_i64 = raw_one_copy(dev, 2 * b * t * 8);
@@ -366,6 +398,8 @@ fn gpu_part(
                         }
                     });
                     let what = if reads { "reads x, y" } else { "waits" };
+                    keep_tuning(&mut notes, format!("{b}×{t}, {name}, {what}"), &m);
+                    let w = workers_cell(w);
                     let line = match m {
                         Ok(m) => format!(
                             "| {b}×{t} | {name} | {w} | {what} | {} | {} | {} | {} | {} | {} | {} | {:.0}% |",
@@ -410,29 +444,48 @@ fn gpu_part(
          (transfer: one launch reading the shared table of starts where it lies, an arena \
          allocation, the ready event), the consumer's own calls.\n",
     );
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&format!("{}\n", note.trim_start()));
+    }
 
     // A 1 ms kernel per batch: the loader must keep up within it.
     rep.line("## the consumer's wait with a 1 ms kernel per batch (goal: ≤ 1% of the epoch)\n");
     rep.line("| batch × context | source | workers | batches | per batch | wait, whole epoch | wait, after the warm-up |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- |");
-    let w = workers.iter().copied().max().unwrap_or(4);
+    // The most workers set by hand (4 when the list has none), and the auto row when the list
+    // has it.
+    let fixed = workers.iter().copied().filter(|&w| w != AUTO).max();
+    let auto = workers.contains(&AUTO);
+    let counts: Vec<usize> = fixed
+        .or((!auto).then_some(4))
+        .into_iter()
+        .chain(auto.then_some(AUTO))
+        .collect();
+    let mut notes = Vec::new();
     for (b, t) in SIZES {
         for (name, shards) in sources {
-            // The epoch, up to 5000 batches (5 s): its start-up wait is part of the figure.
-            let m = run(shards, (b, t), w, dev, 5000, |x| {
-                consumer.step(x, 1_000_000)
-            });
-            let line = match m {
-                Ok(m) => format!(
-                    "| {b}×{t} | {name} | {w} | {} | {} | {:.2}% | {:.2}% |",
-                    m.batches,
-                    ms(m.step),
-                    100.0 * m.wait_epoch,
-                    100.0 * m.wait_window
-                ),
-                Err(e) => format!("| {b}×{t} | {name} | {w} | error: {e} | | | |"),
-            };
-            rep.line(&line);
+            for &w in &counts {
+                // The epoch, up to 5000 batches (5 s): its start-up wait is part of the figure.
+                let m = run(shards, (b, t), w, dev, 5000, |x| {
+                    consumer.step(x, 1_000_000)
+                });
+                keep_tuning(&mut notes, format!("{b}×{t}, {name}"), &m);
+                let w = workers_cell(w);
+                let line = match m {
+                    Ok(m) => format!(
+                        "| {b}×{t} | {name} | {w} | {} | {} | {:.2}% | {:.2}% |",
+                        m.batches,
+                        ms(m.step),
+                        100.0 * m.wait_epoch,
+                        100.0 * m.wait_window
+                    ),
+                    Err(e) => format!("| {b}×{t} | {name} | {w} | error: {e} | | | |"),
+                };
+                rep.line(&line);
+            }
         }
+    }
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
     }
 }

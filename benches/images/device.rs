@@ -4,10 +4,12 @@
 //! `[64, 3, 224, 224]` u8 or normalised f32 on the device. Each row: images/s over a steady
 //! window after a warm-up, and the process's CPU time over that window (getrusage: user +
 //! system) as cores busy, with and without host workers decoding a share of each batch; then
-//! how long the epoch took to end (its workers stopped and joined), timed apart.
-//! Ratios against torchvision's batched GPU decode (`decode_jpeg(list, device='cuda')`) in
-//! the same run: its best batch size and thread count decoding alone, and its decode +
-//! resize + crop + normalise pipeline.
+//! how long the epoch took to end (its workers stopped and joined), timed apart. Beside the
+//! rows at worker counts set by hand, an auto row: u8, the codec's default host share and
+//! engine threads, the workers and batches ahead tuned by the loader over 3 s of untimed
+//! epochs before its window. Ratios against torchvision's batched GPU decode
+//! (`decode_jpeg(list, device='cuda')`) in the same run: its best batch size and thread count
+//! decoding alone, and its decode + resize + crop + normalise pipeline.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,7 +21,8 @@ use pinnable::formats::image::{
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
 use pinnable_harness::bench::{
-    Report, busy_threads, cpu_seconds, env_usize, percentile, threads_cpu, threads_cpu_seconds,
+    AUTO, Report, Tuning, WorkersOrAuto, auto_notes, busy_threads, cpu_seconds, env_usize,
+    parse_worker, percentile, settle, threads_cpu, threads_cpu_seconds, workers_cell,
 };
 
 const BATCH: usize = 64;
@@ -44,11 +47,16 @@ pub struct Row {
     pub steps_ms: [f64; 3],
     /// The threads busy over the window (at least 0.05 cores), `name: cores`.
     pub threads: String,
+    /// What the tuning did, in an auto row.
+    pub tuning: Option<Tuning>,
 }
 
 /// `batches` batches after a warm-up of `2 × workers + 4`, the files cycled; `consume` reads
 /// each batch's images on the device. The epoch runs on past the window, so that its end
 /// (workers stopped and joined) is timed apart: a stream's window holds steady batches only.
+/// With [`AUTO`] workers the loader tunes its workers and batches ahead, runs untimed epochs
+/// first for the tuning to settle, and its warm-up and tail are sized for as many workers as
+/// cores.
 pub fn measure(
     files: &[PathBuf],
     batcher: ImageBatcher,
@@ -58,17 +66,29 @@ pub fn measure(
     consume: &dyn Fn(&Tensor),
 ) -> pinnable::Result<Row> {
     let prefetch = env_usize("PINNABLE_BENCH_PREFETCH").unwrap_or(2);
-    let warmup = 2 * workers + 4;
-    let tail = workers * prefetch + 2;
+    let auto = workers == AUTO;
+    let (warmup, tail) = if auto {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (2 * cores + 4, 2 * cores + 2)
+    } else {
+        (2 * workers + 4, workers * prefetch + 2)
+    };
     let n = (warmup + batches + tail) * BATCH;
     let list = (0..n).map(|i| (files[i % files.len()].clone(), (i % 1000) as i64));
     let folder = ImageFolder::from_list(list);
     let loader = Loader::builder(folder)
         .batch_size(BATCH)
-        .workers(workers)
-        .prefetch(prefetch)
+        .workers_prefetch_or_auto(workers, prefetch)
         .device(dev.clone())
         .build(batcher)?;
+    let settling = if auto {
+        settle(&loader, |b| {
+            consume(&b.0);
+            Ok(())
+        })?
+    } else {
+        Vec::new()
+    };
     let mut epoch = loader.run_epoch(0);
     for b in epoch.by_ref().take(warmup) {
         consume(&b?.0);
@@ -100,6 +120,7 @@ pub fn measure(
             percentile(&steps, p)
         }
     };
+    let tuning = auto.then(|| Tuning::new(&settling, &epoch.stats()));
     let end = Instant::now();
     drop(epoch);
     Ok(Row {
@@ -109,11 +130,12 @@ pub fn measure(
         end_ms: end.elapsed().as_secs_f64() * 1e3,
         steps_ms: [at(0.50), at(0.95), steps.last().copied().unwrap_or(0.0)],
         threads,
+        tuning,
     })
 }
 
 /// The device-decode table: u8 and normalised f32, 1 to 4 workers driving the device's
-/// decoders, then host workers taking a share beside them.
+/// decoders and the auto row, then host workers taking a share beside them.
 #[allow(clippy::too_many_arguments)]
 pub fn table(
     dev: &Device,
@@ -152,25 +174,38 @@ pub fn table(
     rep.line("| output | decoder | engine threads | workers | host share | images/s | cores busy (process CPU / wall; the loader's threads) | vs torchvision decode alone | vs torchvision decode + resize | step p50 / p95 / max | epoch end (workers joined) | threads busy (cores) |");
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let ratio = |v: f64, of: Option<f64>| of.map_or("—".into(), |o| format!("{:.2}×", v / o));
+    let mut notes = Vec::new();
+    // `knobs`: the host share and engine threads, or `None` for the codec's defaults.
     let mut row = |what: &str,
                    t: &Transform,
                    force: Option<JpegDecoder>,
                    w: usize,
-                   (share, engines): (f64, usize)| {
-        let mut codec = ImageCodec::new(t.clone())
-            .decode_on(DecodeOn::Device)
-            .cpu_share(share)
-            .engine_threads(engines);
+                   knobs: Option<(f64, usize)>| {
+        let mut codec = ImageCodec::new(t.clone()).decode_on(DecodeOn::Device);
+        let (share, engines) = match knobs {
+            Some((share, engines)) => {
+                codec = codec.cpu_share(share).engine_threads(engines);
+                (format!("{:.0}%", share * 100.0), engines.to_string())
+            }
+            None => ("default".to_owned(), "default".to_owned()),
+        };
         if let Some(d) = force {
             codec = codec.jpeg_decoder(d);
         }
         let name = format!("{:?}", codec.chosen(dev).decoder);
         let batcher = ImageBatcher::new(codec);
+        let m = measure(files, batcher, w, batches, dev, consume);
+        let w = workers_cell(w);
+        if let Ok(Row {
+            tuning: Some(t), ..
+        }) = &m
+        {
+            notes.push((format!("{what}, {name}"), t.clone()));
+        }
         rep.line(
-            &match measure(files, batcher, w, batches, dev, consume) {
+            &match m {
                 Ok(r) => format!(
-                    "| {what} | {name} | {engines} | {w} | {:.0}% | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms | {} |",
-                    share * 100.0,
+                    "| {what} | {name} | {engines} | {w} | {share} | {:.0} | {:.2}; {:.2} | {} | {} | {:.2} / {:.2} / {:.1} ms | {:.1} ms | {} |",
                     r.images_per_s,
                     r.cores,
                     r.loader_cores,
@@ -183,41 +218,58 @@ pub fn table(
                     r.threads
                 ),
                 Err(e) => format!(
-                    "| {what} | {name} | {engines} | {w} | {:.0}% | error: {e} | | | | | | |",
-                    share * 100.0
+                    "| {what} | {name} | {engines} | {w} | {share} | error: {e} | | | | | | |"
                 ),
             },
         );
     };
     // `device-quick`: u8 rows only, for `PINNABLE_BENCH_WORKERS` (each `workers`,
-    // `workers:host share` or `workers:host share:engine threads`).
+    // `workers:host share` or `workers:host share:engine threads`; `auto` workers alone keep
+    // the codec's defaults).
     if std::env::var("PINNABLE_BENCH_ONLY").is_ok_and(|v| v == "device-quick") {
         let rows = std::env::var("PINNABLE_BENCH_WORKERS").unwrap_or_else(|_| "1,2,4".into());
         for spec in rows.split(',') {
             let mut parts = spec.trim().split(':');
-            let w = parts.next().and_then(|w| w.parse().ok());
-            let share = parts.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
-            let engines = parts.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+            let w = parts.next().and_then(parse_worker);
+            let share = parts.next().and_then(|s| s.parse().ok());
+            let engines = parts.next().and_then(|s| s.parse().ok());
+            let knobs = match (w, share, engines) {
+                (Some(AUTO), None, None) => None,
+                _ => Some((share.unwrap_or(0.0), engines.unwrap_or(1))),
+            };
             if let Some(w) = w {
-                row("u8", eval, None, w, (share, engines));
+                row("u8", eval, None, w, knobs);
             }
+        }
+        if let Some(note) = auto_notes(&notes) {
+            rep.line(&note);
         }
         return;
     }
     for w in [1, 2, 4] {
-        row("u8", eval, None, w, (0.0, 1));
+        row("u8", eval, None, w, Some((0.0, 1)));
     }
-    row("u8", eval, None, 2, (0.0, 2));
-    row("f32 normalised", norm, None, 2, (0.0, 1));
-    row("f32 normalised", norm, None, 4, (0.0, 1));
+    row("u8", eval, None, 2, Some((0.0, 2)));
+    row("u8", eval, None, AUTO, None);
+    row("f32 normalised", norm, None, 2, Some((0.0, 1)));
+    row("f32 normalised", norm, None, 4, Some((0.0, 1)));
     if choice.decoder == JpegDecoder::Hardware {
-        row("u8", eval, Some(JpegDecoder::Cuda), 4, (0.0, 1));
+        row("u8", eval, Some(JpegDecoder::Cuda), 4, Some((0.0, 1)));
     }
     // Host workers spend cores for speed: two threads in the engines' call beside them.
     for (w, share) in HOST_SHARES {
-        row("u8", eval, None, w.min(cores), (share, 2));
+        row("u8", eval, None, w.min(cores), Some((share, 2)));
     }
-    row("u8", eval, Some(JpegDecoder::Cpu), cores.min(16), (0.0, 1));
+    row(
+        "u8",
+        eval,
+        Some(JpegDecoder::Cpu),
+        cores.min(16),
+        Some((0.0, 1)),
+    );
+    if let Some(note) = auto_notes(&notes) {
+        rep.line(&note);
+    }
     let mean = files
         .iter()
         .take(256)

@@ -1,6 +1,6 @@
 //! The images bench on the GPU: the host loader's batches moved to the device and read there
-//! (u8, f32 made on the host, f32 made on the device), then the device-decode table and the
-//! link's share.
+//! (u8, f32 made on the host, f32 made on the device), each at the worker counts and auto,
+//! then the device-decode table and the link's share.
 
 use cudarc::driver::sys::CUevent_flags;
 use std::collections::HashMap;
@@ -13,7 +13,10 @@ use pinnable::{DType, Device, Tensor};
 use pinnable_harness::bench::{Report, raw_one_copy};
 use pinnable_harness::kernels::Consumer;
 
-use super::{BATCH, COLUMNS, cores, device, on_host, window, window_row, window_with};
+use super::{
+    BATCH, COLUMNS, cores, device, keep_tuning, on_host, print_notes, window, window_row,
+    window_with,
+};
 
 /// The consumer: one kernel reads every byte of the batch after its copy, then a sync of the
 /// compute stream, as the twin's `x.sum()` and synchronize do. `asleep`: the sync waits on an
@@ -92,12 +95,15 @@ pub fn gpu_part(
         "goals: ≥ 2× PyTorch's best images/s on the same cores, ≥ 8000 images/s on 16 cores\n",
     );
     rep.line(COLUMNS);
+    let mut notes = Vec::new();
     for &w in workers {
         let m = window(files, eval, w, batches, dev, read);
+        keep_tuning(&mut notes, "u8 over the link", &m);
         rep.line(&window_row("u8 over the link", w, m, best, u8_cost, floors));
     }
     for &w in workers {
         let m = window(files, norm, w, batches, dev, read);
+        keep_tuning(&mut notes, "f32 normalised on the host", &m);
         rep.line(&window_row(
             "f32 normalised on the host",
             w,
@@ -122,6 +128,7 @@ pub fn gpu_part(
         let tensors =
             |(x, y): (pinnable::Gather, pinnable::Gather)| Ok((x.into_tensor()?, y.into_tensor()?));
         let m = window_with(files, w, batches, dev, batcher, tensors, read);
+        keep_tuning(&mut notes, "u8 over the link, f32 made on the device", &m);
         rep.line(&window_row(
             "u8 over the link, f32 made on the device",
             w,
@@ -131,6 +138,7 @@ pub fn gpu_part(
             floors,
         ));
     }
+    print_notes(&notes, rep);
     device::table(
         dev,
         files,

@@ -1,6 +1,7 @@
 //! Sections 3 and 4 of the tar bench (the `remote` feature): the shards from the tests' local
 //! web server, against the loopback ceiling and the local-file rates, over whole epochs and in
-//! a steady window of one long epoch.
+//! a steady window of one long epoch. The auto rows read through a `Storage` with its
+//! defaults (the cache cap apart), their loaders' workers and batches ahead tuned.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -10,10 +11,13 @@ use pinnable::formats::tar::{TarImageBatcher, TarSample, TarShards};
 use pinnable::loader::{Batcher, Collator, Loader};
 use pinnable::storage::Storage;
 use pinnable::{Result, Tensor};
-use pinnable_harness::bench::{Report, cpu_seconds, env_usize, threads_cpu_seconds};
+use pinnable_harness::bench::{
+    AUTO, Report, Tuning, WorkersOrAuto, cpu_seconds, env_usize, settle, threads_cpu_seconds,
+    workers_cell, workers_label,
+};
 use pinnable_harness::http::Server;
 
-use super::{BATCH, SHARDS, decoding, fields_loader, seconds};
+use super::{BATCH, SHARDS, decoding, fields_loader, keep_tuning, print_notes, seconds, settled};
 
 /// Labels only: the `.cls` read, the `.jpg` left alone (over HTTP it still arrives: the rate of
 /// the stream itself).
@@ -139,6 +143,8 @@ pub fn over_http(
         .cache_bytes(cache)
         .read_ahead(ahead)
         .threads(threads);
+    // The auto rows': the defaults for the chunk size, the read-ahead and the runtime threads.
+    let defaults = Storage::new().cache_bytes(cache);
     let before = server.served();
     let t = Instant::now();
     let tar = TarShards::open_with(&remote, [&pattern])
@@ -146,10 +152,17 @@ pub fn over_http(
         .shuffle_buffer(256);
     let index = t.elapsed().as_secs_f64();
     let indexed = server.served() - before;
+    let auto_tar = local.iter().any(|l| l.0 == AUTO).then(|| {
+        TarShards::open_with(&defaults, [&pattern])
+            .expect("open the shards over HTTP")
+            .shuffle_buffer(256)
+    });
     rep.line(&format!(
         "\n# over HTTP (the tests' local server, sendfile, a thread a connection; {cores} cores; \
          {} KiB chunks, {ahead} read ahead, {} MiB cap on held samples, {threads} runtime \
-         threads, shuffle buffer 256)\n",
+         threads, shuffle buffer 256; the auto rows: `Storage`'s defaults, 4 MiB chunks, the \
+         read-ahead grown from 4 while the workers wait, runtime threads half the cores within \
+         2 to 8, the same cap)\n",
         chunk,
         cache >> 20
     ));
@@ -177,13 +190,21 @@ pub fn over_http(
     }
     let transform = Transform::resized_center_crop(256, 224);
     let mut ours_best = 0f64;
+    let mut notes = Vec::new();
     for &(w, fields, decoded) in local {
+        let label = workers_label(w);
         rep.line(&format!(
-            "| local files, fields only, {w} workers | {:.2} | {fields:.0} | {:.2}× | 1.00× | — |",
+            "| local files, fields only, {label} | {:.2} | {fields:.0} | {:.2}× | 1.00× | — |",
             fields * bytes as f64 / n as f64 / 1e9,
             fields * bytes as f64 / n as f64 / 1e9 / ceiling,
         ));
-        let loader = fields_loader(&tar, w);
+        // An auto row reads through the default settings.
+        let (tar, label) = match &auto_tar {
+            Some(defaults) if w == AUTO => (defaults, format!("{label}, `Storage` defaults")),
+            _ => (&tar, label),
+        };
+        let loader = fields_loader(tar, w);
+        let settling = settled(&loader, w);
         let (before, asked) = (server.served(), server.log().len());
         // The workers' time in `get` (waiting for the stream) and in the batcher, last epoch.
         let mut spent = (0.0, 0.0);
@@ -197,11 +218,12 @@ pub fn over_http(
             },
             n,
         );
+        keep_tuning(&mut notes, "fields only", w, &loader, &settling);
         let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
         let requests = (server.log().len() - asked) as f64 / 4.0;
         ours_best = ours_best.max(gb(s));
         rep.line(&format!(
-            "| **ours over HTTP, fields only, {w} workers** | {:.2} | {:.0} | {:.2}× | {:.2}× | \
+            "| **ours over HTTP, fields only, {label}** | {:.2} | {:.0} | {:.2}× | {:.2}× | \
              {per_epoch:.3}× the shards, {requests:.0} requests ({:.2} a MiB); workers {:.0}% \
              in `get`, {:.0}% in the batcher |",
             gb(s),
@@ -215,14 +237,16 @@ pub fn over_http(
         let loader = Loader::builder(tar.clone())
             .batch_size(BATCH)
             .shuffle(1)
-            .workers(w)
+            .workers_or_auto(w)
             .build(LabelsOnly)
             .unwrap();
+        let settling = settled(&loader, w);
         let before = server.served();
         let s = seconds(|| loader.iter().map(|b| b.unwrap().numel()).sum(), n);
+        keep_tuning(&mut notes, "the stream alone", w, &loader, &settling);
         let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
         rep.line(&format!(
-            "| ours over HTTP, the stream alone (labels read, `.jpg` bytes not), {w} workers | \
+            "| ours over HTTP, the stream alone (labels read, `.jpg` bytes not), {label} | \
              {:.2} | {:.0} | {:.2}× | — | {per_epoch:.3}× the shards |",
             gb(s),
             n as f64 / s,
@@ -234,21 +258,32 @@ pub fn over_http(
         let loader = Loader::builder(tar.clone())
             .batch_size(BATCH)
             .shuffle(1)
-            .workers(w)
+            .workers_or_auto(w)
             .build(TarImageBatcher::new(ImageCodec::new(transform.clone())))
             .unwrap();
+        let settling = settled(&loader, w);
         let before = server.served();
         let s = seconds(|| loader.iter().map(|b| b.unwrap().1.numel()).sum(), n);
+        keep_tuning(&mut notes, "images decoded", w, &loader, &settling);
         let per_epoch = (server.served() - before) as f64 / 4.0 / bytes as f64;
         rep.line(&format!(
-            "| ours over HTTP, images decoded, {w} workers | {:.2} | {:.0} | — | {:.2}× of \
+            "| ours over HTTP, images decoded, {label} | {:.2} | {:.0} | — | {:.2}× of \
              {decoded:.0}/s | {per_epoch:.3}× the shards |",
             gb(s),
             n as f64 / s,
             n as f64 / s / decoded
         ));
     }
-    steady(rep, &server, paths, &names, (n, bytes), &remote, local);
+    print_notes(&notes, true, rep);
+    steady(
+        rep,
+        &server,
+        paths,
+        &names,
+        (n, bytes),
+        (&remote, &defaults),
+        local,
+    );
     // With few cores the client's reads and the workers' own work (the checksum) take turns
     // on the same cores: the rate both allow is then the harmonic sum of the two.
     let shared = 1.0 / (1.0 / ceiling + 1.0 / local_gb);
@@ -323,9 +358,15 @@ impl std::fmt::Display for Cores {
 }
 
 /// Samples/s of `tar`, fields only, with `w` workers, over a window of [`WINDOW`] batches after
-/// [`SKIP`] of one epoch (which must hold more), and the cores busy over it.
-fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
+/// [`SKIP`] of one epoch (which must hold more), and the cores busy over it. With [`AUTO`]
+/// workers, after untimed epochs for the tuning to settle, and what it did.
+fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores, Option<Tuning>) {
     let loader = fields_loader(tar, w);
+    let settling = if w == AUTO {
+        settle(&loader, |_| Ok(())).expect("the untimed epochs")
+    } else {
+        Vec::new()
+    };
     let mut epoch = loader.iter();
     for b in epoch.by_ref().take(SKIP) {
         b.unwrap();
@@ -338,7 +379,8 @@ fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
     let s = t.elapsed().as_secs_f64();
     let cores = Cores::since(cpu, s);
     assert_eq!(k, *WINDOW * BATCH, "the epoch holds the window");
-    (k as f64 / s, cores)
+    let tuning = (w == AUTO).then(|| Tuning::new(&settling, &epoch.stats()));
+    (k as f64 / s, cores, tuning)
 }
 
 /// Section 4, steady state. An epoch of the 16 shards lasts 10 to 20 ms, so the rows above
@@ -346,14 +388,15 @@ fn window_rate(tar: &TarShards, w: usize) -> (f64, Cores) {
 /// stream. Here the shards listed [`REPEAT`] times make one long epoch, read locally and over
 /// HTTP with the same settings (shuffle buffer 256), each rate taken over a window of
 /// [`WINDOW`] batches after [`SKIP`]; the ceiling is every listed shard fetched whole over 16
-/// connections kept open.
+/// connections kept open. The auto row reads over HTTP through `defaults`, the others through
+/// `remote`.
 fn steady(
     rep: &mut Report,
     server: &Server,
     paths: &[PathBuf],
     names: &[String],
     (n, bytes): (usize, u64),
-    remote: &Storage,
+    (remote, defaults): (&Storage, &Storage),
     local: &[(usize, f64, f64)],
 ) {
     let long: Vec<String> = (0..*REPEAT).flat_map(|_| names.iter().cloned()).collect();
@@ -366,12 +409,16 @@ fn steady(
         TarShards::open((0..*REPEAT).flat_map(|_| paths.iter().map(|p| p.display().to_string())))
             .expect("open the listed shards")
             .shuffle_buffer(256);
-    let over_http = TarShards::open_with(
-        remote,
-        long.iter().map(|name| format!("{}/{name}", server.url())),
-    )
-    .expect("open the listed shards over HTTP")
-    .shuffle_buffer(256);
+    let listed = |storage: &Storage| {
+        TarShards::open_with(
+            storage,
+            long.iter().map(|name| format!("{}/{name}", server.url())),
+        )
+        .expect("open the listed shards over HTTP")
+        .shuffle_buffer(256)
+    };
+    let over_http = listed(remote);
+    let auto_http = local.iter().any(|l| l.0 == AUTO).then(|| listed(defaults));
     rep.line(&format!(
         "\n# steady state: the {SHARDS} shards listed {} times, one epoch of {} \
          samples, fields only, a window of {} batches after {SKIP}\n",
@@ -392,17 +439,25 @@ fn steady(
          its CPU a sample (/ local) | HTTP / its CPU bound |"
     ));
     rep.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut notes = Vec::new();
     for &(w, ..) in local {
-        let (l, l_cores) = window_rate(&on_disk, w);
-        let (h, h_cores) = window_rate(&over_http, w);
+        let http = match &auto_http {
+            Some(defaults) if w == AUTO => defaults,
+            _ => &over_http,
+        };
+        let (l, l_cores, l_tuning) = window_rate(&on_disk, w);
+        let (h, h_cores, h_tuning) = window_rate(http, w);
+        notes.extend(l_tuning.map(|t| ("local files".to_owned(), t)));
+        notes.extend(h_tuning.map(|t| ("over HTTP, `Storage` defaults".to_owned(), t)));
         let gb = |r: f64| r * per_sample / 1e9;
         // Over HTTP every sample also costs the runtime's receiving and the server's sending,
         // on the same cores: however the work is spread, the rate cannot pass the cores over
         // the CPU time a sample takes.
         let bound = cores * h / h_cores.process;
         rep.line(&format!(
-            "| {w} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× | {l_cores} | \
+            "| {} | {l:.0} ({:.2}) | {h:.0} ({:.2}) | {:.2}× | {:.2}× | {:.2}× | {l_cores} | \
              {h_cores} | {:.1}; {:.1} µs | {bound:.0} ({:.2}×) | {:.2}× |",
+            workers_cell(w),
             gb(l),
             gb(h),
             h / l,
@@ -414,4 +469,5 @@ fn steady(
             h / bound,
         ));
     }
+    print_notes(&notes, false, rep);
 }

@@ -7,10 +7,18 @@
 //! measured by its throughput over a window ([`Window`], [`epoch`], [`stream`]); one call
 //! repeated on its own (a copy, an allocation) by the median of its repeats ([`time`],
 //! [`event_time`], [`median`]), which is fair there because no repeat waits for another.
+//!
+//! Rows at worker counts set by hand have an auto row beside them, whose workers and batches
+//! ahead the loader tunes ([`worker_counts`], [`WorkersOrAuto`], [`settle`], [`Tuning`]).
 
+mod auto;
 mod repeats;
 mod throughput;
 
+pub use auto::{
+    AUTO, SETTLE, Tuning, WorkersOrAuto, auto_note, auto_notes, parse_worker, parse_workers,
+    settle, worker_counts, workers_cell, workers_label,
+};
 pub use repeats::Spread;
 pub use throughput::{Throughput, Window, epoch, percentile, stream};
 
