@@ -56,5 +56,6 @@ fi
 data=$dir/data
 mkdir -p "$data/tracel"
 ln -sfn "$sdk" "$data/tracel/tracel-llvm-$bundler_pin"
-touch "$sdk/.tracel-llvm-installed"
+# Created once: the bundler's build reruns when the marker changes, and everything above it with.
+[ -e "$sdk/.tracel-llvm-installed" ] || touch "$sdk/.tracel-llvm-installed"
 echo "export XDG_DATA_HOME=\"$data\""
