@@ -41,11 +41,13 @@ fi
 out=${1:-gpu-bundle${burn_cuda:+-burn}}
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/benches" "$out/examples"
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
 
 if [ -n "$burn_cuda" ]; then
   eval "$(scripts/burn-cuda-env.sh)"
   CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/burn-cuda} cargo test --manifest-path burn-cuda/Cargo.toml \
-    --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"${json:=$(mktemp)}"
+    --profile gpu-bundle --no-run --message-format=json-render-diagnostics >"$json"
 elif [ -n "${PINNABLE_BUNDLE_FEATURES+set}" ]; then
   features=(--features "$PINNABLE_BUNDLE_FEATURES")
   case " $(echo "$PINNABLE_BUNDLE_FEATURES" | tr ',' ' ') " in
@@ -55,8 +57,6 @@ else
   features=(--all-features)
   eval "$(scripts/cuda-build-env.sh)"
 fi
-json=${json:-$(mktemp)}
-trap 'rm -f "$json"' EXIT
 if [ -n "$burn_cuda" ]; then
   :
 elif [ -n "${PINNABLE_BUNDLE_TARGETS:-}" ]; then
