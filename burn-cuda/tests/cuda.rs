@@ -161,13 +161,29 @@ fn loader_batches_become_burn_cuda_tensors_with_their_values() {
     }
 }
 
-/// Enqueues `steps` products of a 4096² matrix on burn's stream of this thread, without waiting.
-fn busy(device: &Device, steps: usize) -> BurnTensor<2> {
-    let mut a = BurnTensor::<2>::ones([4096, 4096], device).mul_scalar(1.0 / 4096.0);
+/// A 4096² matrix of random values on `device`, to keep burn's stream busy with.
+fn matrix(device: &Device, r: &mut impl Rng) -> BurnTensor<2> {
+    let n = 4096;
+    let values: Vec<f32> = (0..n * n)
+        .map(|_| r.random_range(-1.0..1.0) / n as f32)
+        .collect();
+    BurnTensor::<2>::from_data(burn_tensor::TensorData::new(values, [n, n]), device)
+}
+
+/// Enqueues `steps` products of `b` on burn's stream of this thread, without waiting; the sum
+/// of the last one, to wait for them with.
+fn busy(b: &BurnTensor<2>, steps: usize) -> BurnTensor<1> {
+    let mut a = b.clone();
     for _ in 0..steps {
-        a = a.clone().matmul(a);
+        a = a.matmul(b.clone());
     }
-    a
+    a.sum()
+}
+
+/// Waits for `t` (one number read back).
+fn wait(t: BurnTensor<1>) {
+    let v: Vec<f32> = t.to_data().convert::<f32>().try_to_vec().unwrap();
+    std::hint::black_box(v);
 }
 
 #[test]
@@ -178,15 +194,25 @@ fn the_copy_runs_in_burns_stream_order_while_the_loader_reuses_its_blocks() {
     };
     let mut r = rng(test);
     let seed = pinnable_harness::run_seed();
-    // How long 40 products keep burn's stream busy (the kernels compiled by a first run).
-    let _ = busy(&device, 1).into_data();
-    let started = Instant::now();
-    let _ = busy(&device, 40).into_data();
-    let delay = started.elapsed();
+    // How long the products keep burn's stream busy (the kernels compiled by a first run):
+    // enough of them for 50 ms at least.
+    let b = matrix(&device, &mut r);
+    wait(busy(&b, 1));
+    let mut steps = 10;
+    let delay = loop {
+        let started = Instant::now();
+        wait(busy(&b, steps));
+        let took = started.elapsed();
+        if took > Duration::from_millis(50) || steps >= 10_000 {
+            break took;
+        }
+        steps *= 4;
+    };
     assert!(
-        delay > Duration::from_millis(20),
-        "40 products of 4096² took {delay:?}: too little to delay the copies"
+        delay > Duration::from_millis(50),
+        "{steps} products of 4096² took {delay:?}: too little to delay the copies"
     );
+    println!("{steps} products of 4096² keep burn's stream busy {delay:?}");
 
     let n = r.random_range(300..500);
     let dims = (
@@ -218,7 +244,7 @@ fn the_copy_runs_in_burns_stream_order_while_the_loader_reuses_its_blocks() {
     // burn's stream busy for `delay`; every batch's copy is queued behind it, and our batch
     // (the only handle of ours on its block) is dropped as soon as burn has it.
     let queued = Instant::now();
-    let pending = busy(&device, 40);
+    let pending = busy(&b, steps);
     let mut first = None;
     let mut batches = Vec::new();
     for b in burn_core::data::dataloader::DataLoader::iter(&burn) {
@@ -226,7 +252,7 @@ fn the_copy_runs_in_burns_stream_order_while_the_loader_reuses_its_blocks() {
         first.get_or_insert(queued.elapsed());
     }
     let first = first.expect("batches");
-    drop(pending.into_data());
+    wait(pending);
     assert!(
         first < delay / 2,
         "the first batch reached burn {first:?} after its stream was given {delay:?} of work: \

@@ -19,8 +19,11 @@
 //!   waiting, where it was fed at the settled count; the rate below [`REOPEN_DROP`] of the
 //!   settled rate while it waits, where more workers did not help — and the settled count held
 //!   for at least its patience (first [`REOPEN_LAST`] windows). A single slow sample (a
-//!   straggler) makes one window wait, which reopens nothing; a reopened climb that ends where
-//!   it began doubles the patience, so noise cannot make the count go back and forth.
+//!   straggler) makes one window wait, which reopens nothing. Where a step did not help and the
+//!   consumer still waits on busy workers, one worker more is tried again once the patience has
+//!   passed (a step judged while a remote stream was still ramping up, or on a noisy window, is
+//!   not final). A reopened climb that ends where it began doubles the patience, so neither
+//!   noise nor these retries can make the count go back and forth.
 //!
 //! Batches ahead follow the workers (a loader delivering in order wants about as many batches
 //! ahead as workers: each one may finish while an older one is still being made), at least 2.
@@ -128,11 +131,13 @@ enum Phase {
         base_wait: f64,
         settling: bool,
     },
-    /// Holding; `rate` is the settled rate, `undone` whether the consumer still waits there
+    /// Holding; `rate` is the settled rate (smoothed over the windows since), `anchor` the rate
+    /// it settled at (a load that changes moves away from it), `undone` whether the consumer still waits there
     /// (more workers did not help, or none may be added), `recent` which of the last windows
     /// (one bit each, the newest lowest) showed a changed load, `since` the windows held.
     Settled {
         rate: f64,
+        anchor: f64,
         undone: bool,
         recent: u8,
         since: u32,
@@ -287,35 +292,68 @@ impl Tuner {
             }
             Phase::Settled {
                 rate: settled,
+                anchor,
                 undone,
                 recent,
                 since,
             } => {
                 // Fed at the settled count: waiting again. Held where more workers did not
-                // help: the rate falling well below what it was.
-                let changed = starved && (!undone || rate < settled * REOPEN_DROP);
+                // help: the rate falling well below what it settled at.
+                let changed = starved && (!undone || rate < anchor * REOPEN_DROP);
                 let recent = (recent << 1) | u8::from(changed);
                 let since = since.saturating_add(1);
-                if since >= self.patience && recent.count_ones() >= REOPEN_OF && self.can_add() {
-                    self.phase = Phase::Climb;
+                let reopen = recent.count_ones() >= REOPEN_OF;
+                if self.can_add()
+                    && since >= self.patience
+                    && !reopen
+                    && undone
+                    && starved
+                    && busy >= BUSY
+                {
+                    // Held where a step did not help, the consumer still waiting on busy
+                    // workers: one worker more is tried again now and then (a step judged while
+                    // the load was still changing, or on a noisy window, is not final), each
+                    // time twice as late when it helps no more than before.
                     self.reopened = Some(self.workers);
+                    self.phase = Phase::Trial {
+                        from: self.workers,
+                        base: 0.8 * settled + 0.2 * rate,
+                        base_wait: wait,
+                        settling: true,
+                    };
                     let why = format!(
+                        "trying one more after {since} windows: the consumer still waits {:.0}% \
+                         on workers {:.0}% busy",
+                        100.0 * wait,
+                        100.0 * busy.min(1.0)
+                    );
+                    return Some(self.set(self.workers + 1, at, why));
+                }
+                // A rate well below the settled one is no noise: it reopens at once; a fed
+                // consumer waiting again reopens after the patience.
+                let why = if !self.can_add() || (since < self.patience && !undone) {
+                    None
+                } else if reopen {
+                    Some(format!(
                         "the load changed: the consumer waited in {} of the last {REOPEN_LAST} \
                          windows, {:.0}% of this one, at {rate:.1} batches/s (settled at \
                          {settled:.1})",
                         recent.count_ones(),
                         100.0 * wait
-                    );
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    self.phase = Phase::Climb;
+                    self.reopened = Some(self.workers);
                     return self.climb(rate, wait, busy, at, Some(why));
                 }
-                // A fed consumer's rate is the consumer's: the settled rate follows it.
-                let rate = if starved {
-                    settled
-                } else {
-                    0.8 * settled + 0.2 * rate
-                };
+                // The settled rate follows the windows', smoothed.
+                let rate = 0.8 * settled + 0.2 * rate;
                 self.phase = Phase::Settled {
                     rate,
+                    anchor,
                     undone,
                     recent,
                     since,
@@ -329,6 +367,7 @@ impl Tuner {
     fn settled(&mut self, rate: f64, undone: bool, workers: usize) {
         self.phase = Phase::Settled {
             rate,
+            anchor: rate,
             undone,
             recent: 0,
             since: 0,

@@ -98,7 +98,7 @@ impl ImageCodec {
             on: DecodeOn::Auto,
             decoder: None,
             cpu_share: 0.0,
-            engine_threads: 1,
+            engine_threads: default_engine_threads(),
         }
     }
 
@@ -142,10 +142,11 @@ impl ImageCodec {
     }
 
     /// On a GPU, how many of the loader's workers may be in the JPEG engines' batched decode
-    /// at once: 1 (the default) or 2 (0 counts as 1, more as 2). The call keeps its thread
-    /// busy until the engines are done, so each thread inside is a core spent waiting; two
-    /// decode faster by up to a third for about 0.4 more cores. More are not allowed: four
-    /// callers at once can stop inside nvJPEG.
+    /// at once: 1 or 2 (0 counts as 1, more as 2). The call keeps its thread busy until the
+    /// engines are done, so each thread inside is a core spent waiting; two decode faster by
+    /// up to a third for about 0.4 more cores. More are not allowed: four callers at once can
+    /// stop inside nvJPEG. By default 2 where the process may use 8 cores or more (the 0.4
+    /// core is then cheap), else 1.
     pub fn engine_threads(mut self, threads: usize) -> ImageCodec {
         self.engine_threads = threads.clamp(1, 2);
         self
@@ -319,4 +320,10 @@ pub(crate) trait Encoded: Send + Sized + 'static {
         max_pixels: usize,
         c: &Collator,
     ) -> Result<Inputs>;
+}
+
+/// The engines' callers by default: 2 where the process may use 8 cores or more, else 1.
+fn default_engine_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores >= 8 { 2 } else { 1 }
 }

@@ -9,7 +9,11 @@ use super::lock;
 /// numbered below `active`. Both change while the epoch runs when they are tuned.
 pub(super) struct Gate {
     state: Mutex<State>,
+    /// Active workers waiting for a permit: one is woken for each permit given back.
     cv: Condvar,
+    /// Workers past the active count, waiting to be let in: woken only when the count
+    /// changes (or the epoch ends), never for a permit.
+    idle: Condvar,
     stopped: AtomicBool,
     /// The epoch's jobs are all taken: workers waiting for a permit leave.
     drained: AtomicBool,
@@ -34,6 +38,7 @@ impl Gate {
                 active,
             }),
             cv: Condvar::new(),
+            idle: Condvar::new(),
             stopped: AtomicBool::new(false),
             drained: AtomicBool::new(false),
         }
@@ -47,7 +52,16 @@ impl Gate {
             if self.is_stopped() || self.drained.load(Ordering::SeqCst) {
                 return None;
             }
-            if worker < state.active && state.free > 0 {
+            if worker >= state.active {
+                // A permit's wake-up that reached a worker the count left out goes on to an
+                // active one.
+                if state.free > 0 {
+                    self.cv.notify_one();
+                }
+                state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if state.free > 0 {
                 state.free -= 1;
                 return Some(Permit {
                     _held: Arc::new(PermitInner { gate: self.clone() }),
@@ -65,6 +79,7 @@ impl Gate {
         state.slots = slots;
         state.active = active;
         self.cv.notify_all();
+        self.idle.notify_all();
     }
 
     /// The jobs are all taken: every worker still waiting for a permit (an inactive one
@@ -73,12 +88,14 @@ impl Gate {
         self.drained.store(true, Ordering::SeqCst);
         let _guard = lock(&self.state);
         self.cv.notify_all();
+        self.idle.notify_all();
     }
 
     pub(super) fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         let _guard = lock(&self.state);
         self.cv.notify_all();
+        self.idle.notify_all();
     }
 
     pub(super) fn is_stopped(&self) -> bool {
@@ -99,7 +116,8 @@ struct PermitInner {
 impl Drop for PermitInner {
     fn drop(&mut self) {
         lock(&self.gate.state).free += 1;
-        // Every waiter: the one a permit is for may be any active worker.
-        self.gate.cv.notify_all();
+        // One active waiter: waking every worker for each batch costs more than the batch
+        // when batches take microseconds.
+        self.gate.cv.notify_one();
     }
 }
