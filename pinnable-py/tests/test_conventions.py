@@ -128,13 +128,14 @@ def test_stats_and_memory(rng, seed):
     stats = ld.stats()
     assert isinstance(stats, dict)
     documented = ("batches", "samples", "bytes", "elapsed_s", "waited_s", "load_s", "collate_s",
-                  "transfer_s", "workers", "batches_per_second", "gigabytes_per_second",
-                  "wait_share", "pinned_peak_bytes", "pinned_bound_bytes", "batch_bytes", "report")
+                  "transfer_s", "workers", "prefetch", "tuning", "batches_per_second",
+                  "gigabytes_per_second", "wait_share", "pinned_peak_bytes", "pinned_bound_bytes",
+                  "batch_bytes", "report")
     assert set(documented) <= set(stats), f"missing: {set(documented) - set(stats)}"
     assert stats["batches"] == len(batches) == len(ld), f"seed={seed}: {stats}"
     assert stats["samples"] == len(x), f"seed={seed}: {stats}"
     assert stats["bytes"] >= x.nbytes + y.nbytes, f"seed={seed}: {stats}"
-    assert stats["workers"] == 1
+    assert stats["workers"] == 1 and stats["tuning"] == [], f"workers set by hand: {stats}"
     assert isinstance(stats["report"], str) and stats["report"]
     mem = ld.memory()  # `batches` still holds the epoch's blocks
     for key in ("device_used", "device_reserved", "pinned_in_use", "pinned_held", "pinned_bound"):
@@ -143,6 +144,34 @@ def test_stats_and_memory(rng, seed):
     assert mem["pinned_in_use"] > 0 and mem["pinned_held"] >= mem["pinned_in_use"], mem
     assert mem["pinned_bound"] > 0, mem
     np.testing.assert_array_equal(batches[-1]["y"], y[(len(batches) - 1) * b :], err_msg=f"seed={seed}")
+
+
+def test_workers_left_unset_are_tuned_within_cores_and_the_stats_say_why(rng, seed):
+    # Each sample takes 2 ms (the GIL let go while it sleeps), the consumer none: the tuning adds
+    # workers from the 4 it starts with, never past `cores`, and says why.
+    class Slow:
+        def __len__(self):
+            return 4 * 300
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return {"x": np.full(3, i, dtype=np.int64)}
+
+    cores = int(rng.integers(6, 13))
+    ld = pinnable.Loader(pinnable.Dataset(Slow()), batch_size=4, cores=cores, output="numpy",
+                         device="cpu")
+    assert ld.workers == 4, f"seed={seed}: the first epoch starts from 4"
+    got = np.concatenate([b["x"] for b in ld])
+    np.testing.assert_array_equal(got, np.repeat(np.arange(4 * 300), 3).reshape(-1, 3),
+                                  err_msg=f"seed={seed}: the samples, in order")
+    stats = ld.stats()
+    assert 4 < stats["workers"] <= cores, f"seed={seed}: {stats['report']}"
+    assert stats["tuning"], f"seed={seed}: {stats['report']}"
+    first = stats["tuning"][0]
+    assert set(first) == {"at_s", "workers", "prefetch", "reason"}, first
+    assert first["workers"][0] == 4 and first["workers"][1] > 4, first
+    assert "waited" in first["reason"], first
+    assert ld.workers == stats["workers"], "the next epoch starts where this one settled"
 
 
 def test_the_gil_is_released_while_a_batch_is_waited_for(rng, seed):

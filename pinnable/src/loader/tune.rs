@@ -44,7 +44,7 @@ pub(crate) const START_WORKERS: usize = 4;
 /// The shortest window a decision is made from.
 pub(crate) const WINDOW: Duration = Duration::from_millis(100);
 /// The fewest batches in a window.
-pub(crate) const WINDOW_BATCHES: u64 = 8;
+pub(crate) const WINDOW_BATCHES: u64 = 16;
 /// The share of a window the consumer may wait before the loader counts as too slow. Low: a
 /// worker more than needed costs little (it waits for a free batch slot, idle), a consumer
 /// that waits costs the training step.
