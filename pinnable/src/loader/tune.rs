@@ -471,7 +471,11 @@ pub(crate) struct Tuning {
 
 impl Tuning {
     pub(crate) fn new(tuner: Arc<Mutex<Tuner>>, counters: &Counters) -> Tuning {
-        let carried = tuner.lock().unwrap_or_else(|e| e.into_inner()).carried.take();
+        let carried = tuner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .carried
+            .take();
         Tuning {
             tuner,
             mark: (Instant::now(), 0, Duration::ZERO, Duration::ZERO),

@@ -130,13 +130,7 @@ fn steady(k: usize, changes: &[(usize, usize, usize)]) -> bool {
 /// after window `from`, at most `most` of the windows are spent trying other counts (a load at the
 /// edge of a count may reopen the climb now and then, each time twice as late when it finds
 /// nothing), and the count never goes back and forth.
-fn holds(
-    changes: &[(usize, usize, usize)],
-    from: usize,
-    windows: usize,
-    most: f64,
-    case: usize,
-) {
+fn holds(changes: &[(usize, usize, usize)], from: usize, windows: usize, most: f64, case: usize) {
     let share = trying_share(changes, from, windows);
     assert!(
         share <= most,
