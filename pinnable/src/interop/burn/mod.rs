@@ -24,21 +24,17 @@
 //! # Device batches and burn's CUDA backend
 //!
 //! On burn's CUDA backend, leave the loader on the host ([`Device::cpu`](crate::Device::cpu),
-//! the default) and convert with [`to_burn_float`]: each batch is one pinned block, which burn
-//! uploads directly (it is marked pinned), with no staging copy. A batch our loader has
-//! already moved to a GPU cannot become a burn tensor without a copy: burn's CUDA backend
-//! (cubecl) creates tensors only in memory its own pools allocate (`create` copies host bytes
-//! in, `empty` allocates) and has no way to adopt memory allocated elsewhere. The seam for it is
-//! one device-to-device copy per tensor into a tensor burn allocates, all on burn's stream:
-//! `Tensor::empty` on the burn device, its buffer's device address from cubecl's client, then
-//! [`Tensor::cuda_view`](crate::Tensor::cuda_view) with burn's stream (cubecl's CUDA runtime
-//! is built on cudarc, as we are), which makes that stream wait for the batch's ready event,
-//! and the view's `copy_to` into the address: the copy runs after our upload and before
-//! anything burn queues next on its stream, and the batch's memory is kept until it is done.
-//! That path needs burn's CUDA backend in the build; `burn-cuda` 0.22 downloads an LLVM bundle
-//! when it builds (cubecl-cuda depends on `cubecl-llvm`), so it is not a feature of this crate
-//! yet (whether cubecl hands its stream out as cudarc's is to be checked with it). Device
-//! tensors otherwise go through [`to_cpu`](crate::ToDevice::to_cpu) first.
+//! the default) and convert with [`to_burn_float`]: each batch is one pinned block, marked
+//! pinned, which burn copies to the GPU on its own stream straight from the block (no staging
+//! copy on either side), and keeps (its drop queue holds the bytes until a fence after the
+//! copy) until the copy has run; the block then goes back to the loader's pool. That order is
+//! checked on a GPU with burn's stream kept busy while the loader reuses its blocks
+//! (`burn-cuda/tests/cuda.rs`). A batch our loader has already moved to a GPU cannot become a
+//! burn tensor without going through the host: burn's CUDA backend (cubecl 0.11) creates
+//! tensors only in memory its own pools allocate, and neither adopts memory allocated
+//! elsewhere nor hands out the stream a copy into its memory would have to be ordered on.
+//! Device tensors go through [`to_cpu`](crate::ToDevice::to_cpu) first, or stay with a
+//! framework that takes DLPack (the `dlpack` feature).
 //!
 //! ```
 //! use burn_tensor::TensorData;
