@@ -71,7 +71,9 @@ class Storage:
     """Where URLs are read from and how (`pinnable::storage::Storage`): options of the object
     store (``"aws_endpoint"``, ``"aws_region"``, ``"aws_access_key_id"``, ``"allow_http"``, ...),
     chunk size, read-ahead, memory cap, retries, timeout and receiving threads. Paths need
-    none of it."""
+    none of it. ``None`` keeps the crate's default: the read-ahead grows from 4 chunks while
+    the workers wait for data (within ``cache_bytes``), and the receiving threads are half the
+    cores, 2 to 8; a number fixes it."""
 
     def __init__(
         self,
