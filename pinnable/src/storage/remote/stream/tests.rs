@@ -336,8 +336,9 @@ fn the_read_ahead_grows_while_readers_wait_up_to_the_cap() {
             );
             assert!(fetching > 1, "at most {fetching} fetches at once");
         } else {
+            // Fetches can still outnumber it: a chunk a worker waits on is fetched whatever
+            // the read-ahead.
             assert_eq!(ahead, 1, "a fixed read-ahead");
-            assert!(fetching <= 2, "{fetching} fetches at once, 1 ahead");
         }
     }
 }
