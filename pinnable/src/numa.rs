@@ -213,6 +213,12 @@ pub fn current_thread_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// The cores this process may use (its affinity and CPU quota), at least 1: what the defaults
+/// sized to the host (workers, receiving threads, the JPEG engines' callers) start from.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The kernel's preferred-node memory policy (`MPOL_PREFERRED` in `<numaif.h>`).
 const MPOL_PREFERRED: libc::c_long = 1;
 

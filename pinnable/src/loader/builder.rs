@@ -82,11 +82,10 @@ fn own_pool(device: &Device) -> PinnedPool {
     })
 }
 
-/// Half the cores, at least 1.
 /// The cores a loader's workers may use by default: those this process may run on, less an
 /// eighth of them (at least one) left for the training step; at least one.
 pub(crate) fn default_cores() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::numa::cores();
     cores.saturating_sub(cores.div_ceil(8)).max(1)
 }
 
@@ -328,12 +327,9 @@ impl<Src> LoaderBuilder<Src> {
     /// The worker count and batches ahead this builder sets, as a tuner.
     fn knobs(&self) -> Tuner {
         let cores = self.cores.unwrap_or_else(default_cores);
-        #[allow(unused_mut)]
-        let mut tuner = Tuner::new(self.workers, self.prefetch, cores, cores.min(START_WORKERS));
+        let tuner = Tuner::new(self.workers, self.prefetch, cores, cores.min(START_WORKERS));
         #[cfg(test)]
-        {
-            tuner.chaos = self.chaos.map(crate::loader::SplitMix64::new);
-        }
+        let tuner = tuner.with_chaos(self.chaos);
         tuner
     }
 

@@ -12,6 +12,12 @@
 //! the consumer holds the one it took last. Permits are taken in job order, so the oldest
 //! unfinished batch always holds one and the reorder buffer cannot starve it.
 //!
+//! **Tuning.** With the worker count or batches ahead left to the loader
+//! (`loader/tune.rs`), a thread is started for every worker the tuning may run; those
+//! numbered past the current count wait at the gate without taking a permit. After each batch
+//! the consumer takes, the tuning may change the count and the permits; once the jobs are all
+//! taken, the waiting workers leave, so the transfer thread still sees the epoch end.
+//!
 //! **Shutdown.** Stopping wakes every waiting worker and drops the consumer's end of the channel;
 //! workers finish the sample they are loading, the transfer thread returns, and every thread is
 //! joined before [`Pipeline::shutdown`] returns, with every batch in flight dropped (its block
@@ -150,16 +156,21 @@ impl<T: ToDevice + Send + 'static> Pipeline<T> {
     pub(crate) fn start<S: Send + 'static>(spec: Spec<S, T>) -> Pipeline<T> {
         // Where the last epoch settled; with tuning, a thread for every worker the tuner may
         // start, those past the count waiting.
-        let (workers, prefetch, threads, most) = {
+        let (workers, prefetch, threads, most, auto) = {
             let t = lock(&spec.tuner);
             let (max_w, max_p) = t.limits();
             let threads = if t.fixed().0 { t.workers() } else { max_w };
-            (t.workers(), t.prefetch(), threads, max_w + max_p)
+            (
+                t.workers(),
+                t.prefetch(),
+                threads,
+                max_w + max_p,
+                t.is_auto(),
+            )
         };
         let gate = Arc::new(Gate::new(prefetch + workers, workers));
         let counters = Arc::new(Counters::new(workers, prefetch, most));
         let watch = spec.timeout.map(|t| Arc::new(Watch::new(t, threads)));
-        let auto = lock(&spec.tuner).is_auto();
         let tuning = auto.then(|| Tuning::new(spec.tuner.clone(), &counters));
         let work = Arc::new(Work {
             jobs: Mutex::new((0, spec.jobs)),

@@ -8,22 +8,23 @@
 //!   workers are busy, add workers — half as many again, at least one — up to the limit, and
 //!   try the new count for a window after one window to settle.
 //! - **Keep or go back.** A step after which the consumer waits no more, or half as long, is
-//!   kept, as is one that raised the rate by at least [`GAIN`] and by a third of what its added workers would add
-//!   ideally ([`SHARE_OF_IDEAL`]) (and the climb goes
-//!   on while the consumer still waits). One that did not is halved and tried again against
-//!   the same rate, and a step of one worker that did not is undone: the count before it is
-//!   where the tuner settles, since more workers only cost cores there (or slow a shared
-//!   resource down, past its knee).
+//!   kept, as is one that raised the rate by at least [`GAIN`] and by a third of what its
+//!   added workers would add ideally ([`SHARE_OF_IDEAL`]); the climb goes on while the
+//!   consumer still waits. One that did not is halved and tried again against the same rate,
+//!   and a step of one worker that did not is undone: the count before it is where the tuner
+//!   settles, since more workers only cost cores there (or slow a shared resource down, past
+//!   its knee).
 //! - **Settled.** Nothing changes while the load holds. A load that changes starts a new
-//!   climb: [`REOPEN_OF`] of the last [`REOPEN_LAST`] windows showing it — the consumer
-//!   waiting, where it was fed at the settled count; the rate below [`REOPEN_DROP`] of the
-//!   settled rate while it waits, where more workers did not help — and the settled count held
-//!   for at least its patience (first [`REOPEN_LAST`] windows). A single slow sample (a
-//!   straggler) makes one window wait, which reopens nothing. Where a step did not help and the
-//!   consumer still waits on busy workers, one worker more is tried again once the patience has
-//!   passed (a step judged while a remote stream was still ramping up, or on a noisy window, is
-//!   not final). A reopened climb that ends where it began doubles the patience, so neither
-//!   noise nor these retries can make the count go back and forth.
+//!   climb once [`REOPEN_OF`] of the last [`REOPEN_LAST`] windows show it: where the consumer
+//!   was fed at the settled count, it waits again (and the count has been held for its
+//!   patience, first [`REOPEN_LAST`] windows); where more workers did not help, the rate falls
+//!   below [`REOPEN_DROP`] of the one it settled at (at once: that is no noise). A single
+//!   slow sample (a straggler) makes one window wait, which reopens nothing. Where a step did
+//!   not help and the consumer still waits on busy workers, one worker more is tried again
+//!   once the patience has passed (a step judged while a remote stream was still ramping up,
+//!   or on a noisy window, is not final). A reopened climb or a retry that ends where it
+//!   began doubles the patience, so neither noise nor retries make the count go back and
+//!   forth.
 //!
 //! Batches ahead follow the workers (a loader delivering in order wants about as many batches
 //! ahead as workers: each one may finish while an older one is still being made), at least 2.
@@ -31,7 +32,6 @@
 //! or the order batches are delivered in: workers only take the next job in batch order.
 
 use std::fmt;
-use std::ops::Add;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -123,8 +123,8 @@ impl fmt::Display for Decision {
 enum Phase {
     /// Adding workers while the consumer waits.
     Climb,
-    /// Trying `to` workers against the rate `base` of `from` workers; the first window after
-    /// the change is skipped (`settling`).
+    /// Trying the current count against `from` workers, whose window had the rate `base` and
+    /// the wait `base_wait`; the first window after the change is skipped (`settling`).
     Trial {
         from: usize,
         base: f64,
@@ -132,9 +132,10 @@ enum Phase {
         settling: bool,
     },
     /// Holding; `rate` is the settled rate (smoothed over the windows since), `anchor` the rate
-    /// it settled at (a load that changes moves away from it), `undone` whether the consumer still waits there
-    /// (more workers did not help, or none may be added), `recent` which of the last windows
-    /// (one bit each, the newest lowest) showed a changed load, `since` the windows held.
+    /// it settled at (a load that changes moves away from it), `undone` whether the consumer
+    /// still waits there (more workers did not help, or none may be added), `recent` which of
+    /// the last windows (one bit each, the newest lowest) showed a changed load, `since` the
+    /// windows held.
     Settled {
         rate: f64,
         anchor: f64,
@@ -165,7 +166,7 @@ pub(crate) struct Tuner {
     carried: Option<Window>,
     /// For tests: a random change after every batch instead of the tuning.
     #[cfg(test)]
-    pub(crate) chaos: Option<crate::loader::SplitMix64>,
+    chaos: Option<crate::loader::SplitMix64>,
 }
 
 impl Tuner {
@@ -261,8 +262,8 @@ impl Tuner {
                 // batches moves in steps), or the rate up by the step's share of its ideal.
                 let fed = !starved && rate > base;
                 let halved = wait <= 0.5 * base_wait && rate >= base;
-                if fed || halved || rate >= base * (GAIN - 1.0).max(SHARE_OF_IDEAL * added).add(1.0)
-                {
+                let gained = rate >= base * (1.0 + (GAIN - 1.0).max(SHARE_OF_IDEAL * added));
+                if fed || halved || gained {
                     let kept = format!(
                         "kept: {:.2}× the rate of {from} workers",
                         rate / base.max(1e-9)
@@ -300,6 +301,8 @@ impl Tuner {
                 // Fed at the settled count: waiting again. Held where more workers did not
                 // help: the rate falling well below what it settled at.
                 let changed = starved && (!undone || rate < anchor * REOPEN_DROP);
+                // The settled rate follows the windows', smoothed.
+                let smoothed = 0.8 * settled + 0.2 * rate;
                 let recent = (recent << 1) | u8::from(changed);
                 let since = since.saturating_add(1);
                 let reopen = recent.count_ones() >= REOPEN_OF;
@@ -317,7 +320,7 @@ impl Tuner {
                     self.reopened = Some(self.workers);
                     self.phase = Phase::Trial {
                         from: self.workers,
-                        base: 0.8 * settled + 0.2 * rate,
+                        base: smoothed,
                         base_wait: wait,
                         settling: true,
                     };
@@ -331,28 +334,20 @@ impl Tuner {
                 }
                 // A rate well below the settled one is no noise: it reopens at once; a fed
                 // consumer waiting again reopens after the patience.
-                let why = if !self.can_add() || (since < self.patience && !undone) {
-                    None
-                } else if reopen {
-                    Some(format!(
+                if reopen && self.can_add() && (undone || since >= self.patience) {
+                    let why = format!(
                         "the load changed: the consumer waited in {} of the last {REOPEN_LAST} \
                          windows, {:.0}% of this one, at {rate:.1} batches/s (settled at \
                          {settled:.1})",
                         recent.count_ones(),
                         100.0 * wait
-                    ))
-                } else {
-                    None
-                };
-                if let Some(why) = why {
+                    );
                     self.phase = Phase::Climb;
                     self.reopened = Some(self.workers);
                     return self.climb(rate, wait, busy, at, Some(why));
                 }
-                // The settled rate follows the windows', smoothed.
-                let rate = 0.8 * settled + 0.2 * rate;
                 self.phase = Phase::Settled {
-                    rate,
+                    rate: smoothed,
                     anchor,
                     undone,
                     recent,
@@ -421,6 +416,13 @@ impl Tuner {
         Some(self.set(to, at, reason))
     }
 
+    /// For tests: random decisions after every batch, from `seed`, when one is given.
+    #[cfg(test)]
+    pub(crate) fn with_chaos(mut self, seed: Option<u64>) -> Tuner {
+        self.chaos = seed.map(crate::loader::SplitMix64::new);
+        self
+    }
+
     /// For tests: a random worker count and batches ahead within the limits, for the knobs not
     /// set by hand.
     #[cfg(test)]
@@ -478,11 +480,10 @@ impl Tuning {
             .take();
         Tuning {
             tuner,
-            mark: (Instant::now(), 0, Duration::ZERO, Duration::ZERO),
+            mark: Self::now(counters),
             filling: carried.is_none(),
             carried: carried.unwrap_or_default(),
         }
-        .marked(counters)
     }
 
     /// The current window so far (what the last epoch carried over and this one's part), and
@@ -510,11 +511,6 @@ impl Tuning {
         } else {
             window
         });
-    }
-
-    fn marked(mut self, counters: &Counters) -> Tuning {
-        self.mark = Self::now(counters);
-        self
     }
 
     fn now(counters: &Counters) -> (Instant, u64, Duration, Duration) {

@@ -212,10 +212,8 @@ impl Storage {
     /// The runtime's threads: as set, else half the cores this process may use, 2 to 8.
     #[cfg_attr(not(feature = "remote"), allow(dead_code))]
     pub(crate) fn runtime_threads(&self) -> usize {
-        self.threads.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            (cores / 2).clamp(2, 8)
-        })
+        self.threads
+            .unwrap_or_else(|| (crate::numa::cores() / 2).clamp(2, 8))
     }
 
     /// The bytes one ranged `GET` asks for while streaming (at least 64 KiB). Tar shards cut

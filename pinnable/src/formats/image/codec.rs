@@ -324,6 +324,5 @@ pub(crate) trait Encoded: Send + Sized + 'static {
 
 /// The engines' callers by default: 2 where the process may use 8 cores or more, else 1.
 fn default_engine_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores >= 8 { 2 } else { 1 }
+    if crate::numa::cores() >= 8 { 2 } else { 1 }
 }

@@ -85,14 +85,17 @@ impl Gate {
     /// The jobs are all taken: every worker still waiting for a permit (an inactive one
     /// among them) returns, so the transfer thread sees the epoch end.
     pub(super) fn drain(&self) {
-        self.drained.store(true, Ordering::SeqCst);
-        let _guard = lock(&self.state);
-        self.cv.notify_all();
-        self.idle.notify_all();
+        self.release(&self.drained);
     }
 
+    /// The epoch is over: every waiting worker returns, and none takes another permit.
     pub(super) fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
+        self.release(&self.stopped);
+    }
+
+    /// Raises `flag` and wakes every waiting worker to see it.
+    fn release(&self, flag: &AtomicBool) {
+        flag.store(true, Ordering::SeqCst);
         let _guard = lock(&self.state);
         self.cv.notify_all();
         self.idle.notify_all();
