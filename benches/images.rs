@@ -59,8 +59,8 @@ use pinnable::loader::{Batcher, Loader, SplitMix64};
 use pinnable::{BatchLayout, DType, Device, Tensor, ToDevice};
 use pinnable_harness::bench;
 use pinnable_harness::bench::{
-    AUTO, Report, Tuning, WorkersOrAuto, auto_notes, env_usize, median, settle, torch_rows,
-    workers_cell,
+    AUTO, AutoRow, Report, Tuning, WorkersOrAuto, auto_notes, env_usize, keep_tuning, median,
+    settle, torch_rows, workers_cell,
 };
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, images, rng};
@@ -312,13 +312,9 @@ struct Window {
     p95: f64,
 }
 
-/// Keeps an auto row's tuning for the note under its table, as `what`.
-fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: &str, m: &pinnable::Result<Window>) {
-    if let Ok(Window {
-        tuning: Some(t), ..
-    }) = m
-    {
-        notes.push((what.to_owned(), t.clone()));
+impl AutoRow for Window {
+    fn tuning(&self) -> Option<&Tuning> {
+        self.tuning.as_ref()
     }
 }
 

@@ -32,8 +32,8 @@ use pinnable::loader::{Batcher, Collator, Dataset, FnDataset, Loader, Stack, Ten
 use pinnable::{DType, Device, Gather, Pinnable, PinnedPool, Tensor, ToDevice};
 use pinnable_harness::bench;
 use pinnable_harness::bench::{
-    AUTO, Report, Throughput, Tuning, WorkersOrAuto, auto_notes, env_usize, event_time, median,
-    settle, torch_rows, workers_cell,
+    AUTO, AutoRow, Report, Throughput, Tuning, WorkersOrAuto, auto_notes, env_usize, event_time,
+    keep_tuning, median, settle, torch_rows, workers_cell,
 };
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream, random_tensor, rng};
@@ -71,13 +71,9 @@ struct Run {
     tuning: Option<Tuning>,
 }
 
-/// Keeps an auto row's tuning for the note under its table, as `what`.
-fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: &str, m: &pinnable::Result<Run>) {
-    if let Ok(Run {
-        tuning: Some(t), ..
-    }) = m
-    {
-        notes.push((what.to_owned(), t.clone()));
+impl AutoRow for Run {
+    fn tuning(&self) -> Option<&Tuning> {
+        self.tuning.as_ref()
     }
 }
 

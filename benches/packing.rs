@@ -32,8 +32,8 @@ use pinnable::formats::tokens::{PackedBatch, PackedDocs, Separator, TokenDocs, T
 use pinnable::loader::{Budget, BudgetPlan, Loader, SplitMix64};
 use pinnable::{DType, Device};
 use pinnable_harness::bench::{
-    AUTO, Tuning, WorkersOrAuto, auto_notes, env_usize, settle, torch_rows, worker_counts,
-    workers_cell,
+    AUTO, AutoRow, Tuning, WorkersOrAuto, auto_notes, env_usize, keep_tuning, settle, torch_rows,
+    worker_counts, workers_cell,
 };
 use pinnable_harness::kernels::Consumer;
 use pinnable_harness::{cuda_or_skip, hold_stream};
@@ -92,13 +92,9 @@ struct Run {
     tuning: Option<Tuning>,
 }
 
-/// Keeps an auto row's tuning for the note under its table, as `what`.
-fn keep_tuning(notes: &mut Vec<(String, Tuning)>, what: String, m: &pinnable::Result<Run>) {
-    if let Ok(Run {
-        tuning: Some(t), ..
-    }) = m
-    {
-        notes.push((what, t.clone()));
+impl AutoRow for Run {
+    fn tuning(&self) -> Option<&Tuning> {
+        self.tuning.as_ref()
     }
 }
 

@@ -21,8 +21,8 @@ use pinnable::formats::image::{
 use pinnable::loader::Loader;
 use pinnable::{Device, Tensor};
 use pinnable_harness::bench::{
-    AUTO, Report, Tuning, WorkersOrAuto, auto_notes, busy_threads, cpu_seconds, env_usize,
-    parse_worker, percentile, settle, threads_cpu, threads_cpu_seconds, workers_cell,
+    AUTO, AutoRow, Report, Tuning, WorkersOrAuto, auto_notes, busy_threads, cpu_seconds, env_usize,
+    keep_tuning, parse_worker, percentile, settle, threads_cpu, threads_cpu_seconds, workers_cell,
 };
 
 const BATCH: usize = 64;
@@ -134,6 +134,12 @@ pub fn measure(
     })
 }
 
+impl AutoRow for Row {
+    fn tuning(&self) -> Option<&Tuning> {
+        self.tuning.as_ref()
+    }
+}
+
 /// The device-decode table: u8 and normalised f32, 1 to 4 workers driving the device's
 /// decoders and the auto row, then host workers taking a share beside them.
 #[allow(clippy::too_many_arguments)]
@@ -196,12 +202,7 @@ pub fn table(
         let batcher = ImageBatcher::new(codec);
         let m = measure(files, batcher, w, batches, dev, consume);
         let w = workers_cell(w);
-        if let Ok(Row {
-            tuning: Some(t), ..
-        }) = &m
-        {
-            notes.push((format!("{what}, {name}"), t.clone()));
-        }
+        keep_tuning(&mut notes, format!("{what}, {name}"), &m);
         rep.line(
             &match m {
                 Ok(r) => format!(

@@ -16,8 +16,8 @@ mod repeats;
 mod throughput;
 
 pub use auto::{
-    AUTO, SETTLE, Tuning, WorkersOrAuto, auto_note, auto_notes, parse_worker, parse_workers,
-    settle, worker_counts, workers_cell, workers_label,
+    AUTO, AutoRow, SETTLE, Tuning, WorkersOrAuto, auto_note, auto_notes, keep_tuning, parse_worker,
+    parse_workers, settle, worker_counts, workers_cell, workers_label,
 };
 pub use repeats::Spread;
 pub use throughput::{Throughput, Window, epoch, percentile, stream};

@@ -218,6 +218,24 @@ impl fmt::Display for Tuning {
     }
 }
 
+/// A bench row that may be an auto row: the [`Tuning`] it reports when it is one.
+pub trait AutoRow {
+    /// What the tuning did, in an auto row; `None` in a row set by hand.
+    fn tuning(&self) -> Option<&Tuning>;
+}
+
+/// Keeps an auto row's tuning for the note under its table ([`auto_notes`]), as `what`; a row
+/// set by hand, or one that failed, adds nothing.
+pub fn keep_tuning<R: AutoRow>(
+    notes: &mut Vec<(String, Tuning)>,
+    what: impl Into<String>,
+    row: &pinnable::Result<R>,
+) {
+    if let Some(t) = row.as_ref().ok().and_then(AutoRow::tuning) {
+        notes.push((what.into(), t.clone()));
+    }
+}
+
 /// What an auto row is, for the note under its table.
 pub fn auto_note() -> String {
     format!(
