@@ -14,6 +14,12 @@
 //!   and a step of one worker that did not is undone: the count before it is where the tuner
 //!   settles, since more workers only cost cores there (or slow a shared resource down, past
 //!   its knee).
+//! - **Fewer.** The loader's first climb starts from a count no window chose. Where it keeps
+//!   no step up (more workers did not help, or the workers idle while the consumer waits),
+//!   a third fewer are tried, and fewer again while each try raises the rate by
+//!   [`FEWER_GAIN`]: workers that share an engine, a lock or memory bandwidth can be faster
+//!   fewer (two workers feed the GPU's JPEG engines faster than four). The first try that does
+//!   not help is undone (after its half step), and the count settles.
 //! - **Settled.** Nothing changes while the load holds. A load that changes starts a new
 //!   climb once [`REOPEN_OF`] of the last [`REOPEN_LAST`] windows show it: where the consumer
 //!   was fed at the settled count, it waits again (and the count has been held for its
@@ -32,10 +38,7 @@
 //! or the order batches are delivered in: workers only take the next job in batch order.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use super::stats::Counters;
+use std::time::Duration;
 
 /// The worker count the first epoch starts from (fewer when fewer cores are allowed): low
 /// enough that a shared resource's knee is found from below, high enough that a loader that
@@ -53,6 +56,9 @@ const STARVED: f64 = 0.02;
 const BUSY: f64 = 0.5;
 /// The rate a step must add to be kept, at least.
 const GAIN: f64 = 1.05;
+/// The rate fewer workers must add to be kept: less than a step up must, since fewer workers
+/// at the same rate cost fewer cores.
+const FEWER_GAIN: f64 = 1.03;
 /// The share of a step's ideal gain (its added workers over those before it) it must add to be
 /// kept: a step that adds half the workers must add a sixth of the rate.
 const SHARE_OF_IDEAL: f64 = 1.0 / 3.0;
@@ -125,11 +131,13 @@ enum Phase {
     Climb,
     /// Trying the current count against `from` workers, whose window had the rate `base` and
     /// the wait `base_wait`; the first window after the change is skipped (`settling`).
+    /// `down`: the trial is of fewer workers.
     Trial {
         from: usize,
         base: f64,
         base_wait: f64,
         settling: bool,
+        down: bool,
     },
     /// Holding; `rate` is the settled rate (smoothed over the windows since), `anchor` the rate
     /// it settled at (a load that changes moves away from it), `undone` whether the consumer
@@ -161,6 +169,10 @@ pub(crate) struct Tuner {
     patience: u32,
     /// The count a reopened climb began from, until it settles.
     reopened: Option<usize>,
+    /// Whether the climb under way may end in a trial of fewer workers: only the loader's
+    /// first climb, from the start (a count no window chose), before it keeps a step up. Later
+    /// climbs begin at a count the windows chose; fewer tried there would find noise.
+    may_descend: bool,
     /// The part of a window the last epoch ended in, counted on in the next: epochs shorter
     /// than a window are tuned too.
     carried: Option<Window>,
@@ -192,6 +204,7 @@ impl Tuner {
             phase: Phase::Climb,
             patience: REOPEN_LAST,
             reopened: None,
+            may_descend: true,
             carried: None,
             #[cfg(test)]
             chaos: None,
@@ -247,6 +260,7 @@ impl Tuner {
                 base,
                 base_wait,
                 settling,
+                down,
             } => {
                 if settling {
                     self.phase = Phase::Trial {
@@ -254,21 +268,33 @@ impl Tuner {
                         base,
                         base_wait,
                         settling: false,
+                        down,
                     };
                     return None;
                 }
                 let added = self.workers.saturating_sub(from) as f64 / from.max(1) as f64;
                 // Fed now, or waiting half as long as before (the rate of a window of few
-                // batches moves in steps), or the rate up by the step's share of its ideal.
+                // batches moves in steps), or the rate up by the step's share of its ideal (for
+                // fewer workers, by FEWER_GAIN).
                 let fed = !starved && rate > base;
                 let halved = wait <= 0.5 * base_wait && rate >= base;
-                let gained = rate >= base * (1.0 + (GAIN - 1.0).max(SHARE_OF_IDEAL * added));
+                let gain = if down {
+                    FEWER_GAIN
+                } else {
+                    1.0 + (GAIN - 1.0).max(SHARE_OF_IDEAL * added)
+                };
+                let gained = rate >= base * gain;
                 if fed || halved || gained {
                     let kept = format!(
                         "kept: {:.2}× the rate of {from} workers",
                         rate / base.max(1e-9)
                     );
+                    if down {
+                        // Fewer helped: fewer again while the consumer still waits.
+                        return self.descend(rate, wait, at, kept);
+                    }
                     self.phase = Phase::Climb;
+                    self.may_descend = false;
                     // Still waiting: the next step at once, its reason saying this one held.
                     return self.climb(rate, wait, busy, at, Some(kept));
                 }
@@ -277,16 +303,32 @@ impl Tuner {
                     "{tried} workers gave {:.2}× the rate of {from}",
                     rate / base.max(1e-9)
                 );
-                if tried > from + 1 {
+                if tried.abs_diff(from) > 1 {
                     // Too far, or the step past a knee: the half step, against the same rate.
-                    let half = from + (tried - from) / 2;
+                    let half = if down {
+                        from - (from - tried) / 2
+                    } else {
+                        from + (tried - from) / 2
+                    };
                     self.phase = Phase::Trial {
                         from,
                         base,
                         base_wait,
                         settling: true,
+                        down,
                     };
                     return Some(self.set(half, at, format!("{gave}: trying {half}")));
+                }
+                if !down && self.may_descend && from > 1 {
+                    // More did not help from a count no window chose: fewer may contend less
+                    // for what they share (an engine, a lock, memory bandwidth).
+                    return Some(self.try_fewer(
+                        from,
+                        base,
+                        base_wait,
+                        at,
+                        format!("undone: {gave}"),
+                    ));
                 }
                 self.settled(base, true, from);
                 Some(self.set(from, at, format!("undone: {gave}; settled at {from}")))
@@ -323,6 +365,7 @@ impl Tuner {
                         base: smoothed,
                         base_wait: wait,
                         settling: true,
+                        down: false,
                     };
                     let why = format!(
                         "trying one more after {since} windows: the consumer still waits {:.0}% \
@@ -360,6 +403,7 @@ impl Tuner {
 
     /// Holds at `workers` from here, with `rate` as the settled rate.
     fn settled(&mut self, rate: f64, undone: bool, workers: usize) {
+        self.may_descend = false;
         self.phase = Phase::Settled {
             rate,
             anchor: rate,
@@ -387,16 +431,31 @@ impl Tuner {
         at: Duration,
         why: Option<String>,
     ) -> Option<Decision> {
-        let settle = |t: &mut Tuner, undone: bool| t.settled(rate, undone, t.workers);
         if wait <= STARVED {
-            settle(self, false);
+            self.settled(rate, false, self.workers);
             return None;
         }
-        if !self.can_add() || busy < BUSY {
-            // The wait is not the workers' to fix (they are at the limit, or idle half the
-            // time: the wait is elsewhere); hold here, as after a step that did not help.
-            settle(self, true);
+        let more = self.can_add() && busy >= BUSY;
+        // The wait is not more workers' to fix where they are at the limit, or idle half the
+        // time (the wait is elsewhere). From a count no window chose, fewer are tried then
+        // (they may contend less for what they share); else the count holds, as after a step
+        // that did not help.
+        let fewer = !more && self.may_descend && !self.workers_fixed && self.workers > 1;
+        if !more && !fewer {
+            self.settled(rate, true, self.workers);
             return None;
+        }
+        let mut reason = format!(
+            "the consumer waited {:.0}% of the window with the workers {:.0}% busy{}",
+            100.0 * wait,
+            100.0 * busy.min(1.0),
+            if self.can_add() { "" } else { " at the limit" }
+        );
+        if let Some(why) = why {
+            reason = format!("{why}; {reason}");
+        }
+        if fewer {
+            return Some(self.try_fewer(self.workers, rate, wait, at, reason));
         }
         let to = (self.workers + (self.workers / 2).max(1)).min(self.max_workers);
         self.phase = Phase::Trial {
@@ -404,16 +463,42 @@ impl Tuner {
             base: rate,
             base_wait: wait,
             settling: true,
+            down: false,
         };
-        let mut reason = format!(
-            "the consumer waited {:.0}% of the window with the workers {:.0}% busy",
-            100.0 * wait,
-            100.0 * busy.min(1.0)
-        );
-        if let Some(why) = why {
-            reason = format!("{why}; {reason}");
-        }
         Some(self.set(to, at, reason))
+    }
+
+    /// Tries fewer workers than `from` (a third fewer, at least one), against `from`'s window
+    /// (`base`, `base_wait`); `why` says what led here.
+    fn try_fewer(
+        &mut self,
+        from: usize,
+        base: f64,
+        base_wait: f64,
+        at: Duration,
+        why: String,
+    ) -> Decision {
+        let to = from - (from / 3).max(1);
+        self.may_descend = false;
+        self.phase = Phase::Trial {
+            from,
+            base,
+            base_wait,
+            settling: true,
+            down: true,
+        };
+        self.set(to, at, format!("{why}: trying {to}, fewer contend less"))
+    }
+
+    /// After fewer workers helped: fewer again while the consumer still waits, else hold.
+    fn descend(&mut self, rate: f64, wait: f64, at: Duration, kept: String) -> Option<Decision> {
+        if wait <= STARVED || self.workers == 1 {
+            self.settled(rate, wait > STARVED, self.workers);
+            // Nothing changes, but the step that led here is kept: no decision to report.
+            return None;
+        }
+        let from = self.workers;
+        Some(self.try_fewer(from, rate, wait, at, kept))
     }
 
     /// For tests: random decisions after every batch, from `seed`, when one is given.
@@ -458,96 +543,8 @@ impl Tuner {
     }
 }
 
-/// The consumer's side of the tuning in a running epoch: it cuts the epoch into windows and
-/// hands each to the loader's [`Tuner`].
-pub(crate) struct Tuning {
-    tuner: Arc<Mutex<Tuner>>,
-    /// When the current window began, and the counters then: batches, wait and busy time.
-    mark: (Instant, u64, Duration, Duration),
-    /// Whether the loader's first window is still to come: it holds the pipeline's first fill
-    /// (the consumer waits for the first batches whatever the count), so it is not judged.
-    filling: bool,
-    /// What the last epoch measured of the current window.
-    carried: Window,
-}
-
-impl Tuning {
-    pub(crate) fn new(tuner: Arc<Mutex<Tuner>>, counters: &Counters) -> Tuning {
-        let carried = tuner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .carried
-            .take();
-        Tuning {
-            tuner,
-            mark: Self::now(counters),
-            filling: carried.is_none(),
-            carried: carried.unwrap_or_default(),
-        }
-    }
-
-    /// The current window so far (what the last epoch carried over and this one's part), and
-    /// the counters now.
-    fn so_far(&self, counters: &Counters) -> (Window, (Instant, u64, Duration, Duration)) {
-        let now = Self::now(counters);
-        let c = &self.carried;
-        let window = Window {
-            elapsed: c.elapsed + (now.0 - self.mark.0),
-            batches: c.batches + (now.1 - self.mark.1),
-            waited: c.waited + now.2.saturating_sub(self.mark.2),
-            busy: c.busy + now.3.saturating_sub(self.mark.3),
-        };
-        (window, now)
-    }
-
-    /// The epoch ends: the window it was in goes on in the next epoch.
-    pub(crate) fn end(self, counters: &Counters) {
-        let (window, _) = self.so_far(counters);
-        let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
-        // After the loader's first epoch, the next window is judged with its fill in it:
-        // epochs too short for a window are mostly fill.
-        tuner.carried = Some(if self.filling {
-            Window::default()
-        } else {
-            window
-        });
-    }
-
-    fn now(counters: &Counters) -> (Instant, u64, Duration, Duration) {
-        let (batches, waited, busy) = counters.progress();
-        (Instant::now(), batches, waited, busy)
-    }
-
-    /// After each batch the consumer takes: once a window is complete, the tuner's decision on
-    /// it, if any — the new worker count and batches ahead — noted in `counters`.
-    pub(crate) fn tick(&mut self, counters: &Counters) -> Option<(usize, usize)> {
-        #[cfg(test)]
-        {
-            let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(d) = tuner.chaos_step(counters.age()) {
-                let knobs = (tuner.workers(), tuner.prefetch());
-                drop(tuner);
-                counters.decided(d, knobs.0, knobs.1);
-                return Some(knobs);
-            }
-        }
-        let (window, now) = self.so_far(counters);
-        if window.elapsed < WINDOW || window.batches < WINDOW_BATCHES {
-            return None;
-        }
-        self.mark = now;
-        self.carried = Window::default();
-        if std::mem::take(&mut self.filling) {
-            return None;
-        }
-        let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
-        let decision = tuner.observe(&window, counters.age())?;
-        let knobs = (tuner.workers(), tuner.prefetch());
-        drop(tuner);
-        counters.decided(decision, knobs.0, knobs.1);
-        Some(knobs)
-    }
-}
+mod tuning;
+pub(crate) use tuning::Tuning;
 
 #[cfg(test)]
 mod loader_tests;

@@ -215,6 +215,46 @@ fn a_shared_ceiling_stops_the_climb_where_more_workers_add_nothing() {
 }
 
 #[test]
+fn a_start_past_a_contended_knee_comes_down_to_it() {
+    // A shared resource (a decoder's engines, a lock) that every worker past the knee slows
+    // down, and a start above the knee: more workers only lose, fewer gain.
+    let mut r = SplitMix64::for_test("a_start_past_a_contended_knee_comes_down_to_it");
+    for case in 0..50 {
+        let per_worker = between(&mut r, 50.0, 150.0);
+        let knee = 1 + r.below(3) as usize;
+        let cost = between(&mut r, 0.08, 0.2);
+        let stages = Stages {
+            per_worker,
+            consumer: per_worker * 100.0,
+            ceiling: per_worker * knee as f64,
+            knee: Some((knee, cost)),
+        };
+        let start = knee + 2 + r.below(5) as usize;
+        let max = 14;
+        let mut tuner = Tuner::new(None, None, max, start);
+        let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.02, &mut r);
+        let best = (1..=max).map(|w| stages.rate(w)).fold(0.0f64, f64::max);
+        for (k, &count) in counts.iter().enumerate().skip(40) {
+            if !steady(k, &changes) {
+                continue;
+            }
+            assert!(
+                stages.rate(count) >= 0.9 * best,
+                "case {case}: window {k}: {count} workers ({:.0}/s), the best is {best:.0}/s \
+                 (knee {knee}, cost {cost:.2}, start {start}): {changes:?}",
+                stages.rate(count)
+            );
+        }
+        let count = *counts.last().unwrap();
+        assert!(
+            count < start && count <= knee + 1,
+            "case {case}: {count} workers, started at {start}, knee at {knee}: {changes:?}"
+        );
+        holds(&changes, 40, counts.len(), 0.1, case);
+    }
+}
+
+#[test]
 fn a_rate_that_changes_mid_epoch_is_followed_then_held() {
     let mut r = SplitMix64::for_test("a_rate_that_changes_mid_epoch_is_followed_then_held");
     for case in 0..30 {
