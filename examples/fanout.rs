@@ -53,12 +53,10 @@ fn main() -> pinnable::Result<()> {
     println!("2 host targets: one pinned copy, shared by both, equal to the batch");
 
     // Every GPU: one copy each, by each route.
-    if pinnable_harness::cuda_or_skip("fanout: the copy to every GPU").is_none() {
+    let Some(devices) = pinnable_harness::cuda_devices_or_skip("fanout: the copy to every GPU")
+    else {
         return Ok(());
-    }
-    let devices: Vec<Device> = (0..Device::count())
-        .map(Device::cuda)
-        .collect::<pinnable::Result<_>>()?;
+    };
     for route in [
         FanoutRoute::Auto,
         FanoutRoute::HostToEach,

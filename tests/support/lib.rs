@@ -232,11 +232,7 @@ pub fn cuda_or_skip(test: &str) -> Option<Device> {
         Ok(d) => Some(d),
         Err(e) => {
             assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {e}");
-            // Written to the stream directly, not through `println!`, so the test harness's
-            // output capture cannot hide the skip.
-            // One write, so the line is not interleaved with the harness's own output.
-            use std::io::Write;
-            let _ = std::io::stderr().write_all(format!("skipped: {test}: {e}\n").as_bytes());
+            skip_line(format_args!("skipped: {test}: {e}"));
             None
         }
     }
@@ -271,9 +267,24 @@ pub fn fixture_or_skip(test: &str, path: &str) -> Option<std::path::PathBuf> {
         p.display()
     );
     assert!(!gpu_required(), "{test}: PINNABLE_REQUIRE_GPU=1 but {why}");
-    use std::io::Write;
-    let _ = std::io::stderr().write_all(format!("skipped: {test}: {why}\n").as_bytes());
+    skip_line(format_args!("skipped: {test}: {why}"));
     None
+}
+
+/// Every CUDA device, `Device::count()` of them in ordinal order (at least one), or `None`
+/// after printing `skipped: <test>: <reason>` without a GPU, as [`cuda_or_skip`].
+///
+/// # Panics
+///
+/// When there is no device and `PINNABLE_REQUIRE_GPU=1`, or when a device the driver counts
+/// does not open.
+pub fn cuda_devices_or_skip(test: &str) -> Option<Vec<Device>> {
+    let first = cuda_or_skip(test)?;
+    let count = Device::count();
+    let rest = (1..count).map(|k| {
+        Device::cuda(k).unwrap_or_else(|e| panic!("{test}: cuda:{k} of {count} devices: {e}"))
+    });
+    Some(std::iter::once(first).chain(rest).collect())
 }
 
 /// CUDA devices 0 and 1, or `None` after printing `skipped: <test>: <reason>` on its own line.
@@ -288,38 +299,39 @@ pub fn cuda_pair_or_skip(test: &str) -> Option<(Device, Device)> {
     match Device::cuda(1) {
         Ok(d1) => Some((d0, d1)),
         Err(_) => {
-            use std::io::Write;
-            let _ = std::io::stderr()
-                .write_all(format!("skipped: {test}: needs two CUDA devices\n").as_bytes());
+            skip_line(format_args!("skipped: {test}: needs two CUDA devices"));
             None
         }
     }
 }
 
-/// Two targets for a two-device test: CUDA devices 0 and 1, or, on a one-GPU machine, device 0
-/// twice, after printing `partly skipped: <test>: …` on its own line. Everything but the
-/// crossing between two GPUs (two links, peer copies) still runs there. `None` after printing
-/// `skipped: …` without a GPU, as [`cuda_or_skip`].
+/// The targets of a test across devices: every CUDA device ([`cuda_devices_or_skip`]), or, on a
+/// one-GPU machine, device 0 twice, after printing `partly skipped: <test>: …` on its own line.
+/// Everything but the crossing between GPUs (their own links, peer copies) still runs there, and
+/// the skip never fails, even under `PINNABLE_REQUIRE_GPU=1`. `None` after printing `skipped: …`
+/// without a GPU. Always at least two targets.
 ///
 /// # Panics
 ///
-/// When there is no device at all and `PINNABLE_REQUIRE_GPU=1`.
-pub fn cuda_targets_or_skip(test: &str) -> Option<[Device; 2]> {
-    let d0 = cuda_or_skip(test)?;
-    match Device::cuda(1) {
-        Ok(d1) => Some([d0, d1]),
-        Err(_) => {
-            use std::io::Write;
-            let _ = std::io::stderr().write_all(
-                format!(
-                    "partly skipped: {test}: one CUDA device, so both targets are cuda:0 \
-                     (nothing crosses between two GPUs)\n"
-                )
-                .as_bytes(),
-            );
-            Some([d0.clone(), d0])
-        }
+/// As [`cuda_devices_or_skip`].
+pub fn cuda_targets_or_skip(test: &str) -> Option<Vec<Device>> {
+    let mut devices = cuda_devices_or_skip(test)?;
+    if devices.len() == 1 {
+        skip_line(format_args!(
+            "partly skipped: {test}: one CUDA device, so both targets are cuda:0 \
+             (nothing crosses between two GPUs)"
+        ));
+        devices.push(devices[0].clone());
     }
+    Some(devices)
+}
+
+/// Prints `line` (`skipped: <test>: <reason>`, or `partly skipped: …`) on stderr in one write:
+/// not through `println!`, so the test harness's output capture cannot hide it, and in one
+/// piece, so it is not interleaved with the harness's own output.
+pub fn skip_line(line: impl Display) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 /// A tensor of `dtype` and `shape` filled with random values.
