@@ -1,7 +1,7 @@
 //! `Gather`: rows of a dataset stacked where they land. On the host against a gather done by
 //! hand, on a CUDA device (skipping, with `skipped: …` on its own line, without one) with the
-//! source overwritten right after each non-blocking call, through the loader, and to two
-//! devices (on a one-GPU machine, twice to that GPU, printing `partly skipped: …`).
+//! source overwritten right after each non-blocking call, through the loader, and to every
+//! GPU of the machine (on a one-GPU machine, twice to that GPU, printing `partly skipped: …`).
 
 use pinnable::loader::{FnDataset, Loader};
 use pinnable::{
@@ -11,6 +11,7 @@ use pinnable::{
 use pinnable_harness::{bytes_of, cuda_or_skip, cuda_targets_or_skip, random_tensor, rng};
 use rand::Rng;
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 
 const DTYPES: [DType; 5] = [DType::U8, DType::I32, DType::F32, DType::I64, DType::BF16];
 
@@ -342,8 +343,8 @@ fn the_loader_gathers_batches_on_the_device_from_a_pinned_dataset() {
 }
 
 #[test]
-fn a_gathered_batch_fans_out_to_two_devices() {
-    let test = "a_gathered_batch_fans_out_to_two_devices";
+fn a_gathered_batch_fans_out_to_every_device() {
+    let test = "a_gathered_batch_fans_out_to_every_device";
     let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
@@ -362,31 +363,36 @@ fn a_gathered_batch_fans_out_to_two_devices() {
             FanoutRoute::HostToEach,
             FanoutRoute::HostThenPeer,
         ][i % 3];
-        let copies = g.to_devices_by(&devices, true, route).unwrap();
-        assert_eq!(copies.len(), devices.len(), "one copy a target");
+        // Every device, in a new order each time: each in turn is the first (the source of
+        // `HostThenPeer`'s peer copies).
+        let mut targets = devices.clone();
+        targets.shuffle(&mut r);
+        let copies = g.to_devices_by(&targets, true, route).unwrap();
+        assert_eq!(copies.len(), targets.len(), "one copy a target");
         drop(g);
         overwrite(&mut src);
-        for (k, c) in copies.iter().enumerate() {
+        for (c, on) in copies.iter().zip(&targets) {
             let t = c.tensor().unwrap();
-            assert_eq!(t.device().ordinal(), devices[k].ordinal());
+            assert_eq!(t.device().ordinal(), on.ordinal());
             assert_eq!(
                 bytes_of(&t.to_cpu(false).unwrap()),
                 want,
-                "{route:?}, target {k}"
+                "{route:?}, to {on}, batch {i}"
             );
         }
     }
 }
 
 #[test]
-fn gathering_loaders_feed_two_devices_at_once_each_its_own_shard() {
-    let test = "gathering_loaders_feed_two_devices_at_once_each_its_own_shard";
+fn gathering_loaders_feed_every_device_at_once_each_its_own_shard() {
+    let test = "gathering_loaders_feed_every_device_at_once_each_its_own_shard";
     let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
     let mut r = rng(test);
-    let n = 2 * r.random_range(100..300);
-    let row = r.random_range(1..30_000);
+    let n = devices.len() * r.random_range(100..300);
+    // No more bytes in all than with two devices, whatever their number.
+    let row = r.random_range(1..60_000 / devices.len());
     let images = source(&mut r, n, row, true);
     let labels = Tensor::pinned_from_fn(&[n], |i| i as i64).unwrap();
     let (im, lb) = (images.clone(), labels.clone());
@@ -426,8 +432,12 @@ fn gathering_loaders_feed_two_devices_at_once_each_its_own_shard() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(shares[0].len(), n / 2);
-    assert_eq!(shares[1].len(), n / 2);
+    let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        vec![n / devices.len(); devices.len()],
+        "equal shares"
+    );
     let mut all = shares.concat();
     all.sort_unstable();
     assert_eq!(all, (0..n).collect::<Vec<_>>(), "disjoint and complete");

@@ -1,8 +1,7 @@
 //! One process feeding several devices: `build_per_device` gives each device its own shard of
-//! every epoch, disjoint and together complete. On CUDA, both loaders run at once on their own
-//! threads and deliver to their own devices (on a one-GPU machine, both to that GPU, printing
-//! `partly skipped: …`).
-
+//! every epoch, disjoint and together complete. On CUDA, one loader a GPU, every GPU of the
+//! machine, all running at once on their own threads and delivering to their own devices (on a
+//! one-GPU machine, two loaders to that GPU, printing `partly skipped: …`).
 use pinnable::loader::{FnDataset, Loader, Stack};
 use pinnable::{DType, Device, Tensor, ToDevice};
 use pinnable_harness::{cuda_targets_or_skip, random_tensor, rng};
@@ -74,18 +73,21 @@ fn each_device_gets_a_disjoint_share_of_every_epoch() {
 }
 
 #[test]
-fn two_gpus_are_fed_at_once_each_its_own_shard() {
-    let Some(devices) = cuda_targets_or_skip("two_gpus_are_fed_at_once_each_its_own_shard") else {
+fn every_gpu_is_fed_at_once_each_its_own_shard() {
+    let test = "every_gpu_is_fed_at_once_each_its_own_shard";
+    let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
-    let mut r = rng("two_gpus_are_fed_at_once_each_its_own_shard");
-    let len = 2 * r.random_range(100..400);
+    let mut r = rng(test);
+    let n = devices.len();
+    let len = n * r.random_range(100..400);
     let loaders = Loader::builder(dataset(images(&mut r, len)))
         .batch_size(r.random_range(4..32))
         .shuffle(r.random())
         .workers(3)
         .build_per_device(&devices, Stack)
         .unwrap();
+    assert_eq!(loaders.len(), n, "one loader a device");
     let shares: Vec<Vec<i64>> = std::thread::scope(|s| {
         let handles: Vec<_> = loaders
             .iter()
@@ -94,8 +96,8 @@ fn two_gpus_are_fed_at_once_each_its_own_shard() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(shares[0].len(), len / 2);
-    assert_eq!(shares[1].len(), len / 2);
+    let sizes: Vec<usize> = shares.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![len / n; n], "equal shares");
     let mut all: Vec<i64> = shares.concat();
     all.sort_unstable();
     assert_eq!(
