@@ -1,6 +1,8 @@
-//! Moving batches to a CUDA device and back: bit-exact round trips and the hazards of
-//! asynchronous copies. Every test skips (printing `skipped: …`) without a GPU, and fails
-//! instead under `PINNABLE_REQUIRE_GPU=1`.
+//! Moving batches to a CUDA device and back, and from device to device through every GPU of
+//! the machine: bit-exact round trips and the hazards of asynchronous copies. Every test skips
+//! (printing `skipped: …`) without a GPU, and fails instead under `PINNABLE_REQUIRE_GPU=1`; on
+//! a one-GPU machine the device-to-device test passes through that GPU twice (printing
+//! `partly skipped: …`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -8,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use pinnable::{DType, Device, Error, Pinnable, Placement, Tensor, ToDevice};
 use pinnable_harness::{
-    bytes_of, cuda_or_skip, cuda_pair_or_skip, hold_stream, random_batch, random_tensor, rng,
+    bytes_of, cuda_or_skip, cuda_targets_or_skip, hold_stream, random_batch, random_tensor, rng,
 };
 use rand::Rng;
+use rand::seq::SliceRandom;
 
 /// The tests share one copy stream per device, and several hold it on purpose to race a copy;
 /// a test running beside them (or a driver call that waits for the whole device) would skew
@@ -355,24 +358,32 @@ fn a_walk_that_moves_more_than_it_measured_still_moves_right() {
 }
 
 #[test]
-fn batches_move_between_two_devices() {
+fn batches_move_from_device_to_device_through_every_gpu() {
     let _serial = serial();
-    let Some((d0, d1)) = cuda_pair_or_skip("batches_move_between_two_devices") else {
+    let test = "batches_move_from_device_to_device_through_every_gpu";
+    let Some(devices) = cuda_targets_or_skip(test) else {
         return;
     };
-    let mut r = rng("batches_move_between_two_devices");
-    for _ in 0..20 {
+    let mut r = rng(test);
+    for i in 0..20 {
         let batch = random_batch(&mut r, 6);
-        let on0 = batch.to_device(&d0, r.random_bool(0.5)).unwrap();
-        let on1 = on0.to_device(&d1, r.random_bool(0.5)).unwrap();
-        drop(on0);
-        for t in &on1 {
-            assert_eq!(t.placement(), Placement::Cuda(1));
+        // Through every device in a new order, each hop's source dropped as soon as it is
+        // enqueued; the last hop's values hold only if every hop's did.
+        let mut path = devices.clone();
+        path.shuffle(&mut r);
+        let mut on = batch.to_device(&path[0], r.random_bool(0.5)).unwrap();
+        for d in &path[1..] {
+            on = on.to_device(d, r.random_bool(0.5)).unwrap();
+            let ordinal = d.ordinal().expect("a CUDA device");
+            for t in &on {
+                assert_eq!(t.placement(), Placement::Cuda(ordinal), "batch {i}");
+            }
         }
-        let back = on1.to_cpu(r.random_bool(0.5)).unwrap();
+        let back = on.to_cpu(r.random_bool(0.5)).unwrap();
         assert_eq!(back.len(), batch.len());
+        let through: Vec<String> = path.iter().map(ToString::to_string).collect();
         for (a, b) in batch.iter().zip(&back) {
-            assert_eq!(bytes_of(b), bytes_of(a));
+            assert_eq!(bytes_of(b), bytes_of(a), "batch {i}, through {through:?}");
         }
     }
 }
