@@ -1,6 +1,8 @@
-//! One batch to two GPUs (`ToDevices`): each route against one host-to-device copy of the
-//! batch, two such copies at once (the aggregate ceiling), and two `to_device` calls one after
-//! the other. Prints a markdown table and writes it to `$PINNABLE_BENCH_OUT/fanout.md`.
+//! One batch to every GPU of the machine (`ToDevices`, N ≥ 2 devices): each route at N against
+//! one host-to-device copy to one GPU, N such copies at once (the aggregate ceiling; a fan-out's
+//! bar is 0.9× its speed or more), and N `to_device` calls one after the other. Prints a
+//! markdown table and the route `FanoutRoute::Auto` takes at N, and writes both to
+//! `$PINNABLE_BENCH_OUT/fanout.md`. With fewer than two GPUs it prints `skipped: …`.
 //!
 //! Each figure is one call and its sync, repeated (the median of the repeats): no stream of
 //! batches runs here.
@@ -8,9 +10,11 @@
 use cudarc::driver::{result, sys};
 use pinnable::{DType, Device, FanoutRoute, Pinnable, Tensor, ToDevice, ToDevices};
 use pinnable_harness::bench::{Table, check, time};
-use pinnable_harness::{cuda_pair_or_skip, random_tensor, rng};
+use pinnable_harness::{cuda_devices_or_skip, random_tensor, rng, skip_line};
 
 const BYTES: usize = 256 << 20;
+/// The bar for fanning out: at least this fraction of N raw copies at once (their time / ours).
+const BAR: f64 = 0.9;
 
 /// Raw copies of `BYTES` from one pinned buffer to each of `devices` at once, each on its own
 /// device's copy stream, then a sync of each: the ceiling for fanning out.
@@ -52,18 +56,26 @@ fn raw_copies(devices: &[Device]) -> f64 {
 }
 
 fn main() {
-    let Some((d0, d1)) = cuda_pair_or_skip("bench fanout") else {
+    let Some(devices) = cuda_devices_or_skip("bench fanout") else {
         return;
     };
+    let n = devices.len();
+    if n < 2 {
+        skip_line("skipped: bench fanout: needs two CUDA devices, found one");
+        return;
+    }
     let mut r = rng("bench fanout");
-    let devices = [d0.clone(), d1.clone()];
-    let mut t = Table::new(&format!(
-        "# one batch to two GPUs\n\ndevices: {} ({}), {} ({})\n",
-        d0.name(),
-        d0.pcie_bus_id().unwrap_or_default(),
-        d1.name(),
-        d1.pcie_bus_id().unwrap_or_default()
-    ));
+    let names: String = devices
+        .iter()
+        .map(|d| {
+            format!(
+                "\n- {d}: {} ({})",
+                d.name(),
+                d.pcie_bus_id().unwrap_or_default()
+            )
+        })
+        .collect();
+    let mut t = Table::new(&format!("# one batch to {n} GPUs\n\ndevices:{names}\n"));
     let one = raw_copies(&devices[..1]);
     t.row(
         "raw: one cuMemcpyHtoDAsync of 256 MiB + sync (one GPU's ceiling)",
@@ -71,75 +83,100 @@ fn main() {
         BYTES,
         None,
     );
-    let both = raw_copies(&devices);
+    let all = raw_copies(&devices);
     t.row(
-        "raw: the same to both GPUs at once (aggregate ceiling)",
-        both,
-        2 * BYTES,
-        Some(("2 × one GPU", 2.0 * one)),
+        &format!("raw: the same to all {n} GPUs at once (aggregate ceiling)"),
+        all,
+        n * BYTES,
+        Some((&format!("{n} × one GPU"), n as f64 * one)),
     );
-
     let batch: Vec<Tensor> = vec![random_tensor(&mut r, DType::F32, &[BYTES / 4])];
-    let pinned = batch.pin_memory().unwrap();
+    let ratios = pinned_rows(&mut t, &devices, &batch.pin_memory().unwrap(), one, all);
+    pageable_rows(&mut t, &devices, &batch, one);
+    t.note(&format!(
+        "\nAuto takes {:?} for {n} devices. Against raw copies to all {n} at once (bar: \
+         {BAR:.2}× or more): {}.\n",
+        FanoutRoute::Auto.resolve(&devices),
+        ratios.join(", ")
+    ));
+    t.save("fanout.md");
+}
+
+/// The rows of a pinned batch: `devices.len()` calls in sequence, each route at once against
+/// the raw ceilings (`one` GPU's copy, `all` at once), and one device-to-device copy. Returns
+/// each route's ratio against `all`, for the note under the table.
+fn pinned_rows(
+    t: &mut Table,
+    devices: &[Device],
+    pinned: &Vec<Tensor>,
+    one: f64,
+    all: f64,
+) -> Vec<String> {
+    let n = devices.len();
     let sequential = time(3, 20, || {
-        for d in &devices {
+        for d in devices {
             drop(pinned.to_device(d, false).unwrap());
         }
     });
     t.row(
-        "ours: two to_device(false) calls, one after the other",
+        &format!("ours: {n} to_device(false) calls, one after the other"),
         sequential,
-        2 * BYTES,
+        n * BYTES,
         None,
     );
+    let mut ratios = Vec::new();
     for (name, route) in [
         ("Auto", FanoutRoute::Auto),
         ("HostToEach", FanoutRoute::HostToEach),
         ("HostThenPeer", FanoutRoute::HostThenPeer),
     ] {
         let ours = time(3, 20, || {
-            drop(pinned.to_devices_by(&devices, false, route).unwrap())
+            drop(pinned.to_devices_by(devices, false, route).unwrap())
         });
-        let what = format!("ours: pinned 256 MiB to_devices_by({name}) + sync");
-        t.row(&what, ours, 2 * BYTES, Some(("one GPU's one copy", one)));
+        let what = format!("ours: pinned 256 MiB to_devices_by({name}) to {n} GPUs + sync");
         t.row(
             &what,
             ours,
-            2 * BYTES,
-            Some(("two calls in sequence", sequential)),
+            n * BYTES,
+            Some((&format!("raw to all {n} at once"), all)),
         );
-        t.row(&what, ours, 2 * BYTES, Some(("raw to both at once", both)));
+        let in_sequence = format!("{n} calls in sequence");
+        t.row(&what, ours, n * BYTES, Some((&in_sequence, sequential)));
+        t.row(&what, ours, n * BYTES, Some(("one GPU's one copy", one)));
+        let ratio = all / ours;
+        let under = if ratio < BAR { " (under the bar)" } else { "" };
+        ratios.push(format!("{name} {ratio:.2}×{under}"));
     }
-    let on0 = pinned.to_device(&d0, false).unwrap();
-    let d2d = time(3, 20, || drop(on0.to_device(&d1, false).unwrap()));
+    let on0 = pinned.to_device(&devices[0], false).unwrap();
+    let d2d = time(3, 20, || drop(on0.to_device(&devices[1], false).unwrap()));
     t.row(
         "ours: 256 MiB cuda:0 → cuda:1, to_device(false)",
         d2d,
         BYTES,
         Some(("one host copy", one)),
     );
-    drop(on0);
-    let pageable = time(2, 10, || drop(batch.to_devices(&devices, false).unwrap()));
+    ratios
+}
+
+/// The rows of a pageable batch: pinned once for every device, against staged once a device.
+fn pageable_rows(t: &mut Table, devices: &[Device], batch: &Vec<Tensor>, one: f64) {
+    let n = devices.len();
+    let pageable = time(2, 10, || drop(batch.to_devices(devices, false).unwrap()));
     t.row(
-        "ours: pageable 256 MiB to_devices(Auto) (pinned once) + sync",
+        &format!("ours: pageable 256 MiB to_devices(Auto) to {n} GPUs (pinned once) + sync"),
         pageable,
-        2 * BYTES,
+        n * BYTES,
         Some(("one GPU's one copy", one)),
     );
-    let pageable_seq = time(2, 10, || {
-        for d in &devices {
+    let staged = time(2, 10, || {
+        for d in devices {
             drop(batch.to_device(d, false).unwrap());
         }
     });
     t.row(
-        "ours: pageable 256 MiB, two to_device(false) calls (staged twice)",
-        pageable_seq,
-        2 * BYTES,
+        &format!("ours: pageable 256 MiB, {n} to_device(false) calls (staged {n} times)"),
+        staged,
+        n * BYTES,
         Some(("to_devices", pageable)),
     );
-    t.note(&format!(
-        "\nAuto resolves to {:?} for two devices.\n",
-        FanoutRoute::Auto.resolve(&devices)
-    ));
-    t.save("fanout.md");
 }

@@ -287,24 +287,6 @@ pub fn cuda_devices_or_skip(test: &str) -> Option<Vec<Device>> {
     Some(std::iter::once(first).chain(rest).collect())
 }
 
-/// CUDA devices 0 and 1, or `None` after printing `skipped: <test>: <reason>` on its own line.
-/// A one-GPU machine is not a missing GPU: there, the skip never fails, even under
-/// `PINNABLE_REQUIRE_GPU=1`.
-///
-/// # Panics
-///
-/// When there is no device at all and `PINNABLE_REQUIRE_GPU=1`.
-pub fn cuda_pair_or_skip(test: &str) -> Option<(Device, Device)> {
-    let d0 = cuda_or_skip(test)?;
-    match Device::cuda(1) {
-        Ok(d1) => Some((d0, d1)),
-        Err(_) => {
-            skip_line(format_args!("skipped: {test}: needs two CUDA devices"));
-            None
-        }
-    }
-}
-
 /// The targets of a test across devices: every CUDA device ([`cuda_devices_or_skip`]), or, on a
 /// one-GPU machine, device 0 twice, after printing `partly skipped: <test>: …` on its own line.
 /// Everything but the crossing between GPUs (their own links, peer copies) still runs there, and
