@@ -18,8 +18,10 @@ pub enum FanoutRoute {
     HostThenPeer,
 }
 
-/// Up to this many devices, [`FanoutRoute::Auto`] copies from the host to each. Measured on two
-/// H200s (NVLink between them, each on its own PCIe Gen5 x16 link): see BENCHMARKS.md.
+/// Up to this many devices, [`FanoutRoute::Auto`] copies from the host to each. Measured at two
+/// devices only (two H200s, NVLink between them, each on its own PCIe Gen5 x16 link: see
+/// BENCHMARKS.md); the cut-over at four is not, and `benches/fanout` compares both routes at
+/// every GPU of a machine.
 pub(crate) const HOST_TO_EACH_MAX: usize = 4;
 
 impl FanoutRoute {
