@@ -82,6 +82,11 @@ fn own_pool(device: &Device) -> PinnedPool {
     })
 }
 
+/// The cores each of `loaders` loaders may use: `set` by hand, else its share of `total`.
+pub(crate) fn cores_each(set: Option<usize>, total: usize, loaders: usize) -> usize {
+    set.unwrap_or(total / loaders.max(1)).max(1)
+}
+
 /// The cores a loader's workers may use by default: those this process may run on, less an
 /// eighth of them (at least one) left for the training step; at least one.
 pub(crate) fn default_cores() -> usize {
@@ -155,7 +160,9 @@ impl<Src> LoaderBuilder<Src> {
     /// By default the cores this process may run on, less an eighth of them (at least one)
     /// left for the training step: 14 of 16, 28 of 32. Batches ahead are bounded by as many,
     /// so pinned memory stays within [`Loader::bound`] batches whatever the tuning does. No
-    /// effect on a worker count set by hand.
+    /// effect on a worker count set by hand. The loaders of
+    /// [`build_per_device`](Self::build_per_device) share the default, each the same part;
+    /// cores set here are each one's.
     pub fn cores(mut self, cores: usize) -> Self {
         self.cores = Some(cores.max(1));
         self
@@ -325,8 +332,10 @@ impl<Src> LoaderBuilder<Src> {
     }
 
     /// The worker count and batches ahead this builder sets, as a tuner.
-    fn knobs(&self) -> Tuner {
-        let cores = self.cores.unwrap_or_else(default_cores);
+    /// The tuning of one of `loaders` loaders that share this process's cores: by default each
+    /// gets its share of [`default_cores`]; cores set by hand are each loader's.
+    fn knobs(&self, loaders: usize) -> Tuner {
+        let cores = cores_each(self.cores, default_cores(), loaders);
         let tuner = Tuner::new(self.workers, self.prefetch, cores, cores.min(START_WORKERS));
         #[cfg(test)]
         let tuner = tuner.with_chaos(self.chaos);
@@ -429,7 +438,7 @@ impl<S: Source> LoaderBuilder<S> {
             &sampler,
         )?;
         let pool = self.pool_or_own();
-        let knobs = self.knobs();
+        let knobs = self.knobs(1);
         let loader = Loader::from_parts(
             Arc::new(self.source),
             Arc::new(batcher),
@@ -451,9 +460,10 @@ impl<S: Source> LoaderBuilder<S> {
     /// its own pinned pool (on the device's NUMA node, unless [`pool`](Self::pool) gave one to
     /// share), and its device's copy stream. The source and the batcher are shared; a batcher
     /// that builds on the GPU reads each batch's device from its
-    /// [`Collator`](super::Collator::device). Worker and prefetch settings apply to each
-    /// loader. Run each loader's epochs on a thread of its own, as each GPU's training step
-    /// does.
+    /// [`Collator`](super::Collator::device). Worker, prefetch and [`cores`](Self::cores)
+    /// settings apply to each loader; left to their defaults, the loaders share the process's
+    /// cores (each tunes within its share). Run each loader's epochs on a thread of its own, as
+    /// each GPU's training step does.
     ///
     /// A position given to [`resume`](Self::resume) (saved by any one of the loaders) resumes
     /// every loader at its epoch and batch: data-parallel steps take one batch on every
@@ -512,7 +522,7 @@ impl<S: Source> LoaderBuilder<S> {
             &samplers[k],
         )?;
         let shared_pool = self.pool.take();
-        let knobs = self.knobs();
+        let knobs = self.knobs(n);
         let (source, batcher) = (Arc::new(self.source), Arc::new(batcher));
         let resume = self.resume;
         Ok(devices

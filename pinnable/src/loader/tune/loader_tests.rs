@@ -207,3 +207,45 @@ fn epochs_shorter_than_a_window_are_tuned_across_epochs() {
     assert!(decisions > 0, "no decision in 60 short epochs");
     assert!(loader.workers() > 4, "{} workers", loader.workers());
 }
+
+#[test]
+fn loaders_of_one_process_share_its_cores_by_default() {
+    use crate::loader::builder::{cores_each, default_cores};
+    let mut r = SplitMix64::for_test("loaders_of_one_process_share_its_cores_by_default");
+    for _ in 0..100 {
+        let (total, loaders) = (1 + r.below(256) as usize, 1 + r.below(16) as usize);
+        let each = cores_each(None, total, loaders);
+        assert!(each >= 1 && (each * loaders <= total || each == 1));
+        assert!(
+            each * loaders + loaders > total,
+            "{total} cores, {loaders} loaders: {each}"
+        );
+        let set = 1 + r.below(64) as usize;
+        assert_eq!(cores_each(Some(set), total, loaders), set);
+    }
+    // In a built loader: `bound` is the most workers and the most batches ahead (as many, at
+    // least 2) the tuning may set, and one more.
+    let bound = |cores: usize| cores + cores.max(2) + 1;
+    let n = 2 + r.below(4) as usize;
+    let devices = vec![crate::Device::cpu(); n];
+    let build = |cores: Option<usize>| {
+        let b = Loader::builder(slow(64, 1, Duration::ZERO)).batch_size(4);
+        match cores {
+            Some(c) => b.cores(c),
+            None => b,
+        }
+        .build_per_device(&devices, Stack)
+        .unwrap()
+    };
+    let share = cores_each(None, default_cores(), n);
+    for l in build(None) {
+        assert_eq!(l.bound(), bound(share), "{n} loaders");
+        assert!(l.workers() <= share);
+    }
+    // Set by hand, each loader's.
+    let cores = 1 + r.below(6) as usize;
+    assert!(build(Some(cores)).iter().all(|l| l.bound() == bound(cores)));
+    // One loader alone has them all.
+    let one = Loader::builder(slow(64, 1, Duration::ZERO)).batch_size(4);
+    assert_eq!(one.build(Stack).unwrap().bound(), bound(default_cores()));
+}
