@@ -17,8 +17,15 @@ pub struct PinnedBlock {
     len: usize,
     class: SizeClass,
     kind: BackendKind,
-    uses: Mutex<Vec<Arc<dyn Fence>>>,
+    uses: Mutex<Uses>,
     pool: Arc<PoolInner>,
+}
+
+/// The fences recorded on a block, and the count at which the completed ones are pruned next.
+#[derive(Default)]
+struct Uses {
+    fences: Vec<Arc<dyn Fence>>,
+    prune_at: usize,
 }
 
 // SAFETY: the block owns its memory exclusively; the raw pointer is only a handle to it, and the
@@ -28,7 +35,10 @@ unsafe impl Send for PinnedBlock {}
 // writing the bytes goes through `unsafe` methods whose callers uphold exclusivity.
 unsafe impl Sync for PinnedBlock {}
 
-/// Completed fences are pruned when a block has recorded this many.
+/// Completed fences are pruned when a block has recorded this many, or twice as many as the
+/// last pruning left running: each pruning asks every fence, so a block read by many copies at
+/// once (a pinned array that several devices gather from) costs at most two questions a copy,
+/// not one for every copy still running.
 const PRUNE_AT: usize = 8;
 
 impl PinnedBlock {
@@ -38,12 +48,12 @@ impl PinnedBlock {
             len,
             class,
             kind: raw.kind,
-            uses: Mutex::new(Vec::new()),
+            uses: Mutex::new(Uses::default()),
             pool,
         }
     }
 
-    fn uses(&self) -> std::sync::MutexGuard<'_, Vec<Arc<dyn Fence>>> {
+    fn uses(&self) -> std::sync::MutexGuard<'_, Uses> {
         self.uses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -86,23 +96,24 @@ impl PinnedBlock {
     /// [`wait_uses`](Self::wait_uses) does not return, until it completes.
     pub fn record_use(&self, fence: Arc<dyn Fence>) {
         let mut uses = self.uses();
-        if uses.len() >= PRUNE_AT {
-            uses.retain(|f| !f.is_complete());
+        if uses.fences.len() >= uses.prune_at.max(PRUNE_AT) {
+            uses.fences.retain(|f| !f.is_complete());
+            uses.prune_at = 2 * uses.fences.len();
         }
-        uses.push(fence);
+        uses.fences.push(fence);
     }
 
     /// Blocks until every recorded use has completed.
     pub fn wait_uses(&self) {
         let uses = std::mem::take(&mut *self.uses());
-        for f in uses {
+        for f in uses.fences {
             f.wait();
         }
     }
 
     /// How many recorded uses are still running.
     pub fn pending_uses(&self) -> usize {
-        let uses = self.uses().clone();
+        let uses = self.uses().fences.clone();
         uses.iter().filter(|f| !f.is_complete()).count()
     }
 
@@ -132,7 +143,13 @@ impl PinnedBlock {
 
 impl Drop for PinnedBlock {
     fn drop(&mut self) {
-        let mut fences = std::mem::take(self.uses.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut fences = std::mem::take(
+            &mut self
+                .uses
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .fences,
+        );
         fences.retain(|f| !f.is_complete());
         self.pool.counters.take_back(self.class.capacity, self.len);
         let raw = RawBlock {

@@ -207,6 +207,55 @@ fn a_returned_block_moves_earlier_completed_blocks_to_the_cache() {
     assert_eq!((s.cached_bytes, s.pending_bytes), (3 * page, 0), "{s}");
 }
 
+/// A fence that counts how often it is asked.
+struct Counted(Arc<Flag>, Arc<std::sync::atomic::AtomicUsize>);
+
+impl Fence for Counted {
+    fn is_complete(&self) -> bool {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.is_complete()
+    }
+
+    fn wait(&self) {
+        self.0.wait()
+    }
+}
+
+#[test]
+fn a_block_read_by_many_copies_at_once_asks_each_fence_about_twice() {
+    // A pinned array several devices gather from: every copy fences it, and many run at once.
+    let mut r = crate::loader::SplitMix64::for_test("a_block_read_by_many_copies");
+    let p = pool(PoolConfig::default());
+    let a = p.alloc(10).unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let running = 16 + r.below(if cfg!(miri) { 40 } else { 200 }) as usize; // at once
+    let copies = 20 * running + r.below(1000) as usize;
+    let mut flags: std::collections::VecDeque<Arc<Flag>> = Default::default();
+    for _ in 0..copies {
+        let f = Arc::new(Flag::default());
+        a.record_use(Arc::new(Counted(f.clone(), asked.clone())));
+        flags.push_back(f);
+        if flags.len() > running {
+            flags.pop_front().unwrap().complete();
+        }
+    }
+    let asked = asked.load(Ordering::Relaxed);
+    assert!(
+        asked <= 2 * copies + 8,
+        "{asked} questions for {copies} copies, {running} at once"
+    );
+    // Nothing still running was forgotten.
+    assert_eq!(a.pending_uses(), running.min(copies));
+    let last = flags.clone();
+    let t = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(2));
+        last.iter().for_each(|f| f.complete());
+    });
+    a.wait_uses();
+    assert!(flags.iter().all(|f| f.is_complete()));
+    t.join().unwrap();
+}
+
 #[test]
 fn wait_uses_waits_for_every_fence() {
     let p = pool(PoolConfig::default());
