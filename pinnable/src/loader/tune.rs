@@ -2,7 +2,10 @@
 //!
 //! The consumer's thread measures windows of the epoch (at least [`WINDOW`] and
 //! [`WINDOW_BATCHES`] batches) from the counters the pipeline keeps anyway: the batches taken,
-//! the consumer's wait, and the workers' busy time. From each window the [`Tuner`] decides:
+//! the consumer's wait, and the workers' busy time. Windows run on across epochs; where the
+//! epochs are short (under [`SHORT_EPOCH`]) they end only with an epoch, so that each holds
+//! whole epochs (an epoch's start, with its fill, in a window or not would move its rate more
+//! than a worker does). From each window the [`Tuner`] decides:
 //!
 //! - **Climb.** While the consumer waits for data (more than [`STARVED`] of the window) and the
 //!   workers are busy, add workers — half as many again, at least one — up to the limit, and
@@ -48,6 +51,8 @@ pub(crate) const START_WORKERS: usize = 4;
 pub(crate) const WINDOW: Duration = Duration::from_millis(100);
 /// The fewest batches in a window.
 pub(crate) const WINDOW_BATCHES: u64 = 16;
+/// Epochs shorter than this are judged whole: a window ends only with an epoch.
+pub(crate) const SHORT_EPOCH: Duration = Duration::from_millis(400);
 /// The share of a window the consumer may wait before the loader counts as too slow. Low: a
 /// worker more than needed costs little (it waits for a free batch slot, idle), a consumer
 /// that waits costs the training step.
@@ -176,6 +181,8 @@ pub(crate) struct Tuner {
     /// The part of a window the last epoch ended in, counted on in the next: epochs shorter
     /// than a window are tuned too.
     carried: Option<Window>,
+    /// How long the last epoch ran, from its start to its end (or its drop).
+    epoch: Option<Duration>,
     /// For tests: a random change after every batch instead of the tuning.
     #[cfg(test)]
     chaos: Option<crate::loader::SplitMix64>,
@@ -206,6 +213,7 @@ impl Tuner {
             reopened: None,
             may_descend: true,
             carried: None,
+            epoch: None,
             #[cfg(test)]
             chaos: None,
         };

@@ -168,18 +168,28 @@ pub struct Tuning {
     pub timed: usize,
     /// When the last of them came, from the timed epoch's start.
     pub last_timed: Option<Duration>,
+    /// Every decision, untimed and timed, each with its time from the first untimed epoch's
+    /// start, as the loader's stats `Display` it.
+    pub steps: Vec<String>,
 }
 
 impl Tuning {
     /// From the figures of the untimed epochs ([`settle`]) and of the timed epoch, taken at its
     /// end (or at the end of its window).
     pub fn new(settling: &[EpochStats], timed: &EpochStats) -> Tuning {
-        let (mut untimed, mut settled_at) = (Duration::ZERO, None);
-        for e in settling {
-            if let Some(d) = e.tuning.last() {
-                settled_at = Some(untimed + d.at);
+        let (mut untimed, mut settled_at, mut steps) = (Duration::ZERO, None, Vec::new());
+        for (k, e) in settling.iter().chain([timed]).enumerate() {
+            for d in &e.tuning {
+                let mut d = d.clone();
+                d.at += untimed;
+                steps.push(d.to_string());
             }
-            untimed += e.elapsed;
+            if k < settling.len() {
+                if let Some(d) = e.tuning.last() {
+                    settled_at = Some(untimed + d.at);
+                }
+                untimed += e.elapsed;
+            }
         }
         Tuning {
             workers: timed.workers,
@@ -189,6 +199,7 @@ impl Tuning {
             settled_at,
             timed: timed.tuning.len(),
             last_timed: timed.tuning.last().map(|d| d.at),
+            steps,
         }
     }
 }
@@ -254,6 +265,9 @@ pub fn auto_notes(rows: &[(String, Tuning)]) -> Option<String> {
     let mut s = format!("\n{}; where the tuning left them:\n", auto_note());
     for (row, tuning) in rows {
         s.push_str(&format!("\n- {row}: {tuning}"));
+        for step in &tuning.steps {
+            s.push_str(&format!("\n  - {step}"));
+        }
     }
     Some(s)
 }
