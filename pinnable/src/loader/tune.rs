@@ -2,10 +2,7 @@
 //!
 //! The consumer's thread measures windows of the epoch (at least [`WINDOW`] and
 //! [`WINDOW_BATCHES`] batches) from the counters the pipeline keeps anyway: the batches taken,
-//! the consumer's wait, and the workers' busy time. Windows run on across epochs; where the
-//! epochs are short (under [`SHORT_EPOCH`]) they end only with an epoch, so that each holds
-//! whole epochs (an epoch's start, with its fill, in a window or not would move its rate more
-//! than a worker does). From each window the [`Tuner`] decides:
+//! the consumer's wait, and the workers' busy time. From each window the [`Tuner`] decides:
 //!
 //! - **Climb.** While the consumer waits for data (more than [`STARVED`] of the window) and the
 //!   workers are busy, add workers — half as many again, at least one — up to the limit, and
@@ -19,10 +16,10 @@
 //!   its knee).
 //! - **Fewer.** The loader's first climb starts from a count no window chose. Where it keeps
 //!   no step up (more workers did not help, or the workers idle while the consumer waits),
-//!   a third fewer are tried, and fewer again while each try raises the rate by
-//!   [`FEWER_GAIN`]: workers that share an engine, a lock or memory bandwidth can be faster
-//!   fewer (two workers feed the GPU's JPEG engines faster than four). The first try that does
-//!   not help is undone (after its half step), and the count settles.
+//!   half as many are tried, and fewer again while each try raises the rate by [`FEWER_GAIN`]:
+//!   workers that share an engine, a lock or memory bandwidth can be faster fewer (two workers
+//!   feed the GPU's JPEG engines faster than four). A try that does not help is halved, like a
+//!   step up, then undone, and the count settles.
 //! - **Settled.** Nothing changes while the load holds. A load that changes starts a new
 //!   climb once [`REOPEN_OF`] of the last [`REOPEN_LAST`] windows show it: where the consumer
 //!   was fed at the settled count, it waits again (and the count has been held for its
@@ -51,8 +48,6 @@ pub(crate) const START_WORKERS: usize = 4;
 pub(crate) const WINDOW: Duration = Duration::from_millis(100);
 /// The fewest batches in a window.
 pub(crate) const WINDOW_BATCHES: u64 = 16;
-/// Epochs shorter than this are judged whole: a window ends only with an epoch.
-pub(crate) const SHORT_EPOCH: Duration = Duration::from_millis(400);
 /// The share of a window the consumer may wait before the loader counts as too slow. Low: a
 /// worker more than needed costs little (it waits for a free batch slot, idle), a consumer
 /// that waits costs the training step.
@@ -181,8 +176,6 @@ pub(crate) struct Tuner {
     /// The part of a window the last epoch ended in, counted on in the next: epochs shorter
     /// than a window are tuned too.
     carried: Option<Window>,
-    /// How long the last epoch ran, from its start to its end (or its drop).
-    epoch: Option<Duration>,
     /// For tests: a random change after every batch instead of the tuning.
     #[cfg(test)]
     chaos: Option<crate::loader::SplitMix64>,
@@ -213,7 +206,6 @@ impl Tuner {
             reopened: None,
             may_descend: true,
             carried: None,
-            epoch: None,
             #[cfg(test)]
             chaos: None,
         };
@@ -476,7 +468,7 @@ impl Tuner {
         Some(self.set(to, at, reason))
     }
 
-    /// Tries fewer workers than `from` (a third fewer, at least one), against `from`'s window
+    /// Tries fewer workers than `from` (half as many, at least one fewer), against `from`'s window
     /// (`base`, `base_wait`); `why` says what led here.
     fn try_fewer(
         &mut self,
@@ -486,7 +478,7 @@ impl Tuner {
         at: Duration,
         why: String,
     ) -> Decision {
-        let to = from - (from / 3).max(1);
+        let to = from - (from / 2).max(1);
         self.may_descend = false;
         self.phase = Phase::Trial {
             from,

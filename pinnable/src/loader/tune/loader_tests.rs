@@ -198,52 +198,14 @@ fn epochs_shorter_than_a_window_are_tuned_across_epochs() {
         .build(Stack)
         .unwrap();
     let mut decisions = 0;
-    for k in 0..60 {
+    for _ in 0..60 {
         for b in &loader {
             b.unwrap();
         }
-        let stats = loader.stats().unwrap();
-        decisions += stats.tuning.len();
-        // From the second epoch on, epochs are known to be short and judged whole: a window
-        // that ended mid-epoch would hold one epoch start more or less than the next.
-        for d in stats.tuning.iter().filter(|_| k > 0) {
-            assert!(
-                d.at >= stats.elapsed,
-                "epoch {k}: {d} of {:?}",
-                stats.elapsed
-            );
-        }
+        decisions += loader.stats().unwrap().tuning.len();
     }
     assert!(decisions > 0, "no decision in 60 short epochs");
     assert!(loader.workers() > 4, "{} workers", loader.workers());
-}
-
-#[test]
-fn an_epoch_longer_than_the_last_one_is_tuned_within_it() {
-    // One short epoch (cut after a few batches), then a long one: the long one is judged in
-    // windows as it runs, not only at its end.
-    let loader = Loader::builder(slow(4 * 100_000, 8, Duration::from_micros(500)))
-        .batch_size(4)
-        .cores(12)
-        .build(Stack)
-        .unwrap();
-    for _ in 0..2 {
-        let mut e = loader.run_epoch(0);
-        for _ in 0..20 {
-            e.next().unwrap().unwrap();
-        }
-    }
-    let mut e = loader.run_epoch(1);
-    let start = std::time::Instant::now();
-    while start.elapsed() < Duration::from_millis(1500) {
-        e.next().expect("the epoch outlasts 1.5 s").unwrap();
-    }
-    let stats = e.stats();
-    assert!(
-        stats.tuning.iter().any(|d| d.at < stats.elapsed),
-        "no decision in 1.5 s of a long epoch: {:?}",
-        stats.tuning
-    );
 }
 
 #[test]

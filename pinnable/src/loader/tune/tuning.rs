@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{SHORT_EPOCH, Tuner, WINDOW, WINDOW_BATCHES, Window};
+use super::{Tuner, WINDOW, WINDOW_BATCHES, Window};
 use crate::loader::stats::Counters;
 
 /// The consumer's side of the tuning in a running epoch: it cuts the epoch into windows and
@@ -17,25 +17,20 @@ pub(crate) struct Tuning {
     filling: bool,
     /// What the last epoch measured of the current window.
     carried: Window,
-    /// Whether windows end only with an epoch: the loader's epochs are short (the last one
-    /// took less than [`SHORT_EPOCH`]), so a window cut mid-epoch would hold one epoch start
-    /// more or less than the next (each with its fill), and its rate would say more about where
-    /// it was cut than about the worker count.
-    whole_epochs: bool,
 }
 
 impl Tuning {
     pub(crate) fn new(tuner: Arc<Mutex<Tuner>>, counters: &Counters) -> Tuning {
-        let (carried, whole_epochs) = {
-            let mut t = tuner.lock().unwrap_or_else(|e| e.into_inner());
-            (t.carried.take(), t.epoch.is_some_and(|e| e < SHORT_EPOCH))
-        };
+        let carried = tuner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .carried
+            .take();
         Tuning {
             tuner,
             mark: Self::now(counters),
             filling: carried.is_none(),
             carried: carried.unwrap_or_default(),
-            whole_epochs,
         }
     }
 
@@ -53,30 +48,17 @@ impl Tuning {
         (window, now)
     }
 
-    /// The epoch ends: the window it was in goes on in the next epoch, or, where windows end
-    /// with an epoch and this one is complete, is judged now (the next epoch starts with the
-    /// knobs decided).
+    /// The epoch ends: the window it was in goes on in the next epoch.
     pub(crate) fn end(self, counters: &Counters) {
         let (window, _) = self.so_far(counters);
-        let judge = self.whole_epochs && !self.filling && complete(&window);
-        let decided = {
-            let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
-            tuner.epoch = Some(counters.age());
-            // After the loader's first epoch, the next window is judged with its fill in it
-            // (epochs too short for a window are mostly fill); one judged here is over.
-            tuner.carried = Some(if self.filling || judge {
-                Window::default()
-            } else {
-                window
-            });
-            judge
-                .then(|| tuner.observe(&window, counters.age()))
-                .flatten()
-                .map(|d| (d, tuner.workers(), tuner.prefetch()))
-        };
-        if let Some((decision, workers, prefetch)) = decided {
-            counters.decided(decision, workers, prefetch);
-        }
+        let mut tuner = self.tuner.lock().unwrap_or_else(|e| e.into_inner());
+        // After the loader's first epoch, the next window is judged with its fill in it:
+        // epochs too short for a window are mostly fill.
+        tuner.carried = Some(if self.filling {
+            Window::default()
+        } else {
+            window
+        });
     }
 
     fn now(counters: &Counters) -> (Instant, u64, Duration, Duration) {
@@ -98,10 +80,7 @@ impl Tuning {
             }
         }
         let (window, now) = self.so_far(counters);
-        // An epoch that runs on past SHORT_EPOCH is not short after all (the last one was cut
-        // short): its windows end as a long epoch's do.
-        self.whole_epochs &= window.elapsed < SHORT_EPOCH;
-        if self.whole_epochs || !complete(&window) {
+        if window.elapsed < WINDOW || window.batches < WINDOW_BATCHES {
             return None;
         }
         self.mark = now;
@@ -116,9 +95,4 @@ impl Tuning {
         counters.decided(decision, knobs.0, knobs.1);
         Some(knobs)
     }
-}
-
-/// Whether `w` is long enough to judge: [`WINDOW`] and [`WINDOW_BATCHES`] batches at least.
-fn complete(w: &Window) -> bool {
-    w.elapsed >= WINDOW && w.batches >= WINDOW_BATCHES
 }
