@@ -6,7 +6,8 @@
 //!
 //! - **Climb.** While the consumer waits for data (more than [`STARVED`] of the window) and the
 //!   workers are busy, add workers — half as many again, at least one — up to the limit, and
-//!   try the new count for a window after one window to settle.
+//!   try the new count over two windows (their mean: one window's rate moves with where it
+//!   was cut) after one window to settle.
 //! - **Keep or go back.** A step after which the consumer waits no more, or half as long, is
 //!   kept, as is one that raised the rate by at least [`GAIN`] and by a third of what its
 //!   added workers would add ideally ([`SHARE_OF_IDEAL`]); the climb goes on while the
@@ -130,13 +131,16 @@ enum Phase {
     /// Adding workers while the consumer waits.
     Climb,
     /// Trying the current count against `from` workers, whose window had the rate `base` and
-    /// the wait `base_wait`; the first window after the change is skipped (`settling`).
+    /// the wait `base_wait`; the first window after the change is skipped (`settling`), and the
+    /// trial is judged on the mean of the two after it (`first` holds the first one's rate and
+    /// wait): one window's rate moves by up to a tenth with where it was cut.
     /// `down`: the trial is of fewer workers.
     Trial {
         from: usize,
         base: f64,
         base_wait: f64,
         settling: bool,
+        first: Option<(f64, f64)>,
         down: bool,
     },
     /// Holding; `rate` is the settled rate (smoothed over the windows since), `anchor` the rate
@@ -260,18 +264,24 @@ impl Tuner {
                 base,
                 base_wait,
                 settling,
+                first,
                 down,
             } => {
-                if settling {
+                let Some((first_rate, first_wait)) = first.filter(|_| !settling) else {
+                    // The settling window, then the first judged one, kept for the mean.
                     self.phase = Phase::Trial {
                         from,
                         base,
                         base_wait,
                         settling: false,
+                        first: (!settling).then_some((rate, wait)),
                         down,
                     };
                     return None;
-                }
+                };
+                let rate = 0.5 * (first_rate + rate);
+                let wait = 0.5 * (first_wait + wait);
+                let starved = wait > STARVED;
                 let added = self.workers.saturating_sub(from) as f64 / from.max(1) as f64;
                 // Fed now, or waiting half as long as before (the rate of a window of few
                 // batches moves in steps), or the rate up by the step's share of its ideal (for
@@ -315,6 +325,7 @@ impl Tuner {
                         base,
                         base_wait,
                         settling: true,
+                        first: None,
                         down,
                     };
                     return Some(self.set(half, at, format!("{gave}: trying {half}")));
@@ -365,6 +376,7 @@ impl Tuner {
                         base: smoothed,
                         base_wait: wait,
                         settling: true,
+                        first: None,
                         down: false,
                     };
                     let why = format!(
@@ -463,6 +475,7 @@ impl Tuner {
             base: rate,
             base_wait: wait,
             settling: true,
+            first: None,
             down: false,
         };
         Some(self.set(to, at, reason))
@@ -485,6 +498,7 @@ impl Tuner {
             base,
             base_wait,
             settling: true,
+            first: None,
             down: true,
         };
         self.set(to, at, format!("{why}: trying {to}, fewer contend less"))
