@@ -331,9 +331,9 @@ impl<Src> LoaderBuilder<Src> {
         }
     }
 
-    /// The worker count and batches ahead this builder sets, as a tuner.
-    /// The tuning of one of `loaders` loaders that share this process's cores: by default each
-    /// gets its share of [`default_cores`]; cores set by hand are each loader's.
+    /// The worker count and batches ahead this builder sets, as the tuner of one of `loaders`
+    /// loaders that share this process's cores: by default each gets its share of
+    /// [`default_cores`]; cores set by hand are each loader's.
     fn knobs(&self, loaders: usize) -> Tuner {
         let cores = cores_each(self.cores, default_cores(), loaders);
         let tuner = Tuner::new(self.workers, self.prefetch, cores, cores.min(START_WORKERS));

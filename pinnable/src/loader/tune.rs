@@ -16,11 +16,13 @@
 //!   settles, since more workers only cost cores there (or slow a shared resource down, past
 //!   its knee).
 //! - **Fewer.** The loader's first climb starts from a count no window chose. Where it keeps
-//!   no step up (more workers did not help, or the workers idle while the consumer waits),
+//!   no step up (more workers did not help, the workers idle while the consumer waits, or the
+//!   start is the limit, as it can be for the loaders of one process that share its cores),
 //!   half as many are tried, and fewer again while each try raises the rate by [`FEWER_GAIN`]:
 //!   workers that share an engine, a lock or memory bandwidth can be faster fewer (two workers
-//!   feed the GPU's JPEG engines faster than four). A try that does not help is halved, like a
-//!   step up, then undone, and the count settles.
+//!   fed one H200's JPEG engines up to 1.17× faster than four). A try that lost the
+//!   removed workers' share of the rate (nothing was contended) is undone at once; one that
+//!   lost less is halved, like a step up, then undone, and the count settles.
 //! - **Settled.** Nothing changes while the load holds. A load that changes starts a new
 //!   climb once [`REOPEN_OF`] of the last [`REOPEN_LAST`] windows show it: where the consumer
 //!   was fed at the settled count, it waits again (and the count has been held for its
@@ -157,6 +159,21 @@ enum Phase {
     },
 }
 
+impl Phase {
+    /// A trial of the count just set against `from` workers, whose rate and wait were `base`
+    /// and `base_wait`: a window to settle first, then two to judge.
+    fn trial(from: usize, base: f64, base_wait: f64, down: bool) -> Phase {
+        Phase::Trial {
+            from,
+            base,
+            base_wait,
+            settling: true,
+            first: None,
+            down,
+        }
+    }
+}
+
 /// The knobs of one loader and the state of their tuning.
 #[derive(Clone, Debug)]
 pub(crate) struct Tuner {
@@ -173,6 +190,8 @@ pub(crate) struct Tuner {
     patience: u32,
     /// The count a reopened climb began from, until it settles.
     reopened: Option<usize>,
+    /// The loader's first judged window, until the second: the first step is taken on both.
+    first_window: Option<(f64, f64)>,
     /// Whether the climb under way may end in a trial of fewer workers: only the loader's
     /// first climb, from the start (a count no window chose), before it keeps a step up. Later
     /// climbs begin at a count the windows chose; fewer tried there would find noise.
@@ -208,6 +227,7 @@ impl Tuner {
             phase: Phase::Climb,
             patience: REOPEN_LAST,
             reopened: None,
+            first_window: None,
             may_descend: true,
             carried: None,
             #[cfg(test)]
@@ -258,7 +278,14 @@ impl Tuner {
         let (rate, wait, busy) = (w.rate(), w.wait_share(), w.busy_share(self.workers));
         let starved = wait > STARVED;
         match self.phase {
-            Phase::Climb => self.climb(rate, wait, busy, at, None),
+            // The first step's base is the mean of two windows too.
+            Phase::Climb => match self.first_window.take() {
+                Some((r, w)) => self.climb(0.5 * (r + rate), 0.5 * (w + wait), busy, at, None),
+                None => {
+                    self.first_window = Some((rate, wait));
+                    None
+                }
+            },
             Phase::Trial {
                 from,
                 base,
@@ -267,17 +294,20 @@ impl Tuner {
                 first,
                 down,
             } => {
-                let Some((first_rate, first_wait)) = first.filter(|_| !settling) else {
+                let (first_rate, first_wait) = match (settling, first) {
+                    (false, Some(first)) => first,
                     // The settling window, then the first judged one, kept for the mean.
-                    self.phase = Phase::Trial {
-                        from,
-                        base,
-                        base_wait,
-                        settling: false,
-                        first: (!settling).then_some((rate, wait)),
-                        down,
-                    };
-                    return None;
+                    (settling, _) => {
+                        self.phase = Phase::Trial {
+                            from,
+                            base,
+                            base_wait,
+                            settling: false,
+                            first: (!settling).then_some((rate, wait)),
+                            down,
+                        };
+                        return None;
+                    }
                 };
                 let rate = 0.5 * (first_rate + rate);
                 let wait = 0.5 * (first_wait + wait);
@@ -313,21 +343,17 @@ impl Tuner {
                     "{tried} workers gave {:.2}× the rate of {from}",
                     rate / base.max(1e-9)
                 );
-                if tried.abs_diff(from) > 1 {
+                // Fewer workers that lost their share of the rate (no contention to relieve):
+                // no half step, straight back.
+                let proportional = down && rate <= base * (tried as f64 / from as f64) * GAIN;
+                if tried.abs_diff(from) > 1 && !proportional {
                     // Too far, or the step past a knee: the half step, against the same rate.
                     let half = if down {
                         from - (from - tried) / 2
                     } else {
                         from + (tried - from) / 2
                     };
-                    self.phase = Phase::Trial {
-                        from,
-                        base,
-                        base_wait,
-                        settling: true,
-                        first: None,
-                        down,
-                    };
+                    self.phase = Phase::trial(from, base, base_wait, down);
                     return Some(self.set(half, at, format!("{gave}: trying {half}")));
                 }
                 if !down && self.may_descend && from > 1 {
@@ -371,14 +397,7 @@ impl Tuner {
                     // the load was still changing, or on a noisy window, is not final), each
                     // time twice as late when it helps no more than before.
                     self.reopened = Some(self.workers);
-                    self.phase = Phase::Trial {
-                        from: self.workers,
-                        base: smoothed,
-                        base_wait: wait,
-                        settling: true,
-                        first: None,
-                        down: false,
-                    };
+                    self.phase = Phase::trial(self.workers, smoothed, wait, false);
                     let why = format!(
                         "trying one more after {since} windows: the consumer still waits {:.0}% \
                          on workers {:.0}% busy",
@@ -470,14 +489,7 @@ impl Tuner {
             return Some(self.try_fewer(self.workers, rate, wait, at, reason));
         }
         let to = (self.workers + (self.workers / 2).max(1)).min(self.max_workers);
-        self.phase = Phase::Trial {
-            from: self.workers,
-            base: rate,
-            base_wait: wait,
-            settling: true,
-            first: None,
-            down: false,
-        };
+        self.phase = Phase::trial(self.workers, rate, wait, false);
         Some(self.set(to, at, reason))
     }
 
@@ -493,14 +505,7 @@ impl Tuner {
     ) -> Decision {
         let to = from - (from / 2).max(1);
         self.may_descend = false;
-        self.phase = Phase::Trial {
-            from,
-            base,
-            base_wait,
-            settling: true,
-            first: None,
-            down: true,
-        };
+        self.phase = Phase::trial(from, base, base_wait, true);
         self.set(to, at, format!("{why}: trying {to}, fewer contend less"))
     }
 

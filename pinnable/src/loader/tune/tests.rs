@@ -255,6 +255,58 @@ fn a_start_past_a_contended_knee_comes_down_to_it() {
 }
 
 #[test]
+fn a_plateau_under_noise_is_not_left_for_fewer_workers() {
+    // More workers add nothing past a ceiling, fewer lose their share: the try of fewer comes
+    // back, whatever a noisy window says.
+    let mut r = SplitMix64::for_test("a_plateau_under_noise_is_not_left_for_fewer_workers");
+    for case in 0..50 {
+        let per_worker = between(&mut r, 50.0, 150.0);
+        let stages = Stages {
+            per_worker,
+            consumer: per_worker * 100.0,
+            ceiling: per_worker * between(&mut r, 1.5, 4.0),
+            knee: None,
+        };
+        let mut tuner = Tuner::new(None, None, 14, 4);
+        let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.1, &mut r);
+        let best = stages.rate(14);
+        for (k, &count) in counts.iter().enumerate().skip(40) {
+            if steady(k, &changes) {
+                assert!(
+                    stages.rate(count) >= 0.85 * best,
+                    "case {case}: window {k}: {count} workers at {:.2}× the plateau: {changes:?}",
+                    stages.rate(count) / best
+                );
+            }
+        }
+        // (How often it tries one worker more on a plateau this noisy is
+        // `noise_alone_never_makes_it_oscillate`'s to bound.)
+    }
+}
+
+#[test]
+fn a_loader_that_starts_at_its_limit_comes_back_to_it() {
+    // Per-device loaders share the cores: one may start at its limit, bound by its workers.
+    let mut r = SplitMix64::for_test("a_loader_that_starts_at_its_limit_comes_back_to_it");
+    for case in 0..50 {
+        let per_worker = between(&mut r, 20.0, 200.0);
+        let stages = Stages {
+            per_worker,
+            consumer: per_worker * 100.0,
+            ceiling: f64::INFINITY,
+            knee: None,
+        };
+        let limit = 2 + r.below(4) as usize;
+        let mut tuner = Tuner::new(None, None, limit, limit);
+        let (counts, changes) = run(&mut tuner, |_| stages, 200, 0.03, &mut r);
+        assert!(
+            counts.iter().skip(20).all(|&c| c == limit),
+            "case {case}: limit {limit}: {changes:?}"
+        );
+    }
+}
+
+#[test]
 fn a_rate_that_changes_mid_epoch_is_followed_then_held() {
     let mut r = SplitMix64::for_test("a_rate_that_changes_mid_epoch_is_followed_then_held");
     for case in 0..30 {
