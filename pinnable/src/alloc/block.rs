@@ -37,8 +37,8 @@ unsafe impl Sync for PinnedBlock {}
 
 /// Completed fences are pruned when a block has recorded this many, or twice as many as the
 /// last pruning left running: each pruning asks every fence, so a block read by many copies at
-/// once (a pinned array that several devices gather from) costs at most two questions a copy on average,
-/// not one for every copy still running.
+/// once (a pinned array that several devices gather from) costs at most two questions a copy
+/// on average, not one for every copy still running.
 const PRUNE_AT: usize = 8;
 
 impl PinnedBlock {
