@@ -126,6 +126,27 @@ fn steady(k: usize, changes: &[(usize, usize, usize)]) -> bool {
     !changes.iter().any(|c| c.0 <= k && k <= c.0 + 2)
 }
 
+/// Checks that every window from `from` on that is held at a count (see [`steady`]) runs at
+/// `floor` or more, `rate` giving each count's rate; `what` names the case.
+fn held_at_least(
+    rate: impl Fn(usize) -> f64,
+    floor: f64,
+    counts: &[usize],
+    changes: &[(usize, usize, usize)],
+    from: usize,
+    what: &str,
+) {
+    for (k, &count) in counts.iter().enumerate().skip(from) {
+        if steady(k, changes) {
+            assert!(
+                rate(count) >= floor,
+                "{what}: window {k}: {count} workers at {:.1}/s, under {floor:.1}/s: {changes:?}",
+                rate(count)
+            );
+        }
+    }
+}
+
 /// Checks that the climb is over within the first seconds and that the count then holds:
 /// after window `from`, at most `most` of the windows are spent trying other counts (a load at the
 /// edge of a count may reopen the climb now and then, each time twice as late when it finds
@@ -161,15 +182,15 @@ fn a_slow_worker_stage_gets_workers_until_the_consumer_is_fed() {
         let mut tuner = Tuner::new(None, None, max, 1);
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.03, &mut r);
         // Within 4 s (40 windows) the consumer is fed, and stays fed.
-        for (k, &count) in counts.iter().enumerate().skip(40) {
-            if !steady(k, &changes) {
-                continue;
-            }
-            assert!(
-                stages.rate(count) >= 0.9 * stages.consumer,
-                "case {case}: window {k}: {count} workers, {need} feed the consumer: {changes:?}"
-            );
-        }
+        let what = format!("case {case}: {need} workers feed the consumer");
+        held_at_least(
+            |w| stages.rate(w),
+            0.9 * stages.consumer,
+            &counts,
+            &changes,
+            40,
+            &what,
+        );
         assert!(counts.iter().all(|&c| c <= max), "case {case}");
         holds(&changes, 40, counts.len(), 0.1, case);
     }
@@ -194,17 +215,8 @@ fn a_shared_ceiling_stops_the_climb_where_more_workers_add_nothing() {
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.02, &mut r);
         let best = (1..=max).map(|w| stages.rate(w)).fold(0.0f64, f64::max);
         // Within 4 s the count gives nearly the best rate, and is not far past the knee.
-        for (k, &count) in counts.iter().enumerate().skip(40) {
-            if !steady(k, &changes) {
-                continue;
-            }
-            assert!(
-                stages.rate(count) >= 0.9 * best,
-                "case {case}: window {k}: {count} workers ({:.0}/s), the best is {best:.0}/s \
-                 (knee {knee}, cost {cost:.2}): {changes:?}",
-                stages.rate(count)
-            );
-        }
+        let what = format!("case {case}: knee {knee}, cost {cost:.2}");
+        held_at_least(|w| stages.rate(w), 0.9 * best, &counts, &changes, 40, &what);
         let count = *counts.last().unwrap();
         assert!(
             count <= 2 * knee,
@@ -234,17 +246,8 @@ fn a_start_past_a_contended_knee_comes_down_to_it() {
         let mut tuner = Tuner::new(None, None, max, start);
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.02, &mut r);
         let best = (1..=max).map(|w| stages.rate(w)).fold(0.0f64, f64::max);
-        for (k, &count) in counts.iter().enumerate().skip(40) {
-            if !steady(k, &changes) {
-                continue;
-            }
-            assert!(
-                stages.rate(count) >= 0.9 * best,
-                "case {case}: window {k}: {count} workers ({:.0}/s), the best is {best:.0}/s \
-                 (knee {knee}, cost {cost:.2}, start {start}): {changes:?}",
-                stages.rate(count)
-            );
-        }
+        let what = format!("case {case}: knee {knee}, cost {cost:.2}, start {start}");
+        held_at_least(|w| stages.rate(w), 0.9 * best, &counts, &changes, 40, &what);
         let count = *counts.last().unwrap();
         assert!(
             count < start && count <= knee + 1,
@@ -270,15 +273,15 @@ fn a_plateau_under_noise_is_not_left_for_fewer_workers() {
         let mut tuner = Tuner::new(None, None, 14, 4);
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.1, &mut r);
         let best = stages.rate(14);
-        for (k, &count) in counts.iter().enumerate().skip(40) {
-            if steady(k, &changes) {
-                assert!(
-                    stages.rate(count) >= 0.85 * best,
-                    "case {case}: window {k}: {count} workers at {:.2}× the plateau: {changes:?}",
-                    stages.rate(count) / best
-                );
-            }
-        }
+        let what = format!("case {case}: a plateau at {best:.1}/s");
+        held_at_least(
+            |w| stages.rate(w),
+            0.85 * best,
+            &counts,
+            &changes,
+            40,
+            &what,
+        );
         // (How often it tries one worker more on a plateau this noisy is
         // `noise_alone_never_makes_it_oscillate`'s to bound.)
     }
@@ -344,16 +347,15 @@ fn a_rate_that_changes_mid_epoch_is_followed_then_held() {
             "case {case}: {before} workers before the change, {after} after: {changes:?}"
         );
         // Within 4 s of the change the slower samples have the workers that feed the consumer.
-        for (k, &count) in counts.iter().enumerate().skip(at + 40) {
-            if !steady(k, &changes) {
-                continue;
-            }
-            assert!(
-                slow.rate(count) >= 0.9 * slow.consumer,
-                "case {case}: window {k}: {count} workers do not feed the consumer after the \
-                 change at {at}: {changes:?}"
-            );
-        }
+        let what = format!("case {case}: the consumer fed after the change at {at}");
+        held_at_least(
+            |w| slow.rate(w),
+            0.9 * slow.consumer,
+            &counts,
+            &changes,
+            at + 40,
+            &what,
+        );
         holds(&changes, at + 40, counts.len(), 0.1, case);
     }
 }
