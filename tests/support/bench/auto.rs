@@ -177,20 +177,21 @@ impl Tuning {
     /// From the figures of the untimed epochs ([`settle`]) and of the timed epoch, taken at its
     /// end (or at the end of its window).
     pub fn new(settling: &[EpochStats], timed: &EpochStats) -> Tuning {
+        // Each epoch's decisions, timed from the first untimed epoch's start.
+        let step = |d: &pinnable::loader::Decision, epoch_start: Duration| {
+            let mut d = d.clone();
+            d.at += epoch_start;
+            d.to_string()
+        };
         let (mut untimed, mut settled_at, mut steps) = (Duration::ZERO, None, Vec::new());
-        for (k, e) in settling.iter().chain([timed]).enumerate() {
-            for d in &e.tuning {
-                let mut d = d.clone();
-                d.at += untimed;
-                steps.push(d.to_string());
+        for e in settling {
+            steps.extend(e.tuning.iter().map(|d| step(d, untimed)));
+            if let Some(d) = e.tuning.last() {
+                settled_at = Some(untimed + d.at);
             }
-            if k < settling.len() {
-                if let Some(d) = e.tuning.last() {
-                    settled_at = Some(untimed + d.at);
-                }
-                untimed += e.elapsed;
-            }
+            untimed += e.elapsed;
         }
+        steps.extend(timed.tuning.iter().map(|d| step(d, untimed)));
         Tuning {
             workers: timed.workers,
             prefetch: timed.prefetch,
