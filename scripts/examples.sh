@@ -6,6 +6,7 @@
 #   scripts/examples.sh                   # the examples that need no cargo feature
 #   scripts/examples.sh --all-features    # the examples that need a feature, with every feature
 #   scripts/examples.sh --features image  # the examples that need a feature, with those on
+#   scripts/examples.sh --all-features --example candle_batch   # the ones named, with those on
 #
 # The binaries come from `cargo build --examples` with the same options, which after the
 # `cargo test` of those options builds nothing: run right after it, this costs only the runs.
@@ -18,7 +19,10 @@ cd "$(dirname "$0")/.."
 gated=$([ $# -gt 0 ] && echo 1 || echo 0)
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo build --workspace --examples "$@" --message-format=json-render-diagnostics >"$json"
+# Every example, unless the arguments name some.
+every=--examples
+case " $* " in *" --example "*) every= ;; esac
+cargo build --workspace $every "$@" --message-format=json-render-diagnostics >"$json"
 # The examples built, and whether each needs a feature: `name path` per line.
 list=$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys

@@ -3,10 +3,17 @@
 //! every other `tests/ui/<topic>/` case must fail with exactly its `.stderr`.
 //! Regenerate with `TRYBUILD=overwrite cargo test --test compiletest` and review the diff.
 //!
-//! Not run with `candle-cuda`: trybuild builds the crate again in a target of its own with the
-//! same features, which would compile candle's CUDA kernels a second time (~10 minutes) for
-//! cases that do not depend on any feature. The default test run covers them.
-#![cfg(not(feature = "candle-cuda"))]
+//! Run with the default features only: trybuild builds the crate again in a target of its own
+//! with the same features, which would build the integrations' dependencies a second time
+//! (candle's CUDA kernels alone take ~10 minutes) for cases that depend on no feature.
+#![cfg(not(any(
+    feature = "ndarray",
+    feature = "dlpack",
+    feature = "burn",
+    feature = "candle",
+    feature = "image",
+    feature = "remote"
+)))]
 
 #[test]
 fn ui() {
