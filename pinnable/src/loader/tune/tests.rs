@@ -22,6 +22,22 @@ struct Stages {
 }
 
 impl Stages {
+    /// Workers that share a resource: together they make at most `knee` workers' worth, and
+    /// each one past the knee costs `cost` of the rate; the consumer never binds.
+    fn contended(per_worker: f64, knee: usize, cost: f64) -> Stages {
+        Stages {
+            per_worker,
+            consumer: per_worker * 100.0,
+            ceiling: per_worker * knee as f64,
+            knee: Some((knee, cost)),
+        }
+    }
+
+    /// The best rate any count from 1 to `max` delivers at.
+    fn best(&self, max: usize) -> f64 {
+        (1..=max).map(|w| self.rate(w)).fold(0.0f64, f64::max)
+    }
+
     /// The rate `workers` workers deliver at.
     fn rate(&self, workers: usize) -> f64 {
         let mut made = (workers as f64 * self.per_worker).min(self.ceiling);
@@ -204,16 +220,11 @@ fn a_shared_ceiling_stops_the_climb_where_more_workers_add_nothing() {
         let per_worker = between(&mut r, 50.0, 150.0);
         let knee = 2 + r.below(8) as usize;
         let cost = between(&mut r, 0.0, 0.1);
-        let stages = Stages {
-            per_worker,
-            consumer: per_worker * 100.0,
-            ceiling: per_worker * knee as f64,
-            knee: Some((knee, cost)),
-        };
+        let stages = Stages::contended(per_worker, knee, cost);
         let max = 32;
         let mut tuner = Tuner::new(None, None, max, 2);
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.02, &mut r);
-        let best = (1..=max).map(|w| stages.rate(w)).fold(0.0f64, f64::max);
+        let best = stages.best(max);
         // Within 4 s the count gives nearly the best rate, and is not far past the knee.
         let what = format!("case {case}: knee {knee}, cost {cost:.2}");
         held_at_least(|w| stages.rate(w), 0.9 * best, &counts, &changes, 40, &what);
@@ -235,17 +246,12 @@ fn a_start_past_a_contended_knee_comes_down_to_it() {
         let per_worker = between(&mut r, 50.0, 150.0);
         let knee = 1 + r.below(3) as usize;
         let cost = between(&mut r, 0.08, 0.2);
-        let stages = Stages {
-            per_worker,
-            consumer: per_worker * 100.0,
-            ceiling: per_worker * knee as f64,
-            knee: Some((knee, cost)),
-        };
+        let stages = Stages::contended(per_worker, knee, cost);
         let start = knee + 2 + r.below(5) as usize;
         let max = 14;
         let mut tuner = Tuner::new(None, None, max, start);
         let (counts, changes) = run(&mut tuner, |_| stages, 400, 0.02, &mut r);
-        let best = (1..=max).map(|w| stages.rate(w)).fold(0.0f64, f64::max);
+        let best = stages.best(max);
         let what = format!("case {case}: knee {knee}, cost {cost:.2}, start {start}");
         held_at_least(|w| stages.rate(w), 0.9 * best, &counts, &changes, 40, &what);
         let count = *counts.last().unwrap();
