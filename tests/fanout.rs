@@ -1,6 +1,7 @@
 //! One batch to several devices, pinned once (`ToDevices`): to every GPU of the machine, by
 //! every route. On a one-GPU machine the device tests send two copies to that GPU (printing
 //! `partly skipped: …`); without a GPU they skip (printing `skipped: …`).
+
 use pinnable::{DType, Device, FanoutRoute, Pinnable, Tensor, ToDevice, ToDevices};
 use pinnable_harness::{bytes_of, cuda_targets_or_skip, random_batch, random_tensor, rng};
 use rand::Rng;

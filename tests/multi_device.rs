@@ -2,6 +2,7 @@
 //! every epoch, disjoint and together complete. On CUDA, one loader a GPU, every GPU of the
 //! machine, all running at once on their own threads and delivering to their own devices (on a
 //! one-GPU machine, two loaders to that GPU, printing `partly skipped: …`).
+
 use pinnable::loader::{FnDataset, Loader, Stack};
 use pinnable::{DType, Device, Tensor, ToDevice};
 use pinnable_harness::{cuda_targets_or_skip, random_tensor, rng};
